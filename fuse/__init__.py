@@ -1,0 +1,1 @@
+"""The irdma FUSE filesystem (installed as the ``irdma_fuse`` package)."""

@@ -1,0 +1,44 @@
+"""irdma: a sharded parameter server for distributed deep learning.
+
+Workers use ``irdma.Client`` (blocking) or ``irdma.AsyncClient`` (trio) to
+create, read, write and accumulate tensors held by ``psd`` daemons.
+"""
+
+from .client import AsyncClient, Client, TensorInfo
+from .cluster import ClusterConfig, load_config
+from .errors import (
+    ArenaFull,
+    ClientClosed,
+    ConfigError,
+    DaemonError,
+    DaemonTimeout,
+    DaemonUnavailable,
+    DtypeMismatch,
+    IrdmaError,
+    OutOfRange,
+    ShapeMismatch,
+    TensorExists,
+    TensorNotFound,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArenaFull",
+    "AsyncClient",
+    "Client",
+    "ClientClosed",
+    "ClusterConfig",
+    "ConfigError",
+    "DaemonError",
+    "DaemonTimeout",
+    "DaemonUnavailable",
+    "DtypeMismatch",
+    "IrdmaError",
+    "OutOfRange",
+    "ShapeMismatch",
+    "TensorExists",
+    "TensorInfo",
+    "TensorNotFound",
+    "load_config",
+]

@@ -1,0 +1,793 @@
+"""The irdma client: an async client under trio and a blocking facade.
+
+A tensor's bytes are cut into shards placed by rendezvous hashing; the client
+moves every shard to or from its daemon in parallel, each straight between
+the caller's array and the socket. Metadata is cached per tensor name and
+revalidated when a daemon says the layout changed or the tensor is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, TypeVar
+
+import numpy as np
+import trio
+
+from .cluster import ClusterConfig, Node, load_config
+from .errors import (
+    ClientClosed,
+    DaemonError,
+    DaemonTimeout,
+    DaemonUnavailable,
+    DtypeMismatch,
+    ShapeMismatch,
+    StaleLayout,
+    TensorNotFound,
+    error_for_status,
+)
+from .protocol import (
+    ENTRY_SIZE,
+    MAX_NAME_BYTES,
+    BatchEntry,
+    Flag,
+    Header,
+    Op,
+    Status,
+    TensorMeta,
+    decode_json,
+    dtype_code,
+    encode_json,
+    pack_entries,
+    tensor_key,
+    unpack_entries,
+    validate_name,
+)
+from .sinks import BatchReadSink, IntoSink
+from .transport.base import Buffer, Connection, Reply, Sink, StreamBroken, StreamClosed
+from .transport.tcp import TcpConnection
+
+Progress = Callable[[int], None]
+T = TypeVar("T")
+
+# Payload budget of one batch frame (the daemon accepts at least 64 MiB).
+BATCH_BYTES = 32 << 20
+BATCH_ENTRIES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """What ``stat`` and ``list`` report about a tensor."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    shard_size: int
+    num_shards: int
+    version: int
+    mtime: float
+    ctime: float
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def meta(self) -> TensorMeta:
+        return TensorMeta(self.name, self.dtype, self.shape, self.shard_size, self.options)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "nbytes": self.nbytes,
+            "shard_size": self.shard_size,
+            "num_shards": self.num_shards,
+            "version": self.version,
+            "mtime": self.mtime,
+            "ctime": self.ctime,
+            "options": self.options,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """The part of a byte range that lies in one shard."""
+
+    shard: int
+    shard_offset: int
+    length: int
+    buf_offset: int
+
+
+def shard_pieces(meta: TensorMeta, offset: int, size: int) -> list[_Piece]:
+    """Split bytes ``[offset, offset+size)`` of a tensor at shard boundaries."""
+    if offset < 0 or size < 0 or offset + size > meta.nbytes:
+        raise ValueError(
+            f"bytes [{offset}, {offset + size}) are outside {meta.name!r} ({meta.nbytes} bytes)"
+        )
+    if size == 0:
+        shard = min(offset // meta.shard_size, meta.num_shards - 1)
+        return [_Piece(shard, offset - shard * meta.shard_size, 0, 0)]
+    pieces = []
+    pos = offset
+    end = offset + size
+    while pos < end:
+        shard = pos // meta.shard_size
+        start = shard * meta.shard_size
+        n = min(end, start + meta.shard_size) - pos
+        pieces.append(_Piece(shard, pos - start, n, pos - offset))
+        pos += n
+    return pieces
+
+
+def as_stored_array(array: Any) -> np.ndarray:
+    """A C-contiguous little-endian array of a dtype irdma stores (copies only if needed)."""
+    arr = np.asarray(array)
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    dtype_code(arr.dtype)  # raises ValueError for object, string, structured dtypes
+    return np.ascontiguousarray(arr)
+
+
+def _byte_view(arr: np.ndarray) -> memoryview:
+    return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+class AsyncClient:
+    """Async client. Use as ``async with AsyncClient(config) as client:``.
+
+    ``config`` is a ClusterConfig, a path to a cluster TOML file, or None to
+    find one via ``$IRDMA_CONFIG`` or ``/etc/irdma/cluster.toml``.
+    ``timeout`` bounds how long any one request waits for its daemon.
+    """
+
+    def __init__(
+        self,
+        config: ClusterConfig | str | os.PathLike[str] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        self.config = config if isinstance(config, ClusterConfig) else load_config(config)
+        self.timeout = timeout if timeout is not None else self.config.timeout
+        self._conns: dict[str, Connection] = {}
+        self._connecting: dict[str, trio.Lock] = defaultdict(trio.Lock)
+        self._meta: dict[str, TensorMeta] = {}
+        self._nursery: trio.Nursery | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> AsyncClient:
+        self._stack = contextlib.AsyncExitStack()
+        self._nursery = await self._stack.enter_async_context(trio.open_nursery())
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        await self.aclose()
+        assert self._stack is not None
+        return await self._stack.__aexit__(*exc_info)
+
+    async def aclose(self) -> None:
+        """Close every connection (pending requests fail with ClientClosed)."""
+        self._closed = True
+        for conn in self._conns.values():
+            await conn.aclose()
+        self._conns.clear()
+
+    # -- connections and requests --------------------------------------------
+
+    async def _connection(self, node: Node) -> Connection:
+        if self._closed or self._nursery is None:
+            raise ClientClosed("client is closed (use it inside 'async with')")
+        conn = self._conns.get(node.name)
+        if conn is not None and not conn.broken:
+            return conn
+        async with self._connecting[node.name]:
+            conn = self._conns.get(node.name)
+            if conn is None or conn.broken:
+                addr = node.address
+                try:
+                    conn = await TcpConnection.open(
+                        addr.host, addr.port, self._nursery, peer=f"{node.name} ({addr})"
+                    )
+                except (StreamBroken, StreamClosed) as exc:
+                    raise DaemonUnavailable(node.name, str(addr), str(exc)) from exc
+                self._conns[node.name] = conn
+            return conn
+
+    async def _request(
+        self,
+        node: Node,
+        header: Header,
+        payload: Sequence[Buffer] = (),
+        sink: Sink | None = None,
+    ) -> Reply:
+        """One request to one daemon, bounded by the timeout; errors named by cause."""
+        with trio.move_on_after(self.timeout) as scope:
+            conn = await self._connection(node)
+            try:
+                reply = await conn.request(header, payload, sink)
+            except StreamClosed as exc:
+                if self._closed:
+                    raise ClientClosed("client was closed during the request") from exc
+                raise DaemonUnavailable(node.name, str(node.address), str(exc)) from exc
+            except StreamBroken as exc:
+                raise DaemonUnavailable(node.name, str(node.address), str(exc)) from exc
+        if scope.cancelled_caught:
+            raise DaemonTimeout(node.name, str(node.address), self.timeout)
+        status = reply.header.status
+        if status != Status.OK:
+            text = reply.data.decode("utf-8", "replace")
+            raise error_for_status(status, f"{node.name}: {text}")
+        return reply
+
+    async def _gather(self, calls: Iterable[Callable[[], Any]]) -> list[Any]:
+        """Run calls concurrently; return results in order, or raise the first error."""
+        calls = list(calls)
+        results: list[Any] = [None] * len(calls)
+        if len(calls) == 1:
+            results[0] = await calls[0]()
+            return results
+        errors: list[BaseException] = []
+
+        async def run(i: int, call: Callable[[], Any]) -> None:
+            try:
+                results[i] = await call()
+            except Exception as exc:
+                errors.append(exc)
+                nursery.cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for i, call in enumerate(calls):
+                nursery.start_soon(run, i, call)
+        if errors:
+            raise errors[0]
+        return results
+
+    def _nodes_holding(self, meta: TensorMeta) -> list[Node]:
+        names = {self.config.primary_for(meta.key, s).name for s in range(meta.num_shards)}
+        return [n for n in self.config.nodes if n.name in names]
+
+    # -- metadata ---------------------------------------------------------
+
+    async def hello(self, node: Node) -> dict[str, Any]:
+        """A daemon's self-description (node, pid, arena size and use)."""
+        reply = await self._request(node, Header(op=Op.HELLO))
+        return decode_json(reply.data)
+
+    async def create(
+        self,
+        name: str,
+        shape: Sequence[int] | int,
+        dtype: Any = np.float32,
+        *,
+        shard_size: int | None = None,
+        options: Mapping[str, Any] | None = None,
+        exist_ok: bool = False,
+        replace: bool = False,
+    ) -> TensorInfo:
+        """Create a zero-filled tensor.
+
+        Raises TensorExists if it exists (unless ``exist_ok``, which accepts
+        an existing tensor of the same layout), DtypeMismatch or ShapeMismatch
+        if it exists with another layout (unless ``replace``), ArenaFull when
+        the daemons have no room (nothing is left behind then).
+        """
+        shape_t = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        meta = TensorMeta(
+            validate_name(name),
+            np.dtype(dtype).name,  # the name carries no byte order: stored little-endian
+            shape_t,
+            shard_size or self.config.shard_size,
+            dict(options or {}),
+        )
+        dtype_code(meta.dtype)
+        flags = Flag.NONE
+        if replace:
+            flags |= Flag.REPLACE
+        if not exist_ok and not replace:
+            flags |= Flag.EXCLUSIVE
+        nodes = self._nodes_holding(meta)
+        body = encode_json(meta.to_dict())
+        header = Header(op=Op.CREATE, key=meta.key, length=len(body), flags=int(flags))
+        created_on: list[Node] = []
+        results: list[dict[str, Any]] = []
+
+        async def create_on(node: Node) -> None:
+            reply = await self._request(node, header, [body])
+            info = decode_json(reply.data)
+            if info.get("created"):
+                created_on.append(node)
+            results.append(info)
+
+        try:
+            await self._gather(partial(create_on, n) for n in nodes)
+        except BaseException:
+            # All or nothing: remove what this call created.
+            with trio.CancelScope(shield=True):
+                for node in created_on:
+                    with contextlib.suppress(Exception):
+                        await self._request(node, Header(op=Op.DELETE, key=meta.key))
+            raise
+        self._meta[name] = meta
+        return self._info_from([r for r in results if r], meta)
+
+    def _info_from(
+        self, records: list[dict[str, Any]], meta: TensorMeta | None = None
+    ) -> TensorInfo:
+        meta = meta or TensorMeta.from_dict(records[0]["meta"])
+        return TensorInfo(
+            name=meta.name,
+            dtype=meta.dtype,
+            shape=meta.shape,
+            nbytes=meta.nbytes,
+            shard_size=meta.shard_size,
+            num_shards=meta.num_shards,
+            version=sum(int(r.get("version", 0)) for r in records),
+            mtime=max((float(r.get("mtime", 0.0)) for r in records), default=0.0),
+            ctime=min((float(r.get("ctime", 0.0)) for r in records), default=0.0),
+            options=meta.options,
+        )
+
+    async def stat(self, name: str) -> TensorInfo:
+        """Metadata and version of a tensor; raises TensorNotFound."""
+        validate_name(name)
+        key = tensor_key(name)
+        first = self.config.primary_for(key, 0)
+        try:
+            reply = await self._request(first, Header(op=Op.STAT, key=key))
+        except TensorNotFound:
+            self._meta.pop(name, None)
+            raise TensorNotFound(f"no tensor named {name!r}") from None
+        rec = decode_json(reply.data)
+        meta = TensorMeta.from_dict(rec["meta"])
+        others = [n for n in self._nodes_holding(meta) if n.name != first.name]
+
+        async def stat_on(node: Node) -> dict[str, Any]:
+            r = await self._request(node, Header(op=Op.STAT, key=key))
+            return decode_json(r.data)
+
+        records = [rec, *await self._gather(partial(stat_on, n) for n in others)]
+        self._meta[name] = meta
+        return self._info_from(records, meta)
+
+    async def list(self, prefix: str = "") -> list[TensorInfo]:
+        """Every tensor whose name starts with ``prefix``, sorted by name."""
+        raw = prefix.encode()
+        if len(raw) > MAX_NAME_BYTES:
+            raise ValueError("prefix is too long")
+
+        async def list_on(node: Node) -> list[dict[str, Any]]:
+            hdr = Header(op=Op.LIST, length=len(raw))
+            r = await self._request(node, hdr, [raw])
+            return decode_json(r.data)
+
+        per_node = await self._gather(partial(list_on, n) for n in self.config.nodes)
+        by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for records in per_node:
+            for rec in records:
+                by_name[rec["meta"]["name"]].append(rec)
+        return [self._info_from(recs) for _, recs in sorted(by_name.items())]
+
+    async def delete(self, name: str) -> None:
+        """Delete a tensor from every daemon; raises TensorNotFound if none had it."""
+        validate_name(name)
+        key = tensor_key(name)
+        self._meta.pop(name, None)
+
+        async def delete_on(node: Node) -> bool:
+            try:
+                await self._request(node, Header(op=Op.DELETE, key=key))
+            except TensorNotFound:
+                return False
+            return True
+
+        found = await self._gather(partial(delete_on, n) for n in self.config.nodes)
+        if not any(found):
+            raise TensorNotFound(f"no tensor named {name!r}")
+
+    async def _meta_for(self, name: str) -> TensorMeta:
+        meta = self._meta.get(name)
+        if meta is None:
+            meta = (await self.stat(name)).meta
+        return meta
+
+    # -- data ---------------------------------------------------------------
+
+    async def _with_fresh_meta(self, name: str, fn: Callable[[TensorMeta], Any]) -> Any:
+        """Run ``fn(meta)``; if the cached layout was stale, refresh it and run once more."""
+        meta = await self._meta_for(name)
+        try:
+            return await fn(meta)
+        except (StaleLayout, TensorNotFound):
+            self._meta.pop(name, None)
+            fresh = (await self.stat(name)).meta
+            return await fn(fresh)
+
+    async def _move(
+        self,
+        op: Op,
+        meta: TensorMeta,
+        offset: int,
+        buf: memoryview,
+        *,
+        alpha: float = 1.0,
+        progress: Progress | None = None,
+    ) -> int:
+        """Move ``buf`` to or from bytes at ``offset`` of a tensor; return the versions' sum."""
+        pieces = shard_pieces(meta, offset, len(buf))
+        code = meta.dtype_code
+
+        async def one(p: _Piece) -> int:
+            node = self.config.primary_for(meta.key, p.shard)
+            view = buf[p.buf_offset : p.buf_offset + p.length]
+            header = Header(
+                op=op,
+                key=meta.key,
+                shard=p.shard,
+                offset=p.shard_offset,
+                size=p.length,
+                length=0 if op == Op.READ else p.length,
+                alpha=alpha,
+                layout=meta.layout,
+                dtype=code,
+            )
+            if op == Op.READ:
+                reply = await self._request(node, header, sink=IntoSink(view, progress))
+            else:
+                reply = await self._request(node, header, [view])
+                if progress is not None:
+                    progress(p.length)
+            return reply.header.version
+
+        versions = await self._gather(partial(one, p) for p in pieces)
+        return sum(versions)
+
+    async def read(
+        self, name: str, out: np.ndarray | None = None, *, progress: Progress | None = None
+    ) -> np.ndarray:
+        """The whole tensor, into ``out`` if given (same shape and dtype, C-contiguous)."""
+
+        async def go(meta: TensorMeta) -> np.ndarray:
+            arr = out
+            if arr is None:
+                arr = np.empty(meta.shape, dtype=meta.np_dtype)
+            else:
+                _check_out(meta, arr)
+            await self._move(Op.READ, meta, 0, _byte_view(arr), progress=progress)
+            return arr
+
+        return await self._with_fresh_meta(name, go)
+
+    async def read_bytes(
+        self, name: str, offset: int, size: int, out: Buffer | None = None
+    ) -> memoryview:
+        """Raw bytes ``[offset, offset+size)`` of a tensor (spanning shards as needed)."""
+
+        async def go(meta: TensorMeta) -> memoryview:
+            n = max(0, min(size, meta.nbytes - offset))
+            buf = memoryview(out if out is not None else bytearray(n)).cast("B")[:n]
+            await self._move(Op.READ, meta, offset, buf)
+            return buf
+
+        return await self._with_fresh_meta(name, go)
+
+    async def write(
+        self,
+        name: str,
+        array: Any,
+        *,
+        replace: bool = False,
+        progress: Progress | None = None,
+    ) -> None:
+        """Store ``array`` as tensor ``name``, creating it from the array's dtype and shape.
+
+        An existing tensor of another dtype or shape raises DtypeMismatch or
+        ShapeMismatch unless ``replace``.
+        """
+        arr = as_stored_array(array)
+        meta = self._meta.get(name)
+        want = TensorMeta(
+            validate_name(name),
+            arr.dtype.name,
+            arr.shape,
+            meta.shard_size if meta else self.config.shard_size,
+        )
+        buf = _byte_view(arr)
+
+        async def define() -> TensorMeta:
+            info = await self.create(
+                name,
+                arr.shape,
+                arr.dtype,
+                exist_ok=True,
+                replace=replace,
+                shard_size=want.shard_size,
+            )
+            return info.meta
+
+        if meta is None or not meta.same_layout(want) or replace:
+            meta = await define()
+        try:
+            await self._move(Op.WRITE, meta, 0, buf, progress=progress)
+        except (StaleLayout, TensorNotFound):
+            self._meta.pop(name, None)
+            await self._move(Op.WRITE, await define(), 0, buf, progress=progress)
+
+    async def write_bytes(self, name: str, offset: int, data: Buffer) -> None:
+        """Overwrite raw bytes at ``offset`` of an existing tensor."""
+        buf = memoryview(data).cast("B")
+        await self._with_fresh_meta(name, lambda meta: self._move(Op.WRITE, meta, offset, buf))
+
+    async def accumulate(
+        self, name: str, delta: Any, alpha: float = 1.0, *, progress: Progress | None = None
+    ) -> None:
+        """``tensor += alpha * delta`` on the daemons.
+
+        ``delta`` must have the tensor's dtype and shape (DtypeMismatch,
+        ShapeMismatch otherwise).
+        """
+        arr = as_stored_array(delta)
+
+        async def go(meta: TensorMeta) -> None:
+            _check_delta(meta, arr)
+            await self._move(
+                Op.ACCUMULATE, meta, 0, _byte_view(arr), alpha=alpha, progress=progress
+            )
+
+        await self._with_fresh_meta(name, go)
+
+    # -- batched forms -------------------------------------------------------
+
+    async def _metas(self, names: Iterable[str]) -> dict[str, TensorMeta]:
+        names = list(dict.fromkeys(names))
+        missing = [n for n in names if n not in self._meta]
+        await self._gather(partial(self.stat, n) for n in missing)
+        return {n: self._meta[n] for n in names}
+
+    async def _batch(
+        self, op: Op, items: list[tuple[TensorMeta, memoryview]], alpha: float = 1.0
+    ) -> None:
+        """Send many tensors' shards as batch frames, one stream of frames per daemon."""
+        per_node: dict[str, list[tuple[BatchEntry, memoryview]]] = defaultdict(list)
+        for meta, buf in items:
+            for p in shard_pieces(meta, 0, len(buf)):
+                node = self.config.primary_for(meta.key, p.shard)
+                entry = BatchEntry(
+                    meta.key,
+                    p.shard,
+                    p.shard_offset,
+                    p.length,
+                    alpha=alpha,
+                    dtype=meta.dtype_code,
+                )
+                per_node[node.name].append((entry, buf[p.buf_offset : p.buf_offset + p.length]))
+        names = {m.key: m.name for m, _ in items}
+        calls = []
+        for node_name, work in per_node.items():
+            node = self.config.node(node_name)
+            for chunk in _chunks(work):
+                calls.append(partial(self._batch_frame, op, node, chunk, names))
+        await self._gather(calls)
+
+    async def _batch_frame(
+        self,
+        op: Op,
+        node: Node,
+        chunk: list[tuple[BatchEntry, memoryview]],
+        names: dict[int, str],
+    ) -> None:
+        entries = [e for e, _ in chunk]
+        views = [v for _, v in chunk]
+        head = pack_entries(entries)
+        if op == Op.READ_BATCH:
+            sink = BatchReadSink(views)
+            hdr = Header(op=op, shard=len(entries), length=len(head))
+            await self._request(node, hdr, [head], sink)
+            answers = sink.entries
+        else:
+            length = len(head) + sum(len(v) for v in views)
+            hdr = Header(op=op, shard=len(entries), length=length)
+            reply = await self._request(node, hdr, [head, *views])
+            answers = unpack_entries(reply.data, len(entries))
+        for a in answers:
+            if a.status != Status.OK:
+                if a.status in (Status.NOT_FOUND, Status.STALE_LAYOUT):
+                    self._meta.pop(names.get(a.key, ""), None)
+                raise error_for_status(
+                    a.status, f"{node.name}: {names.get(a.key, hex(a.key))!r} shard {a.shard}"
+                )
+
+    async def read_many(self, names: Iterable[str]) -> dict[str, np.ndarray]:
+        """Read many tensors with one batch frame per daemon (for many small tensors)."""
+        metas = await self._metas(names)
+        out = {n: np.empty(m.shape, dtype=m.np_dtype) for n, m in metas.items()}
+        await self._batch(Op.READ_BATCH, [(metas[n], _byte_view(a)) for n, a in out.items()])
+        return out
+
+    async def write_many(self, arrays: Mapping[str, Any]) -> None:
+        """Write many tensors (creating new ones) with one batch frame per daemon."""
+        arrs = {n: as_stored_array(a) for n, a in arrays.items()}
+        metas: dict[str, TensorMeta] = {}
+
+        async def ensure(name: str, arr: np.ndarray) -> None:
+            meta = self._meta.get(name)
+            if meta is None or meta.dtype != arr.dtype.name or meta.shape != arr.shape:
+                meta = (await self.create(name, arr.shape, arr.dtype, exist_ok=True)).meta
+            metas[name] = meta
+
+        await self._gather(partial(ensure, n, a) for n, a in arrs.items())
+        await self._batch(Op.WRITE_BATCH, [(metas[n], _byte_view(a)) for n, a in arrs.items()])
+
+    async def accumulate_many(self, deltas: Mapping[str, Any], alpha: float = 1.0) -> None:
+        """Accumulate into many tensors with one batch frame per daemon."""
+        arrs = {n: as_stored_array(a) for n, a in deltas.items()}
+        metas = await self._metas(arrs)
+        for n, a in arrs.items():
+            _check_delta(metas[n], a)
+        items = [(metas[n], _byte_view(a)) for n, a in arrs.items()]
+        await self._batch(Op.ACCUMULATE_BATCH, items, alpha)
+
+
+def _chunks(
+    work: list[tuple[BatchEntry, memoryview]],
+) -> Iterable[list[tuple[BatchEntry, memoryview]]]:
+    chunk: list[tuple[BatchEntry, memoryview]] = []
+    size = 0
+    for entry, view in work:
+        if chunk and (size + len(view) + ENTRY_SIZE > BATCH_BYTES or len(chunk) >= BATCH_ENTRIES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((entry, view))
+        size += len(view) + ENTRY_SIZE
+    if chunk:
+        yield chunk
+
+
+def _check_out(meta: TensorMeta, out: np.ndarray) -> None:
+    if out.dtype != meta.np_dtype:
+        raise DtypeMismatch(f"out has dtype {out.dtype}, tensor {meta.name!r} is {meta.dtype}")
+    if out.shape != meta.shape:
+        raise ShapeMismatch(f"out has shape {out.shape}, tensor {meta.name!r} is {meta.shape}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be a writeable C-contiguous array")
+
+
+def _check_delta(meta: TensorMeta, arr: np.ndarray) -> None:
+    if arr.dtype != meta.np_dtype:
+        raise DtypeMismatch(
+            f"delta has dtype {arr.dtype}, tensor {meta.name!r} is {meta.dtype}",
+            Status.DTYPE_MISMATCH,
+        )
+    if arr.shape != meta.shape:
+        raise ShapeMismatch(
+            f"delta has shape {arr.shape}, tensor {meta.name!r} is {meta.shape}",
+            Status.SHAPE_MISMATCH,
+        )
+
+
+class Client:
+    """Blocking facade over AsyncClient, for scripts and training loops.
+
+    ``Client()`` finds the config like the CLI; ``Client(path)`` uses that
+    file. Each method blocks until its async counterpart finishes. The async
+    client runs on a trio loop in one background thread (the one thread a
+    blocking facade needs); calls from any thread are handed to it.
+    """
+
+    def __init__(
+        self,
+        config: ClusterConfig | str | os.PathLike[str] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        self._client = AsyncClient(config, timeout=timeout)
+        self.config = self._client.config
+        self._ready = threading.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="irdma-client", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as exc:  # reported to the constructor or close()
+            self._error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._stop = trio.Event()
+        self._token = trio.lowlevel.current_trio_token()
+        async with self._client:
+            self._ready.set()
+            await self._stop.wait()
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self._token is None or not self._thread.is_alive():
+            raise ClientClosed("client is closed")
+        try:
+            return trio.from_thread.run(partial(fn, *args, **kwargs), trio_token=self._token)
+        except trio.RunFinishedError:
+            raise ClientClosed("client is closed") from None
+
+    def close(self) -> None:
+        """Close connections and stop the client's loop thread."""
+        if self._token is not None and self._thread.is_alive():
+            with contextlib.suppress(trio.RunFinishedError):
+                trio.from_thread.run_sync(self._stop.set, trio_token=self._token)  # type: ignore[union-attr]
+            self._thread.join()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def create(
+        self, name: str, shape: Sequence[int] | int, dtype: Any = np.float32, **kwargs: Any
+    ) -> TensorInfo:
+        """See AsyncClient.create."""
+        return self._call(self._client.create, name, shape, dtype, **kwargs)
+
+    def read(self, name: str, out: np.ndarray | None = None, **kwargs: Any) -> np.ndarray:
+        """See AsyncClient.read."""
+        return self._call(self._client.read, name, out, **kwargs)
+
+    def read_bytes(
+        self, name: str, offset: int, size: int, out: Buffer | None = None
+    ) -> memoryview:
+        """See AsyncClient.read_bytes."""
+        return self._call(self._client.read_bytes, name, offset, size, out)
+
+    def write(self, name: str, array: Any, **kwargs: Any) -> None:
+        """See AsyncClient.write."""
+        return self._call(self._client.write, name, array, **kwargs)
+
+    def write_bytes(self, name: str, offset: int, data: Buffer) -> None:
+        """See AsyncClient.write_bytes."""
+        return self._call(self._client.write_bytes, name, offset, data)
+
+    def accumulate(self, name: str, delta: Any, alpha: float = 1.0, **kwargs: Any) -> None:
+        """See AsyncClient.accumulate."""
+        return self._call(self._client.accumulate, name, delta, alpha, **kwargs)
+
+    def stat(self, name: str) -> TensorInfo:
+        """See AsyncClient.stat."""
+        return self._call(self._client.stat, name)
+
+    def list(self, prefix: str = "") -> list[TensorInfo]:
+        """See AsyncClient.list."""
+        return self._call(self._client.list, prefix)
+
+    def delete(self, name: str) -> None:
+        """See AsyncClient.delete."""
+        return self._call(self._client.delete, name)
+
+    def read_many(self, names: Iterable[str]) -> dict[str, np.ndarray]:
+        """See AsyncClient.read_many."""
+        return self._call(self._client.read_many, list(names))
+
+    def write_many(self, arrays: Mapping[str, Any]) -> None:
+        """See AsyncClient.write_many."""
+        return self._call(self._client.write_many, arrays)
+
+    def accumulate_many(self, deltas: Mapping[str, Any], alpha: float = 1.0) -> None:
+        """See AsyncClient.accumulate_many."""
+        return self._call(self._client.accumulate_many, deltas, alpha)
+
+    def hello(self, node: Node) -> dict[str, Any]:
+        """See AsyncClient.hello."""
+        return self._call(self._client.hello, node)
+
+
+__all__ = ["AsyncClient", "Client", "DaemonError", "TensorInfo"]

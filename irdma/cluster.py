@@ -1,0 +1,270 @@
+"""Cluster configuration (TOML) and shard placement.
+
+Example::
+
+    shard_size = "4MiB"      # bytes per shard (int or "4MiB")
+    replicas = 1             # copies of each shard
+    timeout = 10.0           # seconds a client waits for a daemon
+    secret_file = "/etc/irdma/secret"
+
+    [[nodes]]
+    name = "n1"
+    address = "tcp://127.0.0.1:7401"
+    data_dir = "/var/lib/irdma/n1"
+    arena_size = "1GiB"
+
+The config is found via ``--config``, then ``$IRDMA_CONFIG``, then
+``/etc/irdma/cluster.toml``. Placement is rendezvous (highest random weight)
+hashing of (tensor key, shard index) over the node names, so every client and
+daemon computes the same replica list without a lookup service.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("/etc/irdma/cluster.toml")
+DEFAULT_SHARD_SIZE = 4 << 20
+DEFAULT_TIMEOUT = 10.0
+SCHEMES = ("tcp",)
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "k": 1 << 10,
+    "m": 1 << 20,
+    "g": 1 << 30,
+}
+
+
+def parse_size(value: Any) -> int:
+    """Parse a byte size: an int, or a string such as ``"4MiB"``, ``"1 GiB"``, ``"512k"``."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"size {value} is negative")
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", value)
+        if m and m.group(2).lower() in _UNITS:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise ValueError(f"expected a size such as 4096 or '4MiB', got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    scheme: str
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> Address:
+        m = re.fullmatch(r"(?:(\w+)://)?(\[[0-9a-fA-F:.]+\]|[^:/\[\]]+):(\d+)", text)
+        if not m:
+            raise ValueError(f"address {text!r} is not of the form tcp://HOST:PORT")
+        scheme = m.group(1) or "tcp"
+        if scheme not in SCHEMES:
+            raise ValueError(f"address {text!r}: unknown transport {scheme!r}")
+        port = int(m.group(3))
+        if not 0 < port < 65536:
+            raise ValueError(f"address {text!r}: port out of range")
+        return cls(scheme, m.group(2).strip("[]"), port)
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    address: Address
+    data_dir: Path
+    arena_size: int
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    nodes: tuple[Node, ...]
+    shard_size: int = DEFAULT_SHARD_SIZE
+    replicas: int = 1
+    timeout: float = DEFAULT_TIMEOUT
+    secret_file: Path | None = None
+    path: Path | None = None
+    _by_name: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._by_name.update({n.name: n for n in self.nodes})
+
+    def node(self, name: str) -> Node:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise ConfigError(
+                f"{self.path or 'config'}: no node named {name!r} "
+                f"(nodes: {', '.join(self._by_name)})"
+            ) from None
+
+    def replicas_for(self, key: int, shard: int) -> list[Node]:
+        """The shard's replicas in preference order (first is the primary)."""
+        return rendezvous_order(self.nodes, key, shard)[: self.replicas]
+
+    def primary_for(self, key: int, shard: int) -> Node:
+        return self.replicas_for(key, shard)[0]
+
+
+def _weight(node_name: str, key: int, shard: int) -> int:
+    h = hashlib.blake2b(digest_size=8)
+    h.update(node_name.encode())
+    h.update(key.to_bytes(8, "little"))
+    h.update(shard.to_bytes(8, "little"))
+    return int.from_bytes(h.digest(), "little")
+
+
+def rendezvous_order(nodes: tuple[Node, ...], key: int, shard: int) -> list[Node]:
+    """All nodes ordered by rendezvous weight for (key, shard), highest first."""
+    return sorted(nodes, key=lambda n: (_weight(n.name, key, shard), n.name), reverse=True)
+
+
+def find_config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """``explicit``, else ``$IRDMA_CONFIG``, else ``/etc/irdma/cluster.toml``."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("IRDMA_CONFIG")
+    if env:
+        return Path(env)
+    return DEFAULT_CONFIG_PATH
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> ClusterConfig:
+    """Load and validate a cluster config; raises ConfigError naming file, key and problem."""
+    p = find_config_path(path)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        hint = "" if path else " (pass --config or set IRDMA_CONFIG)"
+        raise ConfigError(f"{p}: config file not found{hint}") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    return parse_config(raw, p)
+
+
+_TOP_KEYS = {"nodes", "shard_size", "replicas", "timeout", "secret_file"}
+_NODE_KEYS = {"name", "address", "data_dir", "arena_size"}
+
+
+def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig:
+    """Validate a decoded config dict (see ``load_config``)."""
+    where = str(path) if path else "config"
+
+    def fail(key: str, problem: str) -> ConfigError:
+        return ConfigError(f"{where}: {key}: {problem}")
+
+    unknown = set(raw) - _TOP_KEYS
+    if unknown:
+        raise fail(sorted(unknown)[0], f"unknown key (known: {', '.join(sorted(_TOP_KEYS))})")
+    nodes_raw = raw.get("nodes")
+    if not isinstance(nodes_raw, list) or not nodes_raw:
+        raise fail("nodes", "at least one [[nodes]] table is required")
+    nodes: list[Node] = []
+    seen_names: set[str] = set()
+    seen_addrs: set[tuple[str, int]] = set()
+    for i, n in enumerate(nodes_raw):
+        k = f"nodes[{i}]"
+        if not isinstance(n, dict):
+            raise fail(k, "must be a table")
+        unknown = set(n) - _NODE_KEYS
+        if unknown:
+            raise fail(f"{k}.{sorted(unknown)[0]}", "unknown key")
+        for req in ("name", "address", "arena_size"):
+            if req not in n:
+                raise fail(f"{k}.{req}", "missing")
+        name = n["name"]
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+            raise fail(f"{k}.name", f"{name!r} must be 1-64 letters, digits, '_', '.' or '-'")
+        if name in seen_names:
+            raise fail(f"{k}.name", f"duplicate node name {name!r}")
+        seen_names.add(name)
+        try:
+            addr = Address.parse(str(n["address"]))
+        except ValueError as exc:
+            raise fail(f"{k}.address", str(exc)) from None
+        if (addr.host, addr.port) in seen_addrs:
+            raise fail(f"{k}.address", f"{addr} is used by another node")
+        seen_addrs.add((addr.host, addr.port))
+        try:
+            arena = parse_size(n["arena_size"])
+        except ValueError as exc:
+            raise fail(f"{k}.arena_size", str(exc)) from None
+        if arena < 1 << 20:
+            raise fail(f"{k}.arena_size", f"{arena} bytes is under the 1 MiB minimum")
+        data_dir = n.get("data_dir", f"/var/lib/irdma/{name}")
+        if not isinstance(data_dir, str):
+            raise fail(f"{k}.data_dir", "must be a path string")
+        ddir = Path(data_dir)
+        if not ddir.is_absolute() and path is not None:
+            ddir = path.parent / ddir
+        nodes.append(Node(name, addr, ddir, arena))
+    try:
+        shard_size = parse_size(raw.get("shard_size", DEFAULT_SHARD_SIZE))
+    except ValueError as exc:
+        raise fail("shard_size", str(exc)) from None
+    if shard_size < 4096 or shard_size % 4096:
+        raise fail("shard_size", f"{shard_size} must be a multiple of 4096 (a page), at least 4096")
+    replicas = raw.get("replicas", 1)
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+        raise fail("replicas", f"{replicas!r} must be a positive integer")
+    if replicas > len(nodes):
+        raise fail("replicas", f"{replicas} replicas need at least {replicas} nodes")
+    timeout = raw.get("timeout", DEFAULT_TIMEOUT)
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
+        raise fail("timeout", f"{timeout!r} must be a positive number of seconds")
+    secret = raw.get("secret_file")
+    if secret is not None and not isinstance(secret, str):
+        raise fail("secret_file", "must be a path string")
+    return ClusterConfig(
+        nodes=tuple(nodes),
+        shard_size=shard_size,
+        replicas=replicas,
+        timeout=float(timeout),
+        secret_file=Path(secret) if secret else None,
+        path=path,
+    )
+
+
+def render_config(
+    nodes: list[tuple[str, str, str, int]],
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    replicas: int = 1,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> str:
+    """TOML text for a cluster of (name, address, data_dir, arena_size) nodes."""
+    lines = [f"shard_size = {shard_size}", f"replicas = {replicas}", f"timeout = {timeout}", ""]
+    for name, address, data_dir, arena in nodes:
+        lines += [
+            "[[nodes]]",
+            f'name = "{name}"',
+            f'address = "{address}"',
+            f'data_dir = "{data_dir}"',
+            f"arena_size = {arena}",
+            "",
+        ]
+    return "\n".join(lines)

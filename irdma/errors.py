@@ -1,0 +1,125 @@
+"""Exceptions, named by their cause (as trio does).
+
+- ``ConfigError``: the cluster configuration is wrong.
+- ``DaemonError`` and its subclasses: a daemon refused a request with a status.
+- ``DaemonUnavailable``: the daemon could not be reached or the connection broke.
+- ``DaemonTimeout``: the daemon did not answer within the client's timeout.
+- ``ClientClosed``: the client was closed by its owner.
+"""
+
+from __future__ import annotations
+
+from .protocol import Status
+
+
+class IrdmaError(Exception):
+    """Base class of every irdma error."""
+
+
+class ConfigError(IrdmaError):
+    """The cluster configuration is missing or invalid."""
+
+
+class ClientClosed(IrdmaError):
+    """The client (or one of its connections) was closed by us."""
+
+
+class DaemonUnavailable(IrdmaError):
+    """A daemon could not be reached, or the connection to it broke."""
+
+    def __init__(self, node: str, address: str, reason: str) -> None:
+        super().__init__(f"daemon {node} at {address} is unavailable: {reason}")
+        self.node = node
+        self.address = address
+
+
+class DaemonTimeout(DaemonUnavailable):
+    """A daemon did not answer within the client timeout (down, hung or overloaded)."""
+
+    def __init__(self, node: str, address: str, timeout: float) -> None:
+        IrdmaError.__init__(self, f"daemon {node} at {address} did not answer within {timeout:g} s")
+        self.node = node
+        self.address = address
+        self.timeout = timeout
+
+
+class DaemonError(IrdmaError):
+    """A daemon answered a request with an error status."""
+
+    status: Status = Status.INTERNAL
+
+    def __init__(self, message: str, status: Status | None = None) -> None:
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+
+
+class BadRequest(DaemonError):
+    status = Status.BAD_ARGUMENT
+
+
+class TensorNotFound(DaemonError, KeyError):
+    status = Status.NOT_FOUND
+
+    def __str__(self) -> str:  # KeyError would add quotes
+        return str(self.args[0])
+
+
+class TensorExists(DaemonError):
+    status = Status.EXISTS
+
+
+class DtypeMismatch(DaemonError, TypeError):
+    status = Status.DTYPE_MISMATCH
+
+
+class ShapeMismatch(DaemonError, ValueError):
+    status = Status.SHAPE_MISMATCH
+
+
+class OutOfRange(DaemonError, IndexError):
+    status = Status.OUT_OF_RANGE
+
+
+class ArenaFull(DaemonError):
+    status = Status.NO_SPACE
+
+
+class RequestTooLarge(DaemonError):
+    status = Status.TOO_LARGE
+
+
+class StaleLayout(DaemonError):
+    """The tensor was redefined since the client cached its layout."""
+
+    status = Status.STALE_LAYOUT
+
+
+class ProtocolMismatch(DaemonError):
+    status = Status.BAD_VERSION
+
+
+_BY_STATUS: dict[int, type[DaemonError]] = {
+    Status.BAD_FRAME: BadRequest,
+    Status.BAD_OP: BadRequest,
+    Status.BAD_ARGUMENT: BadRequest,
+    Status.NOT_FOUND: TensorNotFound,
+    Status.EXISTS: TensorExists,
+    Status.DTYPE_MISMATCH: DtypeMismatch,
+    Status.SHAPE_MISMATCH: ShapeMismatch,
+    Status.OUT_OF_RANGE: OutOfRange,
+    Status.NO_SPACE: ArenaFull,
+    Status.TOO_LARGE: RequestTooLarge,
+    Status.BAD_VERSION: ProtocolMismatch,
+    Status.STALE_LAYOUT: StaleLayout,
+}
+
+
+def error_for_status(status: int, message: str) -> DaemonError:
+    """The exception a client raises for a daemon's error status."""
+    try:
+        st = Status(status)
+    except ValueError:
+        return DaemonError(f"unknown status {status}: {message}")
+    cls = _BY_STATUS.get(st, DaemonError)
+    return cls(message, st)

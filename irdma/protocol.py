@@ -1,0 +1,437 @@
+"""The irdma wire format, in one place and without any I/O (sans-IO, as h11).
+
+Every message is one fixed 64-byte little-endian header, optionally followed
+by a payload of ``header.length`` bytes. Requests and responses share the
+header; a response has ``FLAG_RESPONSE`` set, echoes the request id, and
+carries a status. Transports only move these bytes; parsing and validation
+live here so that every transport (tcp, shm, rdma) and the daemon agree.
+
+Batch ops carry ``count`` ``BatchEntry`` records (48 bytes each) at the start
+of the payload, followed by the entries' data back to back.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import struct
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+MAGIC = b"IRDM"
+PROTOCOL_VERSION = 1
+
+# magic, protocol version, op, flags, status, dtype, shard (or entry count),
+# request id, tensor key, offset, size (bytes of tensor data the op covers),
+# length (payload bytes after the header), version, alpha, layout (the
+# fingerprint of the tensor's dtype, shape and shard size the client assumes;
+# 0 means unchecked).
+HEADER = struct.Struct("<4sBBHHHIQQQQQQdQ")
+HEADER_SIZE = HEADER.size
+assert HEADER_SIZE == 80
+
+# key, offset, length, version, alpha, shard, status, dtype.
+ENTRY = struct.Struct("<QQQQdIHH")
+ENTRY_SIZE = ENTRY.size
+assert ENTRY_SIZE == 48
+
+# Error responses carry a short human-readable message; bound it so a
+# hostile daemon cannot make a client allocate much.
+MAX_ERROR_MESSAGE = 4096
+# Metadata payloads (create, list and stat answers) are JSON; bounded too.
+MAX_META_PAYLOAD = 16 << 20
+MAX_NAME_BYTES = 1024
+MAX_DIMS = 32
+
+
+class Op(enum.IntEnum):
+    HELLO = 1
+    CREATE = 2
+    DELETE = 3
+    LIST = 4
+    STAT = 5
+    READ = 6
+    WRITE = 7
+    ACCUMULATE = 8
+    READ_BATCH = 9
+    WRITE_BATCH = 10
+    ACCUMULATE_BATCH = 11
+    # Client to daemon, no answer: the payload of a pinned response has been
+    # taken out of the socket, so the daemon may reuse the memory it came from.
+    RELEASE = 12
+
+
+BATCH_OPS = frozenset({Op.READ_BATCH, Op.WRITE_BATCH, Op.ACCUMULATE_BATCH})
+# Ops whose request payload is data the daemon stores (the rest carry JSON or nothing).
+DATA_OPS = frozenset({Op.WRITE, Op.ACCUMULATE, Op.WRITE_BATCH, Op.ACCUMULATE_BATCH})
+
+
+class Flag(enum.IntFlag):
+    NONE = 0
+    RESPONSE = 1
+    # The response payload was sent zero-copy from daemon memory: the client
+    # must answer with RELEASE once it has received the payload.
+    PINNED = 2
+    # CREATE: replace an existing tensor of another dtype or shape.
+    REPLACE = 4
+    # CREATE: fail if the tensor exists at all.
+    EXCLUSIVE = 8
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    BAD_FRAME = 1
+    BAD_VERSION = 2
+    BAD_OP = 3
+    BAD_ARGUMENT = 4
+    NOT_FOUND = 5
+    EXISTS = 6
+    DTYPE_MISMATCH = 7
+    SHAPE_MISMATCH = 8
+    OUT_OF_RANGE = 9
+    NO_SPACE = 10
+    TOO_LARGE = 11
+    NOT_OWNER = 12
+    INTERNAL = 13
+    # The tensor was redefined (dtype, shape or shard size) since the client
+    # cached its layout: re-read the metadata and retry.
+    STALE_LAYOUT = 14
+
+
+# Stored dtypes. Always little-endian on the wire and in the arena.
+DTYPE_CODES: dict[str, int] = {
+    "bool": 1,
+    "int8": 2,
+    "uint8": 3,
+    "int16": 4,
+    "uint16": 5,
+    "int32": 6,
+    "uint32": 7,
+    "int64": 8,
+    "uint64": 9,
+    "float16": 10,
+    "float32": 11,
+    "float64": 12,
+    "complex64": 13,
+    "complex128": 14,
+}
+DTYPE_NAMES: dict[int, str] = {code: name for name, code in DTYPE_CODES.items()}
+# dtype code 0 in a header means "not stated"; the daemon then skips the check.
+DTYPE_ANY = 0
+
+
+class ProtocolError(Exception):
+    """A frame or payload that does not follow the wire format."""
+
+
+def dtype_code(dtype: Any) -> int:
+    """The wire code of a numpy dtype; raises ValueError for unsupported ones."""
+    dt = np.dtype(dtype)
+    name = dt.newbyteorder("<").name if dt.byteorder == ">" else dt.name
+    try:
+        return DTYPE_CODES[name]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {dt}; irdma stores {', '.join(DTYPE_CODES)}") from None
+
+
+def dtype_from_code(code: int) -> np.dtype:
+    """The little-endian numpy dtype of a wire code; raises ValueError if unknown."""
+    try:
+        return np.dtype(DTYPE_NAMES[code]).newbyteorder("<")
+    except KeyError:
+        raise ValueError(f"unknown dtype code {code}") from None
+
+
+def tensor_key(name: str) -> int:
+    """The 64-bit key of a tensor name, the same in every process."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+
+
+def validate_name(name: str) -> str:
+    """Check a tensor name (``model/layer.weight``); return it or raise ValueError."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("tensor name must be a non-empty string")
+    raw = name.encode("utf-8", "surrogatepass")
+    if len(raw) > MAX_NAME_BYTES:
+        raise ValueError(f"tensor name is {len(raw)} bytes, over {MAX_NAME_BYTES}")
+    if "\0" in name:
+        raise ValueError("tensor name contains a NUL character")
+    for part in name.split("/"):
+        if part in ("", ".", ".."):
+            raise ValueError(
+                f"tensor name {name!r} has an empty, '.' or '..' component; "
+                "use names like 'model/layer.weight'"
+            )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    op: int
+    request_id: int = 0
+    key: int = 0
+    shard: int = 0
+    offset: int = 0
+    size: int = 0
+    length: int = 0
+    version: int = 0
+    alpha: float = 1.0
+    layout: int = 0
+    flags: int = 0
+    status: int = 0
+    dtype: int = DTYPE_ANY
+    proto: int = PROTOCOL_VERSION
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flags & Flag.RESPONSE)
+
+    @property
+    def count(self) -> int:
+        """Number of entries, for batch ops (stored in the shard field)."""
+        return self.shard
+
+    def pack(self) -> bytes:
+        return HEADER.pack(
+            MAGIC,
+            self.proto,
+            self.op,
+            self.flags,
+            self.status,
+            self.dtype,
+            self.shard,
+            self.request_id,
+            self.key,
+            self.offset,
+            self.size,
+            self.length,
+            self.version,
+            self.alpha,
+            self.layout,
+        )
+
+    def response(self, status: int = Status.OK, **changes: Any) -> Header:
+        """The response header for this request."""
+        return replace(
+            self,
+            flags=Flag.RESPONSE | changes.pop("flags", 0),
+            status=int(status),
+            length=changes.pop("length", 0),
+            **changes,
+        )
+
+
+def pack_header(**fields: Any) -> bytes:
+    return Header(**fields).pack()
+
+
+def unpack_header(data: bytes | bytearray | memoryview) -> Header:
+    """Parse a 64-byte header; raises ProtocolError for a bad magic (garbage).
+
+    Only the framing is checked here; op, version and field values are
+    checked by whoever handles the frame, so they can answer with a status.
+    """
+    if len(data) != HEADER_SIZE:
+        raise ProtocolError(f"header is {len(data)} bytes, expected {HEADER_SIZE}")
+    (
+        magic,
+        proto,
+        op,
+        flags,
+        status,
+        dtype,
+        shard,
+        rid,
+        key,
+        offset,
+        size,
+        length,
+        version,
+        alpha,
+        layout,
+    ) = HEADER.unpack(data)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
+    return Header(
+        op=op,
+        request_id=rid,
+        key=key,
+        shard=shard,
+        offset=offset,
+        size=size,
+        length=length,
+        version=version,
+        alpha=alpha,
+        layout=layout,
+        flags=flags,
+        status=status,
+        dtype=dtype,
+        proto=proto,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchEntry:
+    """One sub-request (or its answer) inside a batch op."""
+
+    key: int
+    shard: int = 0
+    offset: int = 0
+    length: int = 0
+    version: int = 0
+    alpha: float = 1.0
+    status: int = Status.OK
+    dtype: int = DTYPE_ANY
+
+    def pack(self) -> bytes:
+        return ENTRY.pack(
+            self.key,
+            self.offset,
+            self.length,
+            self.version,
+            self.alpha,
+            self.shard,
+            self.status,
+            self.dtype,
+        )
+
+
+def pack_entries(entries: list[BatchEntry]) -> bytes:
+    return b"".join(e.pack() for e in entries)
+
+
+def unpack_entries(data: bytes | bytearray | memoryview, count: int) -> list[BatchEntry]:
+    """Parse ``count`` entries from the start of a batch payload."""
+    need = count * ENTRY_SIZE
+    if len(data) < need:
+        raise ProtocolError(f"batch of {count} entries needs {need} bytes, got {len(data)}")
+    out = []
+    for i in range(count):
+        key, offset, length, version, alpha, shard, status, dtype = ENTRY.unpack_from(
+            data, i * ENTRY_SIZE
+        )
+        out.append(BatchEntry(key, shard, offset, length, version, alpha, status, dtype))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMeta:
+    """What a tensor is: its name, element type, shape and how it is cut into shards."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    shard_size: int
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate_name(self.name)
+        if self.dtype not in DTYPE_CODES:
+            raise ValueError(f"unsupported dtype {self.dtype!r}")
+        if len(self.shape) > MAX_DIMS:
+            raise ValueError(f"shape has {len(self.shape)} dimensions, over {MAX_DIMS}")
+        if any((not isinstance(d, int)) or isinstance(d, bool) or d < 0 for d in self.shape):
+            raise ValueError(f"shape {self.shape} must be non-negative integers")
+        itemsize = np.dtype(self.dtype).itemsize
+        if (
+            not isinstance(self.shard_size, int)
+            or self.shard_size <= 0
+            or self.shard_size % itemsize
+        ):
+            raise ValueError(
+                f"shard size {self.shard_size} must be a positive multiple of the "
+                f"item size {itemsize}"
+            )
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype).newbyteorder("<")
+
+    @property
+    def dtype_code(self) -> int:
+        return DTYPE_CODES[self.dtype]
+
+    @property
+    def key(self) -> int:
+        return tensor_key(self.name)
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * self.np_dtype.itemsize
+
+    @property
+    def num_shards(self) -> int:
+        """Shards the tensor is cut into; a zero-size tensor still has shard 0."""
+        return max(1, -(-self.nbytes // self.shard_size))
+
+    def shard_span(self, index: int) -> tuple[int, int]:
+        """(byte offset in the tensor, byte length) of shard ``index``."""
+        if not 0 <= index < self.num_shards:
+            raise ValueError(f"shard {index} out of range 0..{self.num_shards - 1}")
+        start = index * self.shard_size
+        return start, max(0, min(self.shard_size, self.nbytes - start))
+
+    @property
+    def layout(self) -> int:
+        """Fingerprint of dtype, shape and shard size: requests carry it so a
+        daemon can tell a client whose cached layout is stale. Never 0."""
+        text = f"{self.dtype}|{','.join(map(str, self.shape))}|{self.shard_size}"
+        return tensor_key(text) | 1
+
+    def same_layout(self, other: TensorMeta) -> bool:
+        return (self.dtype, self.shape, self.shard_size) == (
+            other.dtype,
+            other.shape,
+            other.shard_size,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "shard_size": self.shard_size,
+            "options": self.options,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> TensorMeta:
+        """Build from decoded JSON; raises ValueError naming what is wrong."""
+        if not isinstance(d, dict):
+            raise ValueError("tensor metadata must be a JSON object")
+        try:
+            shape = d["shape"]
+            if not isinstance(shape, list):
+                raise ValueError("shape must be a list")
+            options = d.get("options", {})
+            if not isinstance(options, dict):
+                raise ValueError("options must be an object")
+            return cls(
+                name=d["name"],
+                dtype=d["dtype"],
+                shape=tuple(shape),
+                shard_size=d["shard_size"],
+                options=options,
+            )
+        except KeyError as exc:
+            raise ValueError(f"tensor metadata lacks {exc.args[0]!r}") from None
+        except TypeError as exc:
+            raise ValueError(f"bad tensor metadata: {exc}") from None
+
+
+def encode_json(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def decode_json(data: bytes | bytearray | memoryview) -> Any:
+    """Decode a JSON payload; raises ProtocolError if it is not valid JSON."""
+    try:
+        return json.loads(bytes(data).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"payload is not valid JSON: {exc}") from None

@@ -1,0 +1,1 @@
+"""Transports: one interface (base), one module per way of moving bytes."""

@@ -1,0 +1,87 @@
+"""The interface every transport implements (ps-lite's ``Van``).
+
+A transport opens ``Connection``s to daemons. A connection carries many
+requests at once, matched to responses by request id; each response payload
+goes to the request's ``Sink``, which receives it straight into its
+destination (a caller's numpy array, say), so no transport builds
+per-request ``bytes`` on the data path.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..protocol import Header
+
+Buffer = Any  # an object supporting the buffer protocol (bytes, memoryview, ndarray)
+
+
+class StreamBroken(Exception):
+    """The peer went away or the connection failed (not closed by us)."""
+
+
+class StreamClosed(Exception):
+    """We closed the connection ourselves."""
+
+
+@contextlib.contextmanager
+def translate_socket_errors(what: str) -> Iterator[None]:
+    """Turn OS-level socket errors into StreamBroken, keeping the cause."""
+    import trio
+
+    try:
+        yield
+    except trio.ClosedResourceError as exc:
+        raise StreamClosed(f"{what}: connection closed") from exc
+    except trio.BrokenResourceError as exc:
+        raise StreamBroken(f"{what}: {exc}") from exc
+    except OSError as exc:
+        raise StreamBroken(f"{what}: {exc.strerror or exc}") from exc
+
+
+class ByteStream(Protocol):
+    """What a sink needs from a connection to receive a payload."""
+
+    async def recv_exactly_into(self, view: memoryview) -> None: ...
+
+    async def drain(self, nbytes: int) -> None: ...
+
+
+class Sink(abc.ABC):
+    """Where a response payload goes. ``receive`` consumes exactly ``header.length`` bytes."""
+
+    @abc.abstractmethod
+    async def receive(self, stream: ByteStream, header: Header) -> None: ...
+
+
+@dataclass(slots=True)
+class Reply:
+    header: Header
+    data: bytes = b""
+
+
+class Connection(abc.ABC):
+    """A client's connection to one daemon."""
+
+    @abc.abstractmethod
+    async def request(
+        self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
+    ) -> Reply:
+        """Send one request and wait for its response.
+
+        The response payload goes to ``sink`` when it succeeds; otherwise (or
+        with no sink) it is returned in ``Reply.data``. Raises StreamBroken or
+        StreamClosed when the connection fails; the caller decides what that
+        means (retry elsewhere, or an error naming the daemon).
+        """
+
+    @property
+    @abc.abstractmethod
+    def broken(self) -> bool: ...
+
+    @abc.abstractmethod
+    async def aclose(self) -> None: ...

@@ -1,0 +1,418 @@
+"""The daemon's request loop: frames in, store calls, frames out.
+
+Each connection is served by one task that reads a request, handles it and
+answers, in order. A request the daemon refuses gets an error status and the
+connection goes on; a frame that cannot be trusted (bad magic, another
+protocol version, an oversized payload) gets an answer where one can be
+sent and the connection is closed. Nothing a peer sends can crash the daemon
+or change a tensor unless the request is valid.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket as stdsocket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import trio
+
+from irdma.cluster import ClusterConfig, Node
+from irdma.protocol import (
+    ENTRY_SIZE,
+    MAX_ERROR_MESSAGE,
+    MAX_META_PAYLOAD,
+    MAX_NAME_BYTES,
+    PROTOCOL_VERSION,
+    BatchEntry,
+    Flag,
+    Header,
+    Op,
+    ProtocolError,
+    Status,
+    TensorMeta,
+    decode_json,
+    encode_json,
+    pack_entries,
+    unpack_entries,
+)
+from irdma.transport.base import StreamBroken, StreamClosed
+from irdma.transport.tcp import FramedSocket, tune_socket
+
+from .arena import Block
+from .store import Store, StoreError, Update
+
+log = logging.getLogger("psd")
+
+# Reads at least this large are sent zero-copy with sendfile and stay pinned
+# until the client releases them; smaller ones are copied by send.
+ZERO_COPY_MIN = 256 << 10
+
+
+def max_payload_for(config: ClusterConfig) -> int:
+    """Largest request or reply payload a daemon accepts: a shard or a batch."""
+    return max(config.shard_size, 64 << 20) + (1 << 20)
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    errors: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    connections: int = 0
+
+
+@dataclass
+class _Conn:
+    stream: FramedSocket
+    pins: dict[int, Block] = field(default_factory=dict)
+
+
+class Server:
+    """Serves one node's store on its configured TCP address."""
+
+    def __init__(self, config: ClusterConfig, node: Node, store: Store) -> None:
+        self.config = config
+        self.node = node
+        self.store = store
+        self.max_payload = max_payload_for(config)
+        self.stats = Stats()
+        self.listen_port = node.address.port
+
+    # -- listening ----------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        addr = self.node.address
+        infos = await trio.socket.getaddrinfo(addr.host, addr.port, type=stdsocket.SOCK_STREAM)
+        family, type_, proto, _, sockaddr = infos[0]
+        listener = trio.socket.socket(family, type_, proto)
+        with listener:
+            listener.setsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_REUSEADDR, 1)
+            await listener.bind(sockaddr)
+            listener.listen(128)
+            self.listen_port = listener.getsockname()[1]
+            log.info("%s listening on %s", self.node.name, addr)
+            task_status.started(self.listen_port)
+            async with trio.open_nursery() as nursery:
+                while True:
+                    try:
+                        sock, peer = await listener.accept()
+                    except OSError as exc:  # EMFILE and friends: back off, keep serving
+                        log.warning("accept failed: %s", exc)
+                        await trio.sleep(0.1)
+                        continue
+                    tune_socket(sock)
+                    nursery.start_soon(self.handle_connection, sock, _peer_name(peer))
+
+    async def handle_connection(self, sock: trio.socket.SocketType, peer: str) -> None:
+        conn = _Conn(FramedSocket(sock, peer))
+        self.stats.connections += 1
+        try:
+            while True:
+                try:
+                    header = await conn.stream.recv_header()
+                except ProtocolError as exc:
+                    log.warning("closing connection from %s: garbage frame: %s", peer, exc)
+                    return
+                if header is None:
+                    return
+                if not await self.dispatch(conn, header):
+                    return
+        except (StreamBroken, StreamClosed) as exc:
+            log.info("connection from %s ended: %s", peer, exc)
+        except Exception:
+            log.exception("closing connection from %s after an internal error", peer)
+        finally:
+            self.stats.connections -= 1
+            for block in conn.pins.values():
+                self.store.unpin(block)
+            conn.pins.clear()
+            conn.stream.close()
+
+    # -- replies ------------------------------------------------------------
+
+    async def _reply(
+        self, conn: _Conn, header: Header, data: list, *, flags: int = 0, **fields: int
+    ) -> None:
+        length = sum(memoryview(d).nbytes for d in data)
+        resp = header.response(Status.OK, length=length, flags=flags, **fields)
+        await conn.stream.send_all([resp.pack(), *data])
+        self.stats.bytes_out += length
+
+    async def _error(self, conn: _Conn, header: Header, status: Status, message: str) -> None:
+        self.stats.errors += 1
+        data = message.encode()[:MAX_ERROR_MESSAGE]
+        resp = header.response(status, length=len(data))
+        await conn.stream.send_all([resp.pack(), data])
+
+    # -- dispatch -----------------------------------------------------------
+
+    async def dispatch(self, conn: _Conn, header: Header) -> bool:
+        """Handle one request; return False when the connection must close."""
+        self.stats.requests += 1
+        if header.proto != PROTOCOL_VERSION:
+            await self._error(
+                conn,
+                header,
+                Status.BAD_VERSION,
+                f"protocol version {header.proto} not supported (daemon speaks {PROTOCOL_VERSION})",
+            )
+            return False
+        if header.is_response:
+            await self._error(conn, header, Status.BAD_FRAME, "expected a request, got a response")
+            return False
+        if header.length > self.max_payload:
+            await self._error(
+                conn,
+                header,
+                Status.TOO_LARGE,
+                f"payload of {header.length} bytes is over the {self.max_payload} limit",
+            )
+            return False
+        try:
+            op = Op(header.op)
+        except ValueError:
+            await conn.stream.drain(header.length)
+            await self._error(conn, header, Status.BAD_OP, f"unknown op {header.op}")
+            return True
+        self.stats.bytes_in += header.length
+        handler = self._handlers[op]
+        try:
+            await handler(self, conn, header)
+        except StoreError as exc:
+            await self._error(conn, header, exc.status, exc.message)
+        return True
+
+    async def _payload_json(self, conn: _Conn, header: Header, limit: int = MAX_META_PAYLOAD):
+        if header.length > limit:
+            await conn.stream.drain(header.length)
+            raise StoreError(Status.TOO_LARGE, f"metadata of {header.length} bytes over {limit}")
+        data = await conn.stream.recv_bytes(header.length)
+        try:
+            return decode_json(data)
+        except ProtocolError as exc:
+            raise StoreError(Status.BAD_ARGUMENT, str(exc)) from None
+
+    async def _no_payload(self, conn: _Conn, header: Header) -> None:
+        if header.length:
+            await conn.stream.drain(header.length)
+            raise StoreError(Status.BAD_FRAME, f"op {Op(header.op).name} takes no payload")
+
+    async def _hello(self, conn: _Conn, header: Header) -> None:
+        await conn.stream.drain(header.length)
+        info = {
+            "node": self.node.name,
+            "protocol": PROTOCOL_VERSION,
+            "pid": os.getpid(),
+            "shard_size": self.config.shard_size,
+            "arena_size": self.store.arena.capacity,
+            "arena_used": self.store.arena.used,
+            "tensors": len(self.store.tensors),
+            "max_payload": self.max_payload,
+        }
+        await self._reply(conn, header, [encode_json(info)])
+
+    async def _create(self, conn: _Conn, header: Header) -> None:
+        raw = await self._payload_json(conn, header)
+        try:
+            meta = TensorMeta.from_dict(raw)
+        except ValueError as exc:
+            raise StoreError(Status.BAD_ARGUMENT, f"bad tensor metadata: {exc}") from None
+        if meta.key != header.key:
+            raise StoreError(Status.BAD_ARGUMENT, "header key does not match the tensor name")
+        tensor, created = self.store.create(
+            meta,
+            replace=bool(header.flags & Flag.REPLACE),
+            exclusive=bool(header.flags & Flag.EXCLUSIVE),
+        )
+        info = self.store.info(tensor) | {"created": created}
+        await self._reply(conn, header, [encode_json(info)], version=tensor.version)
+
+    async def _delete(self, conn: _Conn, header: Header) -> None:
+        await self._no_payload(conn, header)
+        self.store.delete(header.key)
+        await self._reply(conn, header, [])
+
+    async def _stat(self, conn: _Conn, header: Header) -> None:
+        await self._no_payload(conn, header)
+        tensor = self.store.get(header.key)
+        await self._reply(
+            conn, header, [encode_json(self.store.info(tensor))], version=tensor.version
+        )
+
+    async def _list(self, conn: _Conn, header: Header) -> None:
+        if header.length > MAX_NAME_BYTES:
+            await conn.stream.drain(header.length)
+            raise StoreError(Status.BAD_ARGUMENT, "list prefix is too long")
+        raw = await conn.stream.recv_bytes(header.length)
+        try:
+            prefix = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise StoreError(Status.BAD_ARGUMENT, "list prefix is not UTF-8") from None
+        data = encode_json(self.store.list(prefix))
+        if len(data) > MAX_META_PAYLOAD:
+            raise StoreError(Status.TOO_LARGE, "listing is too large; use a longer prefix")
+        await self._reply(conn, header, [data])
+
+    async def _read(self, conn: _Conn, header: Header) -> None:
+        await self._no_payload(conn, header)
+        shard, view = self.store.read_view(
+            header.key, header.shard, header.offset, header.size, header.layout, header.dtype
+        )
+        block = self.store.pin(shard.block)
+        if header.size >= ZERO_COPY_MIN and header.request_id not in conn.pins:
+            # The kernel keeps referring to these pages until the client has
+            # received them; the pin holds the block until it says RELEASE.
+            conn.pins[header.request_id] = block
+            resp = header.response(
+                Status.OK, length=header.size, flags=Flag.PINNED, version=shard.version
+            )
+            await conn.stream.send_all([resp.pack()])
+            await conn.stream.sendfile(
+                self.store.arena.fd, block.offset + header.offset, header.size
+            )
+            self.stats.bytes_out += header.size
+            return
+        try:
+            await self._reply(conn, header, [view], version=shard.version)
+        finally:
+            self.store.unpin(block)
+
+    async def _release(self, conn: _Conn, header: Header) -> None:
+        await conn.stream.drain(header.length)
+        block = conn.pins.pop(header.request_id, None)
+        if block is not None:
+            self.store.unpin(block)
+
+    async def _update(self, conn: _Conn, header: Header) -> None:
+        if header.size != header.length:
+            await conn.stream.drain(header.length)
+            raise StoreError(
+                Status.BAD_FRAME,
+                f"payload is {header.length} bytes but the op covers {header.size}",
+            )
+        try:
+            update = self.store.begin_update(
+                Op(header.op),
+                header.key,
+                header.shard,
+                header.offset,
+                header.size,
+                alpha=header.alpha,
+                layout=header.layout,
+                dtype=header.dtype,
+            )
+        except StoreError:
+            await conn.stream.drain(header.length)
+            raise
+        try:
+            await conn.stream.recv_exactly_into(update.buffer)
+        except BaseException:
+            self.store.abort(update)
+            raise
+        version = self.store.commit(update)
+        await self._reply(conn, header, [], version=version)
+
+    async def _batch_entries(self, conn: _Conn, header: Header) -> list[BatchEntry]:
+        need = header.count * ENTRY_SIZE
+        if need > header.length:
+            await conn.stream.drain(header.length)
+            raise StoreError(
+                Status.BAD_FRAME, f"{header.count} entries need {need} bytes of payload"
+            )
+        return unpack_entries(await conn.stream.recv_bytes(need), header.count)
+
+    async def _read_batch(self, conn: _Conn, header: Header) -> None:
+        entries = await self._batch_entries(conn, header)
+        if header.length != len(entries) * ENTRY_SIZE:
+            await conn.stream.drain(header.length - len(entries) * ENTRY_SIZE)
+            raise StoreError(Status.BAD_FRAME, "a read batch carries only its entries")
+        answers: list[BatchEntry] = []
+        views = []
+        blocks: list[Block] = []
+        total = len(entries) * ENTRY_SIZE
+        try:
+            for e in entries:
+                try:
+                    shard, view = self.store.read_view(
+                        e.key, e.shard, e.offset, e.length, dtype=e.dtype
+                    )
+                except StoreError as exc:
+                    answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=exc.status))
+                    continue
+                total += e.length
+                if total > self.max_payload:
+                    raise StoreError(
+                        Status.TOO_LARGE, f"batch answer over the {self.max_payload} byte limit"
+                    )
+                blocks.append(self.store.pin(shard.block))
+                views.append(view)
+                answers.append(BatchEntry(e.key, e.shard, e.offset, e.length, shard.version))
+            await self._reply(conn, header, [pack_entries(answers), *views])
+        finally:
+            for block in blocks:
+                self.store.unpin(block)
+
+    async def _update_batch(self, conn: _Conn, header: Header) -> None:
+        op = Op.WRITE if header.op == Op.WRITE_BATCH else Op.ACCUMULATE
+        entries = await self._batch_entries(conn, header)
+        data_len = header.length - len(entries) * ENTRY_SIZE
+        if sum(e.length for e in entries) != data_len:
+            await conn.stream.drain(data_len)
+            raise StoreError(Status.BAD_FRAME, "batch entry lengths do not add up to the payload")
+        # Receive everything before applying anything: a batch cut short by a
+        # broken connection changes nothing.
+        updates: list[Update | StoreError] = []
+        try:
+            for e in entries:
+                try:
+                    upd = self.store.begin_update(
+                        op, e.key, e.shard, e.offset, e.length, alpha=e.alpha, dtype=e.dtype
+                    )
+                except StoreError as exc:
+                    await conn.stream.drain(e.length)
+                    updates.append(exc)
+                    continue
+                updates.append(upd)
+                await conn.stream.recv_exactly_into(upd.buffer)
+        except BaseException:
+            for u in updates:
+                if isinstance(u, Update):
+                    self.store.abort(u)
+            raise
+        answers = []
+        for e, u in zip(entries, updates, strict=True):
+            if isinstance(u, StoreError):
+                answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=u.status))
+                continue
+            try:
+                version = self.store.commit(u)
+            except StoreError as exc:
+                answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=exc.status))
+                continue
+            answers.append(BatchEntry(e.key, e.shard, e.offset, e.length, version))
+        await self._reply(conn, header, [pack_entries(answers)])
+
+    _handlers: ClassVar[dict[Op, Callable[..., Awaitable[None]]]] = {
+        Op.HELLO: _hello,
+        Op.CREATE: _create,
+        Op.DELETE: _delete,
+        Op.LIST: _list,
+        Op.STAT: _stat,
+        Op.READ: _read,
+        Op.WRITE: _update,
+        Op.ACCUMULATE: _update,
+        Op.READ_BATCH: _read_batch,
+        Op.WRITE_BATCH: _update_batch,
+        Op.ACCUMULATE_BATCH: _update_batch,
+        Op.RELEASE: _release,
+    }
+
+
+def _peer_name(peer: object) -> str:
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer)

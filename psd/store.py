@@ -1,0 +1,400 @@
+"""Tensors and shards held by one daemon, and the rules that change them.
+
+No I/O here: the server decodes frames and calls these methods, so every
+rule (validation, write, accumulate, versions, arena accounting) is testable
+with plain numpy.
+
+Consistency rule: a reader pins the block it sends from. An update applies in
+place only when nothing pins the shard's block; otherwise it builds a new
+block and swaps it in (copy-on-write), so bytes being sent never change under
+a reader. Updates are received into a staging buffer first and applied
+synchronously, so a broken connection never leaves a half-written shard.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from irdma.protocol import DTYPE_ANY, DTYPE_NAMES, Op, Status, TensorMeta
+
+from .arena import Arena, ArenaFullError, Block
+
+
+class StoreError(Exception):
+    """A request the store refuses; ``status`` goes back to the client."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(eq=False, slots=True)
+class Shard:
+    index: int
+    nbytes: int
+    block: Block
+    version: int = 0
+    mtime: float = 0.0
+
+
+@dataclass(eq=False, slots=True)
+class Tensor:
+    meta: TensorMeta
+    shards: dict[int, Shard]
+    ctime: float = field(default_factory=time.time)
+
+    @property
+    def version(self) -> int:
+        """Sum of the local shards' versions: grows with every update applied here."""
+        return sum(s.version for s in self.shards.values())
+
+    @property
+    def mtime(self) -> float:
+        return max((s.mtime for s in self.shards.values()), default=self.ctime)
+
+
+@dataclass(eq=False, slots=True)
+class Update:
+    """A validated write or accumulate waiting for its payload in ``buffer``."""
+
+    op: Op
+    tensor: Tensor
+    shard: Shard
+    offset: int
+    size: int
+    alpha: float
+    staging: Block | None  # in the arena, or None when ``heap`` is used
+    heap: np.ndarray | None
+    buffer: np.ndarray  # uint8, exactly ``size`` bytes, where the payload goes
+
+
+def accumulate_into(target: np.ndarray, delta: np.ndarray, alpha: float) -> None:
+    """``target += alpha * delta`` in place, the parameter-server update rule.
+
+    ``delta`` is scratch and is overwritten. The arithmetic is the same as
+    ``accumulate_copy`` so both give bit-identical results.
+    """
+    _scale(delta, alpha)
+    np.add(target, delta, out=target)
+
+
+def accumulate_copy(target: np.ndarray, delta: np.ndarray, alpha: float) -> None:
+    """``delta = target + alpha * delta``: the same update, written into ``delta``."""
+    _scale(delta, alpha)
+    np.add(target, delta, out=delta)
+
+
+def _scale(delta: np.ndarray, alpha: float) -> None:
+    if alpha == 1.0:
+        return
+    if delta.dtype.kind in "iu":
+        np.multiply(delta, int(alpha), out=delta, casting="unsafe")
+    else:
+        np.multiply(delta, alpha, out=delta, casting="same_kind")
+
+
+def check_alpha(dtype: np.dtype, alpha: float) -> None:
+    """Raise StoreError if ``alpha`` cannot scale a delta of ``dtype``."""
+    if dtype.kind == "b":
+        raise StoreError(Status.DTYPE_MISMATCH, "bool tensors cannot be accumulated")
+    if not math.isfinite(alpha):
+        raise StoreError(Status.BAD_ARGUMENT, f"alpha {alpha} is not finite")
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if alpha != int(alpha) or not info.min <= int(alpha) <= info.max:
+            raise StoreError(
+                Status.BAD_ARGUMENT,
+                f"alpha {alpha} must be an integer within {dtype} for an integer tensor",
+            )
+
+
+class Store:
+    """The tensors one daemon holds, with their shards in ``arena``.
+
+    ``owns(key, shard)`` says whether this daemon holds that shard (placement
+    comes from the cluster config; the store does not compute it).
+    """
+
+    def __init__(self, arena: Arena, owns: Callable[[int, int], bool]) -> None:
+        self.arena = arena
+        self.owns = owns
+        self.tensors: dict[int, Tensor] = {}
+
+    # -- blocks -------------------------------------------------------------
+
+    def pin(self, block: Block) -> Block:
+        block.pins += 1
+        return block
+
+    def unpin(self, block: Block) -> None:
+        block.pins -= 1
+        if block.retired and block.pins == 0:
+            self.arena.free(block)
+
+    def _retire(self, block: Block) -> None:
+        block.retired = True
+        if block.pins == 0:
+            self.arena.free(block)
+
+    def _alloc(self, nbytes: int, what: str) -> Block:
+        try:
+            return self.arena.alloc(nbytes)
+        except ArenaFullError as exc:
+            raise StoreError(Status.NO_SPACE, f"arena full: {what}: {exc}") from None
+
+    # -- metadata ops -------------------------------------------------------
+
+    def create(
+        self, meta: TensorMeta, *, replace: bool = False, exclusive: bool = False
+    ) -> tuple[Tensor, bool]:
+        """Create the local shards of ``meta``; return (tensor, created).
+
+        Creating a tensor that exists with the same layout is a no-op
+        (unless ``exclusive``). A different layout is refused unless
+        ``replace``. All local shards are allocated, or none.
+        """
+        key = meta.key
+        old = self.tensors.get(key)
+        if old is not None:
+            if old.meta.name != meta.name:
+                raise StoreError(
+                    Status.EXISTS,
+                    f"tensor key of {meta.name!r} collides with {old.meta.name!r}; rename one",
+                )
+            if exclusive:
+                raise StoreError(Status.EXISTS, f"tensor {meta.name!r} exists")
+            if old.meta.same_layout(meta):
+                return old, False
+            if not replace:
+                if old.meta.dtype != meta.dtype:
+                    raise StoreError(
+                        Status.DTYPE_MISMATCH,
+                        f"tensor {meta.name!r} is {old.meta.dtype}, not {meta.dtype} "
+                        "(replace it to change the dtype)",
+                    )
+                raise StoreError(
+                    Status.SHAPE_MISMATCH,
+                    f"tensor {meta.name!r} has shape {old.meta.shape} and shard size "
+                    f"{old.meta.shard_size}, not {meta.shape} / {meta.shard_size} "
+                    "(replace it to change them)",
+                )
+        shards: dict[int, Shard] = {}
+        try:
+            for index in range(meta.num_shards):
+                if self.owns(key, index):
+                    _, nbytes = meta.shard_span(index)
+                    block = self._alloc(nbytes, f"creating {meta.name!r} shard {index}")
+                    self.arena.view(block)[:] = 0  # freed blocks hold old bytes
+                    shards[index] = Shard(index, nbytes, block)
+        except StoreError:
+            for s in shards.values():
+                self.arena.free(s.block)
+            raise
+        if old is not None:
+            for s in old.shards.values():
+                self._retire(s.block)
+        tensor = Tensor(meta, shards)
+        self.tensors[key] = tensor
+        return tensor, True
+
+    def delete(self, key: int) -> TensorMeta:
+        tensor = self.tensors.pop(key, None)
+        if tensor is None:
+            raise StoreError(Status.NOT_FOUND, f"no tensor with key {key:#018x} here")
+        for s in tensor.shards.values():
+            self._retire(s.block)
+        return tensor.meta
+
+    def get(self, key: int, layout: int = 0) -> Tensor:
+        tensor = self.tensors.get(key)
+        if tensor is None:
+            raise StoreError(Status.NOT_FOUND, f"no tensor with key {key:#018x} here")
+        if layout and layout != tensor.meta.layout:
+            raise StoreError(
+                Status.STALE_LAYOUT,
+                f"tensor {tensor.meta.name!r} was redefined: now {tensor.meta.dtype} "
+                f"{tensor.meta.shape}",
+            )
+        return tensor
+
+    def info(self, tensor: Tensor) -> dict[str, Any]:
+        """The stat record of a tensor as this daemon sees it."""
+        return {
+            "meta": tensor.meta.to_dict(),
+            "version": tensor.version,
+            "mtime": tensor.mtime,
+            "ctime": tensor.ctime,
+            "shards": {str(i): s.version for i, s in sorted(tensor.shards.items())},
+        }
+
+    def list(self, prefix: str = "") -> list[dict[str, Any]]:
+        """Stat records of the tensors whose shard 0 this daemon holds, by name."""
+        out = [
+            self.info(t)
+            for key, t in self.tensors.items()
+            if t.meta.name.startswith(prefix) and self.owns(key, 0)
+        ]
+        return sorted(out, key=lambda d: d["meta"]["name"])
+
+    # -- data ops -----------------------------------------------------------
+
+    def shard(self, key: int, index: int, layout: int = 0, dtype: int = DTYPE_ANY) -> Shard:
+        """The local shard ``index`` of a tensor, after checking layout and dtype."""
+        tensor = self.get(key, layout)
+        if dtype != DTYPE_ANY and dtype != tensor.meta.dtype_code:
+            raise StoreError(
+                Status.DTYPE_MISMATCH,
+                f"tensor {tensor.meta.name!r} is {tensor.meta.dtype}, request says "
+                f"{DTYPE_NAMES.get(dtype, f'dtype code {dtype}')}",
+            )
+        if index >= tensor.meta.num_shards:
+            raise StoreError(
+                Status.OUT_OF_RANGE,
+                f"tensor {tensor.meta.name!r} has {tensor.meta.num_shards} shards, "
+                f"no shard {index}",
+            )
+        shard = tensor.shards.get(index)
+        if shard is None:
+            raise StoreError(
+                Status.NOT_OWNER, f"shard {index} of {tensor.meta.name!r} is not held here"
+            )
+        return shard
+
+    @staticmethod
+    def check_range(tensor: Tensor, shard: Shard, offset: int, size: int) -> None:
+        if offset > shard.nbytes or size > shard.nbytes - offset:
+            raise StoreError(
+                Status.OUT_OF_RANGE,
+                f"bytes [{offset}, {offset + size}) are outside shard {shard.index} of "
+                f"{tensor.meta.name!r} ({shard.nbytes} bytes)",
+            )
+
+    def read_view(
+        self, key: int, index: int, offset: int, size: int, layout: int = 0, dtype: int = 0
+    ) -> tuple[Shard, np.ndarray]:
+        """Validate a read; return the shard and a view of the bytes (not pinned yet)."""
+        shard = self.shard(key, index, layout, dtype)
+        self.check_range(self.tensors[key], shard, offset, size)
+        return shard, self.arena.view(shard.block, offset, size)
+
+    def begin_update(
+        self,
+        op: Op,
+        key: int,
+        index: int,
+        offset: int,
+        size: int,
+        *,
+        alpha: float = 1.0,
+        layout: int = 0,
+        dtype: int = DTYPE_ANY,
+    ) -> Update:
+        """Validate a write or accumulate and reserve staging for its payload."""
+        shard = self.shard(key, index, layout, dtype)
+        tensor = self.tensors[key]
+        self.check_range(tensor, shard, offset, size)
+        if op == Op.ACCUMULATE:
+            dt = tensor.meta.np_dtype
+            check_alpha(dt, alpha)
+            if offset % dt.itemsize or size % dt.itemsize:
+                raise StoreError(
+                    Status.BAD_ARGUMENT,
+                    f"accumulate range [{offset}, {offset + size}) is not aligned to "
+                    f"{dt} elements of {dt.itemsize} bytes",
+                )
+        staging: Block | None
+        heap: np.ndarray | None = None
+        try:
+            staging = self.arena.alloc(size)
+            buffer = self.arena.view(staging, 0, size)
+        except ArenaFullError:
+            # Fall back to process memory for the payload; the update may still
+            # apply in place. The payload size is bounded by the frame limit.
+            staging = None
+            heap = np.empty(size, dtype=np.uint8)
+            buffer = heap
+        return Update(op, tensor, shard, offset, size, alpha, staging, heap, buffer)
+
+    def abort(self, update: Update) -> None:
+        if update.staging is not None:
+            self.arena.free(update.staging)
+            update.staging = None
+
+    def commit(self, update: Update) -> int:
+        """Apply a fully received update; return the shard's new version.
+
+        Raises StoreError (NO_SPACE) only when copy-on-write needs a block and
+        the arena has none; nothing changes then.
+        """
+        shard = update.shard
+        if self.tensors.get(update.tensor.meta.key) is not update.tensor or (
+            update.tensor.shards.get(shard.index) is not shard
+        ):
+            self.abort(update)
+            raise StoreError(
+                Status.NOT_FOUND,
+                f"tensor {update.tensor.meta.name!r} was deleted or replaced during the update",
+            )
+        try:
+            if update.op == Op.WRITE:
+                self._commit_write(update)
+            else:
+                self._commit_accumulate(update)
+        finally:
+            self.abort(update)  # frees staging unless it became the shard's block
+        shard.version += 1
+        shard.mtime = time.time()
+        return shard.version
+
+    def _whole_shard(self, update: Update) -> bool:
+        return update.offset == 0 and update.size == update.shard.nbytes
+
+    def _swap(self, shard: Shard, block: Block) -> None:
+        old = shard.block
+        shard.block = block
+        self._retire(old)
+
+    def _cow_copy(self, shard: Shard) -> Block:
+        new = self._alloc(shard.nbytes, f"copy-on-write of shard {shard.index}")
+        self.arena.view(new, 0, shard.nbytes)[:] = self.arena.view(shard.block, 0, shard.nbytes)
+        return new
+
+    def _commit_write(self, update: Update) -> None:
+        shard = update.shard
+        if update.staging is not None and self._whole_shard(update):
+            self._swap(shard, update.staging)  # the staged bytes become the shard
+            update.staging = None
+            return
+        if shard.block.pins:
+            new = self._cow_copy(shard)
+            self.arena.view(new, update.offset, update.size)[:] = update.buffer
+            self._swap(shard, new)
+        else:
+            self.arena.view(shard.block, update.offset, update.size)[:] = update.buffer
+        return
+
+    def _commit_accumulate(self, update: Update) -> None:
+        shard = update.shard
+        dt = update.tensor.meta.np_dtype
+        delta = update.buffer.view(dt)
+        if not shard.block.pins:
+            target = self.arena.view(shard.block, update.offset, update.size).view(dt)
+            accumulate_into(target, delta, update.alpha)
+            return
+        if update.staging is not None and self._whole_shard(update):
+            current = self.arena.view(shard.block, 0, update.size).view(dt)
+            accumulate_copy(current, delta, update.alpha)
+            self._swap(shard, update.staging)
+            update.staging = None
+            return
+        new = self._cow_copy(shard)
+        target = self.arena.view(new, update.offset, update.size).view(dt)
+        accumulate_into(target, delta, update.alpha)
+        self._swap(shard, new)
