@@ -50,7 +50,15 @@ from .protocol import (
     validate_name,
 )
 from .sinks import BatchReadSink, IntoSink
-from .transport.base import Buffer, Connection, Reply, Sink, StreamBroken, StreamClosed
+from .transport.base import (
+    Buffer,
+    Connection,
+    Reply,
+    Sink,
+    StreamBroken,
+    StreamClosed,
+    StreamTimeout,
+)
 from .transport.tcp import TcpConnection
 
 Progress = Callable[[int], None]
@@ -167,10 +175,13 @@ class AsyncClient:
         self._nursery = await self._stack.enter_async_context(trio.open_nursery())
         return self
 
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
+    async def __aexit__(self, *exc_info: Any) -> None:
+        # Close connections first so their tasks end, then leave the nursery
+        # without handing it the body's exception: that propagates as it is,
+        # not wrapped in an exception group.
         await self.aclose()
         assert self._stack is not None
-        return await self._stack.__aexit__(*exc_info)
+        await self._stack.aclose()
 
     async def aclose(self) -> None:
         """Close every connection (pending requests fail with ClientClosed)."""
@@ -191,12 +202,13 @@ class AsyncClient:
             conn = self._conns.get(node.name)
             if conn is None or conn.broken:
                 addr = node.address
-                try:
-                    conn = await TcpConnection.open(
-                        addr.host, addr.port, self._nursery, peer=f"{node.name} ({addr})"
-                    )
-                except (StreamBroken, StreamClosed) as exc:
-                    raise DaemonUnavailable(node.name, str(addr), str(exc)) from exc
+                conn = await TcpConnection.open(
+                    addr.host,
+                    addr.port,
+                    self._nursery,
+                    peer=f"{node.name} ({addr})",
+                    timeout=self.timeout,
+                )
                 self._conns[node.name] = conn
             return conn
 
@@ -208,18 +220,17 @@ class AsyncClient:
         sink: Sink | None = None,
     ) -> Reply:
         """One request to one daemon, bounded by the timeout; errors named by cause."""
-        with trio.move_on_after(self.timeout) as scope:
+        try:
             conn = await self._connection(node)
-            try:
-                reply = await conn.request(header, payload, sink)
-            except StreamClosed as exc:
-                if self._closed:
-                    raise ClientClosed("client was closed during the request") from exc
-                raise DaemonUnavailable(node.name, str(node.address), str(exc)) from exc
-            except StreamBroken as exc:
-                raise DaemonUnavailable(node.name, str(node.address), str(exc)) from exc
-        if scope.cancelled_caught:
-            raise DaemonTimeout(node.name, str(node.address), self.timeout)
+            reply = await conn.request(header, payload, sink)
+        except StreamTimeout as exc:
+            raise DaemonTimeout(node.name, str(node.address), self.timeout) from exc
+        except StreamClosed as exc:
+            if self._closed:
+                raise ClientClosed("client was closed during the request") from exc
+            raise DaemonUnavailable(node.name, str(node.address), str(exc)) from exc
+        except StreamBroken as exc:
+            raise DaemonUnavailable(node.name, str(node.address), str(exc)) from exc
         status = reply.header.status
         if status != Status.OK:
             text = reply.data.decode("utf-8", "replace")

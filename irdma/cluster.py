@@ -35,6 +35,7 @@ DEFAULT_CONFIG_PATH = Path("/etc/irdma/cluster.toml")
 DEFAULT_SHARD_SIZE = 4 << 20
 DEFAULT_TIMEOUT = 10.0
 SCHEMES = ("tcp",)
+PLACEMENT_CACHE = 1 << 16
 _UNITS = {
     "": 1,
     "b": 1,
@@ -108,6 +109,10 @@ class ClusterConfig:
     secret_file: Path | None = None
     path: Path | None = None
     _by_name: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
+    # Placement is pure but costs a hash per node; remember recent answers.
+    _placement: dict[tuple[int, int], list[Node]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         self._by_name.update({n.name: n for n in self.nodes})
@@ -123,7 +128,13 @@ class ClusterConfig:
 
     def replicas_for(self, key: int, shard: int) -> list[Node]:
         """The shard's replicas in preference order (first is the primary)."""
-        return rendezvous_order(self.nodes, key, shard)[: self.replicas]
+        found = self._placement.get((key, shard))
+        if found is None:
+            if len(self._placement) >= PLACEMENT_CACHE:
+                self._placement.clear()
+            found = rendezvous_order(self.nodes, key, shard)[: self.replicas]
+            self._placement[(key, shard)] = found
+        return found
 
     def primary_for(self, key: int, shard: int) -> Node:
         return self.replicas_for(key, shard)[0]
@@ -235,7 +246,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig
     if replicas > len(nodes):
         raise fail("replicas", f"{replicas} replicas need at least {replicas} nodes")
     timeout = raw.get("timeout", DEFAULT_TIMEOUT)
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
         raise fail("timeout", f"{timeout!r} must be a positive number of seconds")
     secret = raw.get("secret_file")
     if secret is not None and not isinstance(secret, str):

@@ -16,7 +16,7 @@ import enum
 import hashlib
 import json
 import struct
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,9 @@ PROTOCOL_VERSION = 1
 HEADER = struct.Struct("<4sBBHHHIQQQQQQdQ")
 HEADER_SIZE = HEADER.size
 assert HEADER_SIZE == 80
+# Where the request id sits, so a connection can stamp it into a packed header.
+REQUEST_ID = struct.Struct("<Q")
+REQUEST_ID_OFFSET = 16
 
 # key, offset, length, version, alpha, shard, status, dtype.
 ENTRY = struct.Struct("<QQQQdIHH")
@@ -154,7 +157,11 @@ def validate_name(name: str) -> str:
     """Check a tensor name (``model/layer.weight``); return it or raise ValueError."""
     if not isinstance(name, str) or not name:
         raise ValueError("tensor name must be a non-empty string")
-    raw = name.encode("utf-8", "surrogatepass")
+    try:
+        raw = name.encode("utf-8")
+    except UnicodeEncodeError:
+        # Lone surrogates (e.g. "\udc80" from JSON) cannot be hashed by tensor_key.
+        raise ValueError("tensor name is not valid UTF-8 (contains a lone surrogate)") from None
     if len(raw) > MAX_NAME_BYTES:
         raise ValueError(f"tensor name is {len(raw)} bytes, over {MAX_NAME_BYTES}")
     if "\0" in name:
@@ -187,7 +194,7 @@ class Header:
 
     @property
     def is_response(self) -> bool:
-        return bool(self.flags & Flag.RESPONSE)
+        return bool(self.flags & 1)  # Flag.RESPONSE; int math, enum ops are slow
 
     @property
     def count(self) -> int:
@@ -213,14 +220,30 @@ class Header:
             self.layout,
         )
 
-    def response(self, status: int = Status.OK, **changes: Any) -> Header:
-        """The response header for this request."""
-        return replace(
-            self,
-            flags=Flag.RESPONSE | changes.pop("flags", 0),
-            status=int(status),
-            length=changes.pop("length", 0),
-            **changes,
+    def response(
+        self,
+        status: int = Status.OK,
+        *,
+        length: int = 0,
+        flags: int = 0,
+        version: int | None = None,
+    ) -> Header:
+        """The response header for this request (its fields echoed, payload ``length``)."""
+        return Header(
+            self.op,
+            self.request_id,
+            self.key,
+            self.shard,
+            self.offset,
+            self.size,
+            length,
+            self.version if version is None else version,
+            self.alpha,
+            self.layout,
+            Flag.RESPONSE | flags,
+            int(status),
+            self.dtype,
+            self.proto,
         )
 
 
@@ -326,6 +349,12 @@ class TensorMeta:
     shape: tuple[int, ...]
     shard_size: int
     options: dict[str, Any] = field(default_factory=dict)
+    # Derived once (hashing on every request showed up in profiles).
+    key: int = field(init=False, repr=False, compare=False)
+    layout: int = field(init=False, repr=False, compare=False)
+    np_dtype: np.dtype = field(init=False, repr=False, compare=False)
+    nbytes: int = field(init=False, repr=False, compare=False)
+    num_shards: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate_name(self.name)
@@ -338,6 +367,7 @@ class TensorMeta:
         itemsize = np.dtype(self.dtype).itemsize
         if (
             not isinstance(self.shard_size, int)
+            or isinstance(self.shard_size, bool)
             or self.shard_size <= 0
             or self.shard_size % itemsize
         ):
@@ -345,30 +375,23 @@ class TensorMeta:
                 f"shard size {self.shard_size} must be a positive multiple of the "
                 f"item size {itemsize}"
             )
-
-    @property
-    def np_dtype(self) -> np.dtype:
-        return np.dtype(self.dtype).newbyteorder("<")
+        object.__setattr__(self, "key", tensor_key(self.name))
+        # Fingerprint of dtype, shape and shard size: requests carry it so a
+        # daemon can tell a client whose cached layout is stale. Never 0.
+        text = f"{self.dtype}|{','.join(map(str, self.shape))}|{self.shard_size}"
+        object.__setattr__(self, "layout", tensor_key(text) | 1)
+        dt = np.dtype(self.dtype).newbyteorder("<")
+        nbytes = dt.itemsize
+        for d in self.shape:
+            nbytes *= d
+        object.__setattr__(self, "np_dtype", dt)
+        object.__setattr__(self, "nbytes", nbytes)
+        # A zero-size tensor still has shard 0.
+        object.__setattr__(self, "num_shards", max(1, -(-nbytes // self.shard_size)))
 
     @property
     def dtype_code(self) -> int:
         return DTYPE_CODES[self.dtype]
-
-    @property
-    def key(self) -> int:
-        return tensor_key(self.name)
-
-    @property
-    def nbytes(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * self.np_dtype.itemsize
-
-    @property
-    def num_shards(self) -> int:
-        """Shards the tensor is cut into; a zero-size tensor still has shard 0."""
-        return max(1, -(-self.nbytes // self.shard_size))
 
     def shard_span(self, index: int) -> tuple[int, int]:
         """(byte offset in the tensor, byte length) of shard ``index``."""
@@ -376,13 +399,6 @@ class TensorMeta:
             raise ValueError(f"shard {index} out of range 0..{self.num_shards - 1}")
         start = index * self.shard_size
         return start, max(0, min(self.shard_size, self.nbytes - start))
-
-    @property
-    def layout(self) -> int:
-        """Fingerprint of dtype, shape and shard size: requests carry it so a
-        daemon can tell a client whose cached layout is stale. Never 0."""
-        text = f"{self.dtype}|{','.join(map(str, self.shape))}|{self.shard_size}"
-        return tensor_key(text) | 1
 
     def same_layout(self, other: TensorMeta) -> bool:
         return (self.dtype, self.shape, self.shard_size) == (

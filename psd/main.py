@@ -29,9 +29,8 @@ def build_store(config: ClusterConfig, node: Node) -> Store:
     return Store(arena, owns)
 
 
-async def run_daemon(config: ClusterConfig, node: Node) -> None:
+async def run_daemon(config: ClusterConfig, node: Node, store: Store) -> None:
     """Serve until SIGTERM or SIGINT, then stop cleanly."""
-    store = build_store(config, node)
     server = Server(config, node, store)
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -73,14 +72,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"psd: {exc}", file=sys.stderr)
         return 2
     try:
-        trio.run(run_daemon, config, node)
+        store = build_store(config, node)
     except OSError as exc:
         print(
-            f"psd: {node.name}: cannot serve on {node.address}: {exc.strerror or exc}",
+            f"psd: {node.name}: cannot reserve an arena of {node.arena_size} bytes: "
+            f"{exc.strerror or exc}",
             file=sys.stderr,
         )
         return 1
-    return 0
+    status = 0
+    try:
+        trio.run(run_daemon, config, node, store)
+    except* OSError as group:  # binding the address failed
+        exc = group.exceptions[0]
+        reason = getattr(exc, "strerror", None) or exc
+        print(f"psd: {node.name}: cannot serve on {node.address}: {reason}", file=sys.stderr)
+        status = 1
+    return status
 
 
 if __name__ == "__main__":

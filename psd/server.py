@@ -39,7 +39,7 @@ from irdma.protocol import (
     unpack_entries,
 )
 from irdma.transport.base import StreamBroken, StreamClosed
-from irdma.transport.tcp import FramedSocket, tune_socket
+from irdma.transport.tcp import FramedSocket, to_stdlib
 
 from .arena import Block
 from .store import Store, StoreError, Update
@@ -104,10 +104,9 @@ class Server:
                         log.warning("accept failed: %s", exc)
                         await trio.sleep(0.1)
                         continue
-                    tune_socket(sock)
-                    nursery.start_soon(self.handle_connection, sock, _peer_name(peer))
+                    nursery.start_soon(self.handle_connection, to_stdlib(sock), _peer_name(peer))
 
-    async def handle_connection(self, sock: trio.socket.SocketType, peer: str) -> None:
+    async def handle_connection(self, sock: stdsocket.socket, peer: str) -> None:
         conn = _Conn(FramedSocket(sock, peer))
         self.stats.connections += 1
         try:
@@ -172,9 +171,8 @@ class Server:
                 f"payload of {header.length} bytes is over the {self.max_payload} limit",
             )
             return False
-        try:
-            op = Op(header.op)
-        except ValueError:
+        op = _OPS.get(header.op)
+        if op is None:
             await conn.stream.drain(header.length)
             await self._error(conn, header, Status.BAD_OP, f"unknown op {header.op}")
             return True
@@ -410,6 +408,9 @@ class Server:
         Op.ACCUMULATE_BATCH: _update_batch,
         Op.RELEASE: _release,
     }
+
+
+_OPS = {int(op): op for op in Op}
 
 
 def _peer_name(peer: object) -> str:

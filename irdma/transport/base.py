@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import errno
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import trio
 
 from ..protocol import Header
 
@@ -24,23 +27,39 @@ class StreamBroken(Exception):
     """The peer went away or the connection failed (not closed by us)."""
 
 
+class StreamTimeout(StreamBroken):
+    """The peer stopped answering: a request waited longer than the timeout."""
+
+
 class StreamClosed(Exception):
     """We closed the connection ourselves."""
 
 
+SOCKET_ERRORS = (OSError, trio.ClosedResourceError, trio.BrokenResourceError)
+
+
+def translate_socket_error(exc: BaseException, what: str) -> StreamBroken | StreamClosed:
+    """The stream error for an OS or trio socket error (raise it ``from exc``).
+
+    Hot paths catch ``SOCKET_ERRORS`` and call this, instead of a context
+    manager, because a generator-based one costs microseconds per call.
+    """
+    if isinstance(exc, trio.ClosedResourceError):
+        return StreamClosed(f"{what}: connection closed")
+    if isinstance(exc, OSError):
+        if exc.errno == errno.EBADF:  # closed by another of our tasks
+            return StreamClosed(f"{what}: connection closed")
+        return StreamBroken(f"{what}: {exc.strerror or exc}")
+    return StreamBroken(f"{what}: {exc}")
+
+
 @contextlib.contextmanager
 def translate_socket_errors(what: str) -> Iterator[None]:
-    """Turn OS-level socket errors into StreamBroken, keeping the cause."""
-    import trio
-
+    """Turn OS-level socket errors into StreamBroken or StreamClosed, keeping the cause."""
     try:
         yield
-    except trio.ClosedResourceError as exc:
-        raise StreamClosed(f"{what}: connection closed") from exc
-    except trio.BrokenResourceError as exc:
-        raise StreamBroken(f"{what}: {exc}") from exc
-    except OSError as exc:
-        raise StreamBroken(f"{what}: {exc.strerror or exc}") from exc
+    except SOCKET_ERRORS as exc:
+        raise translate_socket_error(exc, what) from exc
 
 
 class ByteStream(Protocol):
