@@ -140,7 +140,8 @@ def as_stored_array(array: Any) -> np.ndarray:
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
     dtype_code(arr.dtype)  # raises ValueError for object, string, structured dtypes
-    return np.ascontiguousarray(arr)
+    # Not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
 
 
 def _byte_view(arr: np.ndarray) -> memoryview:

@@ -62,9 +62,15 @@ def parse_size(value: Any) -> int:
             raise ValueError(f"size {value} is negative")
         return value
     if isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", value)
-        if m and m.group(2).lower() in _UNITS:
-            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        m = re.fullmatch(r"\s*(\d+)(?:\.(\d+))?\s*([A-Za-z]*)\s*", value)
+        if m and m.group(3).lower() in _UNITS:
+            unit = _UNITS[m.group(3).lower()]
+            frac = m.group(2) or ""
+            # Exact integer arithmetic (floats lose whole bytes above 2**53).
+            n = (int(m.group(1) + frac) * unit) // 10 ** len(frac)
+            if (int(m.group(1) + frac) * unit) % 10 ** len(frac):
+                raise ValueError(f"size {value!r} is not a whole number of bytes")
+            return n
     raise ValueError(f"expected a size such as 4096 or '4MiB', got {value!r}")
 
 
@@ -110,7 +116,7 @@ class ClusterConfig:
     path: Path | None = None
     _by_name: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
     # Placement is pure but costs a hash per node; remember recent answers.
-    _placement: dict[tuple[int, int], list[Node]] = field(
+    _placement: dict[tuple[int, int], tuple[Node, ...]] = field(
         default_factory=dict, repr=False, compare=False
     )
 
@@ -126,13 +132,13 @@ class ClusterConfig:
                 f"(nodes: {', '.join(self._by_name)})"
             ) from None
 
-    def replicas_for(self, key: int, shard: int) -> list[Node]:
+    def replicas_for(self, key: int, shard: int) -> tuple[Node, ...]:
         """The shard's replicas in preference order (first is the primary)."""
         found = self._placement.get((key, shard))
         if found is None:
             if len(self._placement) >= PLACEMENT_CACHE:
                 self._placement.clear()
-            found = rendezvous_order(self.nodes, key, shard)[: self.replicas]
+            found = tuple(rendezvous_order(self.nodes, key, shard)[: self.replicas])
             self._placement[(key, shard)] = found
         return found
 
@@ -169,7 +175,12 @@ def load_config(path: str | os.PathLike[str] | None = None) -> ClusterConfig:
     try:
         raw = tomllib.loads(p.read_text())
     except FileNotFoundError:
-        hint = "" if path else " (pass --config or set IRDMA_CONFIG)"
+        if path:
+            hint = ""
+        elif os.environ.get("IRDMA_CONFIG"):
+            hint = " (named by IRDMA_CONFIG)"
+        else:
+            hint = " (pass --config or set IRDMA_CONFIG)"
         raise ConfigError(f"{p}: config file not found{hint}") from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read config: {exc.strerror}") from None
@@ -230,10 +241,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig
         data_dir = n.get("data_dir", f"/var/lib/irdma/{name}")
         if not isinstance(data_dir, str):
             raise fail(f"{k}.data_dir", "must be a path string")
-        ddir = Path(data_dir)
-        if not ddir.is_absolute() and path is not None:
-            ddir = path.parent / ddir
-        nodes.append(Node(name, addr, ddir, arena))
+        nodes.append(Node(name, addr, _resolve(Path(data_dir), path), arena))
     try:
         shard_size = parse_size(raw.get("shard_size", DEFAULT_SHARD_SIZE))
     except ValueError as exc:
@@ -256,9 +264,16 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig
         shard_size=shard_size,
         replicas=replicas,
         timeout=float(timeout),
-        secret_file=Path(secret) if secret else None,
+        secret_file=_resolve(Path(secret), path) if secret else None,
         path=path,
     )
+
+
+def _resolve(p: Path, config_path: Path | None) -> Path:
+    """A relative path in a config means relative to the config file's folder."""
+    if p.is_absolute() or config_path is None:
+        return p
+    return config_path.parent / p
 
 
 def render_config(

@@ -1,6 +1,6 @@
 """The irdma wire format, in one place and without any I/O (sans-IO, as h11).
 
-Every message is one fixed 64-byte little-endian header, optionally followed
+Every message is one fixed 80-byte little-endian header, optionally followed
 by a payload of ``header.length`` bytes. Requests and responses share the
 header; a response has ``FLAG_RESPONSE`` set, echoes the request id, and
 carries a status. Transports only move these bytes; parsing and validation
@@ -48,6 +48,9 @@ MAX_ERROR_MESSAGE = 4096
 MAX_META_PAYLOAD = 16 << 20
 MAX_NAME_BYTES = 1024
 MAX_DIMS = 32
+# Bounds work per create (one placement per shard): 1 Mi shards is 4 TiB at
+# the default shard size.
+MAX_SHARDS = 1 << 20
 
 
 class Op(enum.IntEnum):
@@ -252,7 +255,7 @@ def pack_header(**fields: Any) -> bytes:
 
 
 def unpack_header(data: bytes | bytearray | memoryview) -> Header:
-    """Parse a 64-byte header; raises ProtocolError for a bad magic (garbage).
+    """Parse an 80-byte header; raises ProtocolError for a bad magic (garbage).
 
     Only the framing is checked here; op, version and field values are
     checked by whoever handles the frame, so they can answer with a status.
@@ -387,7 +390,13 @@ class TensorMeta:
         object.__setattr__(self, "np_dtype", dt)
         object.__setattr__(self, "nbytes", nbytes)
         # A zero-size tensor still has shard 0.
-        object.__setattr__(self, "num_shards", max(1, -(-nbytes // self.shard_size)))
+        num_shards = max(1, -(-nbytes // self.shard_size))
+        if num_shards > MAX_SHARDS:
+            raise ValueError(
+                f"{nbytes} bytes in shards of {self.shard_size} is {num_shards} shards, "
+                f"over {MAX_SHARDS}; use a larger shard size"
+            )
+        object.__setattr__(self, "num_shards", num_shards)
 
     @property
     def dtype_code(self) -> int:

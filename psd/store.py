@@ -82,22 +82,26 @@ def accumulate_into(target: np.ndarray, delta: np.ndarray, alpha: float) -> None
     ``accumulate_copy`` so both give bit-identical results.
     """
     _scale(delta, alpha)
-    np.add(target, delta, out=target)
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.add(target, delta, out=target)
 
 
 def accumulate_copy(target: np.ndarray, delta: np.ndarray, alpha: float) -> None:
     """``delta = target + alpha * delta``: the same update, written into ``delta``."""
     _scale(delta, alpha)
-    np.add(target, delta, out=delta)
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.add(target, delta, out=delta)
 
 
 def _scale(delta: np.ndarray, alpha: float) -> None:
+    """``delta *= alpha`` in delta's dtype (overflow gives inf, as IEEE arithmetic does)."""
     if alpha == 1.0:
         return
-    if delta.dtype.kind in "iu":
-        np.multiply(delta, int(alpha), out=delta, casting="unsafe")
-    else:
-        np.multiply(delta, alpha, out=delta, casting="same_kind")
+    with np.errstate(over="ignore", invalid="ignore"):
+        if delta.dtype.kind in "iu":
+            np.multiply(delta, int(alpha), out=delta, casting="unsafe")
+        else:
+            np.multiply(delta, alpha, out=delta, casting="same_kind")
 
 
 def check_alpha(dtype: np.dtype, alpha: float) -> None:

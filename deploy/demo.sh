@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The main job, on the embedded default: set up, start a local cluster of 3
+# daemons, put a model and get it back, train briefly through the cluster,
+# benchmark it, and stop the cluster. Run as root on Debian or Ubuntu.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deploy/setup.sh
+export PATH="$PWD/.venv/bin:$PATH"
+work=$(mktemp -d /tmp/irdma-demo.XXXXXX)
+
+irdma local --nodes 3 --dir "$work" --arena 1GiB >"$work/config-path" 2>"$work/local.log" &
+local_pid=$!
+cleanup() {
+    kill -TERM "$local_pid" 2>/dev/null || true
+    wait "$local_pid" 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+for _ in $(seq 1 150); do
+    [ -s "$work/config-path" ] && break
+    kill -0 "$local_pid" 2>/dev/null || { cat "$work/local.log" >&2; exit 1; }
+    sleep 0.2
+done
+export IRDMA_CONFIG
+IRDMA_CONFIG=$(cat "$work/config-path")
+echo "== cluster ($IRDMA_CONFIG)"
+irdma status
+
+echo "== put a model (.npz, 3 tensors, 40 MB) and get it back"
+python - "$work/model.npz" <<'PY'
+import sys, numpy as np
+rng = np.random.default_rng(0)
+np.savez(sys.argv[1], **{"fc1.weight": rng.standard_normal((2048, 4096), dtype=np.float32),
+                         "fc1.bias": np.zeros(4096, np.float32),
+                         "fc2.weight": rng.standard_normal((4096, 512), dtype=np.float32)})
+PY
+irdma put demo/model "$work/model.npz"
+irdma ls -l demo/
+irdma get demo/model -o "$work/back.npz"
+python - "$work/model.npz" "$work/back.npz" <<'PY'
+import sys, numpy as np
+a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
+assert sorted(a.files) == sorted(b.files) and all(np.array_equal(a[k], b[k]) for k in a.files)
+print("round trip: identical")
+PY
+
+echo "== a short training run through the cluster"
+python bench/train_linear.py --workers 2 --steps 200
+
+echo "== benchmark"
+irdma bench --size 256MiB

@@ -1,0 +1,162 @@
+"""Fixtures: real psd daemons on loopback, always torn down."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from irdma import Client
+from irdma.cluster import ClusterConfig, load_config
+from irdma.local import write_config
+
+READY_TIMEOUT = 20.0
+
+
+@dataclass
+class Cluster:
+    """Daemons started from a generated config; tests may stop, kill or pause them."""
+
+    dir: Path
+    config_path: Path
+    config: ClusterConfig
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    clients: list[Client] = field(default_factory=list)
+
+    @property
+    def names(self) -> list[str]:
+        return [n.name for n in self.config.nodes]
+
+    def start(self, name: str) -> None:
+        log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115 (closed with the process)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "irdma_psd.main",
+                "--config",
+                str(self.config_path),
+                "--node",
+                name,
+            ],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+        )
+        log.close()
+        self.procs[name] = proc
+        self.wait_ready(name)
+
+    def wait_ready(self, name: str) -> None:
+        node = self.config.node(name)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.procs[name].poll() is not None:
+                raise RuntimeError(f"psd {name} exited: {self.log(name)}")
+            try:
+                socket.create_connection((node.address.host, node.address.port), 0.5).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"psd {name} not ready after {READY_TIMEOUT} s: {self.log(name)}")
+
+    def log(self, name: str) -> str:
+        path = self.dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def pid(self, name: str) -> int:
+        return self.procs[name].pid
+
+    def signal(self, name: str, sig: int) -> None:
+        os.kill(self.procs[name].pid, sig)
+
+    def kill(self, name: str) -> None:
+        proc = self.procs[name]
+        proc.kill()
+        proc.wait(10)
+
+    def stop(self, name: str) -> int:
+        proc = self.procs[name]
+        proc.send_signal(signal.SIGTERM)
+        return proc.wait(10)
+
+    def client(self, **kwargs) -> Client:
+        c = Client(self.config_path, **kwargs)
+        self.clients.append(c)
+        return c
+
+    def close(self) -> None:
+        for c in self.clients:
+            with contextlib.suppress(Exception):
+                c.close()
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)  # a paused daemon cannot handle SIGTERM
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def make_cluster(
+    directory: Path,
+    nodes: int = 3,
+    *,
+    arena_size: int = 64 << 20,
+    shard_size: int = 64 << 10,
+    timeout: float | None = None,
+) -> Cluster:
+    path = write_config(directory, nodes, arena_size=arena_size, shard_size=shard_size)
+    if timeout is not None:
+        text = path.read_text().replace("timeout = 10.0", f"timeout = {timeout}")
+        path.write_text(text)
+    cluster = Cluster(directory, path, load_config(path))
+    try:
+        for name in cluster.names:
+            cluster.start(name)
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Three daemons shared by a test module (64 KiB shards, so tensors span them all)."""
+    c = make_cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def fresh_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """Three daemons for one test that may kill or pause them (2 s client timeout)."""
+    c = make_cluster(tmp_path, timeout=2.0)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def client(cluster: Cluster) -> Iterator[Client]:
+    c = Client(cluster.config_path)
+    try:
+        yield c
+    finally:
+        c.close()

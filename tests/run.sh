@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The test command: set up (apt packages, .venv) and run lint and the whole
+# suite. Extra arguments go to pytest (e.g. tests/run.sh -k client).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+deploy/setup.sh || exit 1
+.venv/bin/ruff check . || exit 1
+.venv/bin/ruff format --check . || exit 1
+.venv/bin/python -m pytest -p no:cacheprovider "$@"
+status=$?
+if [ "$status" -eq 5 ]; then
+    echo "tests/run.sh: pytest collected no tests; that is a failure" >&2
+    exit 1
+fi
+exit "$status"

@@ -1,0 +1,197 @@
+"""The ``irdma`` command, run as a user would, against real daemons."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from irdma import Client
+
+from .conftest import Cluster
+
+
+def irdma(cluster: Cluster | None, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if cluster is not None:
+        env["IRDMA_CONFIG"] = str(cluster.config_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "irdma.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"irdma {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
+    return proc
+
+
+def test_npy_round_trip(cluster: Cluster, tmp_path: Path) -> None:
+    x = np.random.default_rng(0).standard_normal((300, 700)).astype(np.float32)  # spans shards
+    np.save(tmp_path / "in.npy", x)
+    irdma(cluster, "put", "cli/w", str(tmp_path / "in.npy"))
+    irdma(cluster, "get", "cli/w", "-o", str(tmp_path / "out.npy"))
+    assert np.array_equal(np.load(tmp_path / "out.npy"), x)
+    assert (tmp_path / "in.npy").read_bytes() == (tmp_path / "out.npy").read_bytes()
+
+
+def test_npz_round_trip(cluster: Cluster, tmp_path: Path) -> None:
+    arrays = {"w": np.arange(10.0), "b": np.ones((2, 3), np.int16), "s": np.array(3.5)}
+    np.savez(tmp_path / "m.npz", **arrays)
+    irdma(cluster, "put", "npz", str(tmp_path / "m.npz"))
+    ls = irdma(cluster, "ls", "npz/").stdout.split()
+    assert ls == ["npz/b", "npz/s", "npz/w"]
+    irdma(cluster, "get", "npz", "-o", str(tmp_path / "back.npz"))
+    with np.load(tmp_path / "back.npz") as z:
+        assert set(z.files) == set(arrays)
+        for k, v in arrays.items():
+            assert np.array_equal(z[k], v) and z[k].dtype == v.dtype
+
+
+def test_safetensors_round_trip(cluster: Cluster, tmp_path: Path) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    arrays = {
+        "layer.weight": np.random.default_rng(1).random((64, 64), dtype=np.float32),
+        "layer.bias": np.zeros(64, np.float16),
+    }
+    save_file(arrays, str(tmp_path / "m.safetensors"))
+    irdma(cluster, "put", "st", str(tmp_path / "m.safetensors"))
+    with Client(cluster.config_path) as c:
+        assert np.array_equal(c.read("st/layer.weight"), arrays["layer.weight"])
+    irdma(cluster, "get", "st", "-o", str(tmp_path / "back.safetensors"))
+    back = load_file(str(tmp_path / "back.safetensors"))
+    for k, v in arrays.items():
+        assert np.array_equal(back[k], v)
+
+
+def test_put_refuses_a_new_layout_without_replace(cluster: Cluster, tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", np.zeros(4, np.float32))
+    np.save(tmp_path / "b.npy", np.zeros(5, np.float64))
+    irdma(cluster, "put", "lay/x", str(tmp_path / "a.npy"))
+    proc = irdma(cluster, "put", "lay/x", str(tmp_path / "b.npy"), check=False)
+    assert proc.returncode == 1 and "float32" in proc.stderr and "replace" in proc.stderr
+    irdma(cluster, "put", "--replace", "lay/x", str(tmp_path / "b.npy"))
+    info = json.loads(irdma(cluster, "stat", "lay/x", "--json").stdout)
+    assert info["dtype"] == "float64" and info["shape"] == [5]
+
+
+def test_stat_ls_rm(cluster: Cluster, tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", np.zeros((3, 4), np.int32))
+    irdma(cluster, "put", "srm/a", str(tmp_path / "a.npy"))
+    irdma(cluster, "put", "srm/sub/b", str(tmp_path / "a.npy"))
+    out = irdma(cluster, "stat", "srm/a").stdout
+    assert "int32" in out and "[3, 4]" in out
+    rows = json.loads(irdma(cluster, "ls", "srm/", "--json").stdout)
+    assert [r["name"] for r in rows] == ["srm/a", "srm/sub/b"]
+    assert "3x4" in irdma(cluster, "ls", "-l", "srm/").stdout
+    irdma(cluster, "rm", "-r", "srm")
+    assert irdma(cluster, "ls", "srm/").stdout == ""
+
+
+def test_errors_are_one_clear_line(cluster: Cluster, tmp_path: Path) -> None:
+    proc = irdma(cluster, "stat", "does/not/exist", check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "irdma: no tensor named 'does/not/exist'"
+    proc = irdma(cluster, "put", "x", str(tmp_path / "missing.npy"), check=False)
+    assert proc.returncode == 1 and "missing.npy" in proc.stderr
+    proc = irdma(cluster, "put", "x", str(tmp_path / "file.txt"), check=False)
+    assert proc.returncode == 1 and "unknown file type" in proc.stderr
+    proc = irdma(None, "--config", str(tmp_path / "nope.toml"), "ls", check=False)
+    assert proc.returncode == 2 and "nope.toml: config file not found" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_status_and_bench_json(cluster: Cluster) -> None:
+    rows = json.loads(irdma(cluster, "status", "--json").stdout)
+    assert [r["node"] for r in rows] == cluster.names and all(r["up"] for r in rows)
+    res = json.loads(
+        irdma(
+            cluster, "bench", "--size", "1MiB", "--repeat", "2", "--latency-iters", "20", "--json"
+        ).stdout
+    )
+    for key in ("read_GBps", "write_GBps", "accumulate_GBps", "read_4KiB_us_median"):
+        assert res[key] > 0
+    assert not [i for i in Client(cluster.config_path).list("_bench/")]  # cleaned up
+
+
+def test_status_exits_1_when_a_daemon_is_down(fresh_cluster: Cluster) -> None:
+    fresh_cluster.kill("n3")
+    proc = irdma(fresh_cluster, "status", check=False)
+    assert proc.returncode == 1
+    assert "DOWN" in proc.stdout and "n3" in proc.stdout
+
+
+def daemons_using(config: str) -> list[int]:
+    """PIDs of psd processes started with ``--config config`` (read from /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"irdma_psd.main" in argv and config.encode() in argv:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_local_starts_and_stops_cleanly(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "irdma.cli",
+            "local",
+            "--nodes",
+            "2",
+            "--dir",
+            str(tmp_path),
+            "--arena",
+            "16MiB",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline().strip()  # printed once every daemon answers
+        assert line == str(tmp_path / "cluster.toml")
+        with Client(line) as c:
+            c.write("local/x", np.arange(5))
+            assert c.read("local/x").sum() == 10
+        assert len(daemons_using(line)) == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        deadline = time.monotonic() + 10
+        while daemons_using(line) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert daemons_using(line) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+def test_local_refuses_replicas_until_replication_exists(tmp_path: Path) -> None:
+    proc = irdma(None, "local", "--replicas", "2", "--dir", str(tmp_path), check=False)
+    assert proc.returncode == 2 and "replication is not available" in proc.stderr
+
+
+@pytest.mark.parametrize("bad", ["nodes = 3", "[[nodes]]\nname='a'\naddress='tcp://x:1'\n"])
+def test_bad_config_names_file_and_key(tmp_path: Path, bad: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(bad)
+    proc = irdma(None, "--config", str(path), "status", check=False)
+    assert proc.returncode == 2
+    assert str(path) in proc.stderr and "nodes" in proc.stderr

@@ -1,0 +1,334 @@
+"""The client against three real daemons on loopback."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import trio
+
+import irdma
+from irdma import AsyncClient, Client
+from irdma.protocol import tensor_key
+
+from .conftest import Cluster, make_cluster
+
+DTYPES = [
+    np.bool_,
+    np.int8,
+    np.uint8,
+    np.int16,
+    np.uint16,
+    np.int32,
+    np.uint32,
+    np.int64,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+    np.complex64,
+    np.complex128,
+]
+SHAPES = [(), (0,), (1,), (7,), (3, 5), (100_001,), (17, 33, 9), (0, 4)]
+
+
+def sample(shape: tuple[int, ...], dtype: type, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype).kind == "b":
+        return rng.integers(0, 2, shape).astype(dtype)
+    if np.dtype(dtype).kind in "iu":
+        return rng.integers(0, 100, shape).astype(dtype)
+    if np.dtype(dtype).kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_round_trip_every_dtype(client: Client, dtype: type) -> None:
+    for i, shape in enumerate(SHAPES):
+        name = f"rt/{np.dtype(dtype).name}/{i}"
+        x = sample(shape, dtype, i)
+        client.write(name, x)
+        y = client.read(name)
+        assert y.dtype == x.dtype and y.shape == x.shape
+        assert np.array_equal(x, y)
+        info = client.stat(name)
+        assert info.shape == shape and info.dtype == np.dtype(dtype).name
+        assert info.nbytes == x.nbytes
+
+
+def test_tensor_spans_every_daemon(cluster: Cluster, client: Client) -> None:
+    x = np.arange(3_000_000, dtype=np.float32)  # 12 MB, 64 KiB shards: 184 shards
+    client.write("span/w", x)
+    meta = client.stat("span/w")
+    holders = {
+        cluster.config.primary_for(tensor_key("span/w"), s).name for s in range(meta.num_shards)
+    }
+    assert holders == set(cluster.names)
+    out = np.empty_like(x)
+    assert client.read("span/w", out=out) is out
+    assert np.array_equal(out, x)
+
+
+def test_big_endian_and_non_contiguous_input(client: Client) -> None:
+    x = np.arange(1000, dtype=">i4").reshape(10, 100)[:, ::3]
+    client.write("layout/x", x)
+    y = client.read("layout/x")
+    assert y.dtype == np.dtype("<i4")
+    assert np.array_equal(y, x)
+
+
+def test_read_bytes_and_write_bytes_across_shards(client: Client) -> None:
+    x = np.arange(100_000, dtype=np.uint8)
+    client.write("bytes/x", x)
+    raw = bytes(client.read_bytes("bytes/x", 65_000, 2_000))  # crosses a 64 KiB boundary
+    assert raw == x[65_000:67_000].tobytes()
+    client.write_bytes("bytes/x", 65_530, b"\xff" * 20)
+    x[65_530:65_550] = 255
+    assert np.array_equal(client.read("bytes/x"), x)
+
+
+def test_write_with_other_layout_needs_replace(client: Client) -> None:
+    client.write("lay/t", np.zeros(10, np.float32))
+    with pytest.raises(irdma.DtypeMismatch):
+        client.write("lay/t", np.zeros(10, np.float64))
+    with pytest.raises(irdma.ShapeMismatch):
+        client.write("lay/t", np.zeros(11, np.float32))
+    assert np.array_equal(client.read("lay/t"), np.zeros(10, np.float32))
+    client.write("lay/t", np.ones((2, 3), np.int16), replace=True)
+    assert np.array_equal(client.read("lay/t"), np.ones((2, 3), np.int16))
+
+
+def test_stale_layout_is_revalidated(cluster: Cluster, client: Client) -> None:
+    client.write("stale/t", np.arange(200_000, dtype=np.float32))
+    assert client.read("stale/t").shape == (200_000,)
+    other = cluster.client()
+    other.write("stale/t", np.arange(50, dtype=np.int64), replace=True)
+    y = client.read("stale/t")  # the first client's cached layout is stale
+    assert y.dtype == np.int64 and np.array_equal(y, np.arange(50))
+
+
+def test_create_errors_and_exist_ok(client: Client) -> None:
+    info = client.create("cr/a", (4, 4), np.float64)
+    assert info.version == 0 and np.array_equal(client.read("cr/a"), np.zeros((4, 4)))
+    with pytest.raises(irdma.TensorExists):
+        client.create("cr/a", (4, 4), np.float64)
+    client.create("cr/a", (4, 4), np.float64, exist_ok=True)
+    with pytest.raises(irdma.ShapeMismatch):
+        client.create("cr/a", (5,), np.float64, exist_ok=True)
+    with pytest.raises(ValueError):
+        client.create("bad//name", (1,))
+    with pytest.raises(ValueError):
+        client.write("cr/obj", np.array(["a"], dtype=object))
+
+
+def test_accumulate_with_alpha(client: Client) -> None:
+    w = np.arange(300_000, dtype=np.float64)
+    client.write("acc/w", w)
+    d = np.full_like(w, 0.5)
+    client.accumulate("acc/w", d, alpha=-2.0)
+    assert np.array_equal(client.read("acc/w"), w - 1.0)
+    client.write("acc/i", np.zeros(10, np.int32))
+    client.accumulate("acc/i", np.arange(10, dtype=np.int32), alpha=3)
+    assert np.array_equal(client.read("acc/i"), 3 * np.arange(10))
+    with pytest.raises(irdma.DaemonError):
+        client.accumulate("acc/i", np.ones(10, np.int32), alpha=0.5)
+    with pytest.raises(irdma.DtypeMismatch):
+        client.accumulate("acc/i", np.ones(10, np.float32))
+    with pytest.raises(irdma.ShapeMismatch):
+        client.accumulate("acc/i", np.ones(11, np.int32))
+    assert np.array_equal(client.read("acc/i"), 3 * np.arange(10))
+
+
+def test_unknown_tensor(client: Client) -> None:
+    for call in (
+        lambda: client.read("no/such"),
+        lambda: client.stat("no/such"),
+        lambda: client.delete("no/such"),
+        lambda: client.accumulate("no/such", np.ones(1)),
+    ):
+        with pytest.raises(irdma.TensorNotFound, match="no/such"):
+            call()
+
+
+def test_list_and_delete(client: Client) -> None:
+    for i in range(5):
+        client.write(f"ls/m/t{i}", np.full(70_000, i, np.float32))  # spans daemons
+    names = [i.name for i in client.list("ls/m/")]
+    assert names == [f"ls/m/t{i}" for i in range(5)]
+    infos = {i.name: i for i in client.list("ls/")}
+    assert infos["ls/m/t3"].shape == (70_000,) and infos["ls/m/t3"].version >= 1
+    client.delete("ls/m/t3")
+    assert "ls/m/t3" not in [i.name for i in client.list("ls/")]
+    with pytest.raises(irdma.TensorNotFound):
+        client.read("ls/m/t3")
+
+
+def test_versions_grow_with_updates(client: Client) -> None:
+    client.write("ver/x", np.zeros(100, np.float32))
+    v1 = client.stat("ver/x").version
+    client.accumulate("ver/x", np.ones(100, np.float32))
+    v2 = client.stat("ver/x").version
+    client.write("ver/x", np.ones(100, np.float32))
+    assert v1 < v2 < client.stat("ver/x").version
+
+
+def test_batched_forms(client: Client) -> None:
+    arrays = {f"batch/t{i}": sample((i * 10 + 1,), np.float32, i) for i in range(50)}
+    arrays["batch/big"] = sample((200_000,), np.float64, 99)  # spans shards too
+    client.write_many(arrays)
+    got = client.read_many(list(arrays))
+    for k, v in arrays.items():
+        assert np.array_equal(got[k], v), k
+    deltas = {k: np.ones_like(v) for k, v in arrays.items()}
+    client.accumulate_many(deltas, alpha=2.0)
+    got = client.read_many(list(arrays))
+    for k, v in arrays.items():
+        assert np.array_equal(got[k], v + 2), k
+    with pytest.raises(irdma.TensorNotFound):
+        client.read_many(["batch/t1", "batch/missing"])
+
+
+def test_concurrent_accumulators_sum_exactly(cluster: Cluster) -> None:
+    """Threads with their own clients and async tasks push at once; no update is lost."""
+    n = 200_000
+    setup = cluster.client()
+    setup.write("conc/sum", np.zeros(n, np.int64))
+    rounds, workers = 20, 4
+
+    def worker(k: int) -> None:
+        c = Client(cluster.config_path)
+        try:
+            for r in range(rounds):
+                c.accumulate("conc/sum", np.full(n, k + 1, np.int64), alpha=1 + r % 2)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(workers)]
+    for t in threads:
+        t.start()
+
+    async def async_pushers() -> None:
+        async with AsyncClient(cluster.config_path) as ac, trio.open_nursery() as nursery:
+            for _ in range(5):
+                nursery.start_soon(ac.accumulate, "conc/sum", np.full(n, 1000, np.int64))
+
+    trio.run(async_pushers)
+    for t in threads:
+        t.join()
+    per_worker = sum(1 + r % 2 for r in range(rounds))
+    expected = sum((k + 1) * per_worker for k in range(workers)) + 5 * 1000
+    assert np.array_equal(setup.read("conc/sum"), np.full(n, expected, np.int64))
+
+
+def test_reader_never_sees_a_torn_shard(cluster: Cluster) -> None:
+    """Writers replace whole tensors of one value; every shard a reader gets is uniform."""
+    n = 1 << 20  # 4 MiB of float32 over 64 shards
+    w = cluster.client()
+    w.write("torn/x", np.zeros(n, np.float32))
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def writer() -> None:
+        v = 0
+        while not stop.is_set():
+            v += 1
+            w.write("torn/x", np.full(n, v, np.float32))
+            w.accumulate("torn/x", np.ones(n, np.float32))
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        r = cluster.client()
+        shard_elems = (64 << 10) // 4
+        for _ in range(30):
+            y = r.read("torn/x").reshape(-1, shard_elems)
+            uniform = (y == y[:, :1]).all(axis=1)
+            if not uniform.all():
+                errors.append(f"torn shards: {np.flatnonzero(~uniform)[:5]}")
+    finally:
+        stop.set()
+        t.join()
+    assert not errors
+
+
+def test_arena_full_is_a_clear_error_and_changes_nothing(tmp_path) -> None:
+    c = make_cluster(tmp_path, nodes=1, arena_size=2 << 20, shard_size=64 << 10)
+    try:
+        client = c.client()
+        client.write("full/a", np.ones(256 << 10, np.uint8))
+        with pytest.raises(irdma.ArenaFull, match="arena full"):
+            client.write("full/b", np.ones(4 << 20, np.uint8))
+        with pytest.raises(irdma.TensorNotFound):
+            client.stat("full/b")  # nothing left behind
+        assert np.array_equal(client.read("full/a"), np.ones(256 << 10, np.uint8))
+        client.write("full/c", np.full(512 << 10, 7, np.uint8))  # space was not leaked
+        assert client.read("full/c")[0] == 7
+    finally:
+        c.close()
+
+
+def test_daemon_down_is_a_clear_error(fresh_cluster: Cluster) -> None:
+    client = fresh_cluster.client()
+    x = np.arange(500_000, dtype=np.float32)
+    client.write("down/x", x)
+    fresh_cluster.kill("n2")
+    with pytest.raises(irdma.DaemonUnavailable, match="n2"):
+        client.read("down/x")
+    with pytest.raises(irdma.DaemonUnavailable, match="n2"):
+        fresh_cluster.client().read("down/x")
+
+
+def test_hung_daemon_times_out(fresh_cluster: Cluster) -> None:
+    import signal
+
+    client = fresh_cluster.client()  # timeout 2 s from the fixture's config
+    x = np.arange(500_000, dtype=np.float32)
+    client.write("hung/x", x)
+    fresh_cluster.signal("n1", signal.SIGSTOP)
+    try:
+        t = time.monotonic()
+        with pytest.raises(irdma.DaemonTimeout, match="n1"):
+            client.read("hung/x")
+        # Bounded: the timeout plus the watchdog tick, never a hang.
+        assert time.monotonic() - t < 10
+    finally:
+        fresh_cluster.signal("n1", signal.SIGCONT)
+    assert np.array_equal(client.read("hung/x"), x)  # reconnects once it answers again
+
+
+def test_daemon_killed_mid_transfer(fresh_cluster: Cluster) -> None:
+    client = fresh_cluster.client()
+    x = np.arange(8 << 20, dtype=np.float32)  # 32 MiB: long enough to kill during it
+    client.write("mid/x", x)
+    done = threading.Event()
+    outcome: list[BaseException | None] = []
+
+    def reader() -> None:
+        try:
+            for _ in range(50):
+                client.read("mid/x")
+            outcome.append(None)
+        except BaseException as exc:  # recorded for the assertion below
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    t = threading.Thread(target=reader)
+    t.start()
+    time.sleep(0.3)
+    fresh_cluster.kill("n3")
+    assert done.wait(20), "reader hung after the daemon died"
+    t.join()
+    assert isinstance(outcome[0], irdma.DaemonUnavailable)
+
+
+def test_client_without_config_uses_env(cluster: Cluster, monkeypatch) -> None:
+    monkeypatch.setenv("IRDMA_CONFIG", str(cluster.config_path))
+    with Client() as c:
+        c.write("env/x", np.ones(3))
+        assert c.read("env/x").sum() == 3
+    with pytest.raises(irdma.ClientClosed):
+        c.read("env/x")
