@@ -42,6 +42,9 @@ from .base import (
 # Error messages from a daemon are bounded; anything longer is a broken peer.
 MAX_REPLY_DATA = 16 << 20
 RECV_CHUNK = 4 << 20
+# SO_RCVLOWAT bounds while waiting for the rest of a large payload.
+LOWAT_MIN = int(os.environ.get("IRDMA_LOWAT_MIN", 64 << 10))
+LOWAT_MAX = 1 << 20
 DRAIN_CHUNK = 1 << 20
 
 
@@ -97,14 +100,28 @@ class FramedSocket:
         """Fill ``view`` completely; raises StreamBroken on EOF or error."""
         mv = memoryview(view).cast("B")
         got, n = 0, len(mv)
+        lowat = 1
         try:
             while got < n:
-                k = await self._recv_into(mv[got:] if got else mv)
+                try:
+                    k = self.sock.recv_into(mv[got:] if got else mv, min(n - got, RECV_CHUNK))
+                except BlockingIOError:
+                    # For a large payload, be woken only once a good part of
+                    # it has arrived: fewer wakeups, larger copies.
+                    want = min(n - got, LOWAT_MAX)
+                    if want >= LOWAT_MIN and want != lowat:
+                        self.sock.setsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_RCVLOWAT, want)
+                        lowat = want
+                    self._ops = 0
+                    await trio.lowlevel.wait_readable(self.sock)
+                    continue
                 if k == 0:
                     raise StreamBroken(
                         f"{self.peer} closed the connection after {got} of {n} bytes"
                     )
                 got += k
+            if lowat != 1:
+                self.sock.setsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_RCVLOWAT, 1)
         except SOCKET_ERRORS as exc:
             raise translate_socket_error(exc, f"receiving from {self.peer}") from exc
 
