@@ -239,11 +239,15 @@ class Store:
         }
 
     def list(self, prefix: str = "") -> list[dict[str, Any]]:
-        """Stat records of the tensors whose shard 0 this daemon holds, by name."""
+        """Stat records of the tensors this daemon holds shards of, by name.
+
+        The client merges the records of every daemon, so a tensor's listed
+        version is the sum over all its shards, as ``stat`` reports it.
+        """
         out = [
             self.info(t)
-            for key, t in self.tensors.items()
-            if t.meta.name.startswith(prefix) and self.owns(key, 0)
+            for t in self.tensors.values()
+            if t.shards and t.meta.name.startswith(prefix)
         ]
         return sorted(out, key=lambda d: d["meta"]["name"])
 

@@ -159,7 +159,10 @@ def test_list_and_delete(client: Client) -> None:
     names = [i.name for i in client.list("ls/m/")]
     assert names == [f"ls/m/t{i}" for i in range(5)]
     infos = {i.name: i for i in client.list("ls/")}
-    assert infos["ls/m/t3"].shape == (70_000,) and infos["ls/m/t3"].version >= 1
+    assert infos["ls/m/t3"].shape == (70_000,)
+    # Listed versions sum over every shard on every daemon, as stat does.
+    assert infos["ls/m/t3"].version == client.stat("ls/m/t3").version == 5  # 5 shards
+    assert infos["ls/m/t3"].num_shards == 5
     client.delete("ls/m/t3")
     assert "ls/m/t3" not in [i.name for i in client.list("ls/")]
     with pytest.raises(irdma.TensorNotFound):
