@@ -19,7 +19,7 @@ from pathlib import Path
 import trio
 
 from .client import AsyncClient
-from .cluster import ClusterConfig, load_config, parse_size, render_config
+from .cluster import DEFAULT_TIMEOUT, ClusterConfig, load_config, parse_size, render_config
 from .errors import ConfigError, IrdmaError
 
 READY_TIMEOUT = 30.0
@@ -49,6 +49,7 @@ def write_config(
     shard_size: int = 4 << 20,
     host: str = "127.0.0.1",
     ports: list[int] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> Path:
     """Write ``directory/cluster.toml`` for ``nodes`` daemons on ``host``; return its path."""
     if nodes < 1:
@@ -61,7 +62,9 @@ def write_config(
         for i in range(nodes)
     ]
     path = directory / "cluster.toml"
-    path.write_text(render_config(entries, shard_size=shard_size, replicas=replicas))
+    path.write_text(
+        render_config(entries, shard_size=shard_size, replicas=replicas, timeout=timeout)
+    )
     load_config(path)  # validate what we wrote
     return path
 

@@ -117,12 +117,11 @@ def make_cluster(
     *,
     arena_size: int = 64 << 20,
     shard_size: int = 64 << 10,
-    timeout: float | None = None,
+    timeout: float = 10.0,
 ) -> Cluster:
-    path = write_config(directory, nodes, arena_size=arena_size, shard_size=shard_size)
-    if timeout is not None:
-        text = path.read_text().replace("timeout = 10.0", f"timeout = {timeout}")
-        path.write_text(text)
+    path = write_config(
+        directory, nodes, arena_size=arena_size, shard_size=shard_size, timeout=timeout
+    )
     cluster = Cluster(directory, path, load_config(path))
     try:
         for name in cluster.names:
