@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(python3 python3-venv python3-dev gcc pkg-config iperf3 procps)
+APT_PACKAGES=(python3 python3-venv python3-dev gcc pkg-config iperf3 procps
+              fuse3 libfuse3-dev attr rsync)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -29,5 +30,5 @@ fi
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,fuse]'
 echo "setup: ready ($(.venv/bin/python --version), irdma in $(pwd)/.venv)" >&2

@@ -17,6 +17,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -277,7 +278,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repeat", type=int, default=5)
     s.add_argument("--latency-iters", type=int, default=2000)
     s.add_argument("--json", action="store_true")
+    add_plugin_commands(sub)
     return p
+
+
+def add_plugin_commands(sub: argparse._SubParsersAction) -> None:
+    """Subcommands other irdma packages provide (``irdma mount`` from irdma_fuse).
+
+    They register through the ``irdma.commands`` entry point group, so this
+    package never imports them.
+    """
+    for ep in entry_points(group="irdma.commands"):
+        try:
+            ep.load()(sub)
+        except Exception as exc:  # a broken plugin must not break the other commands
+            print(f"irdma: command {ep.name!r} unavailable: {exc}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "local":
             return localmod.main(args)
+        if getattr(args, "run", None) is not None:
+            return args.run(args)
         config = load_config(args.config)
 
         async def run() -> int:

@@ -495,12 +495,14 @@ class AsyncClient:
         array: Any,
         *,
         replace: bool = False,
+        options: Mapping[str, Any] | None = None,
         progress: Progress | None = None,
     ) -> None:
         """Store ``array`` as tensor ``name``, creating it from the array's dtype and shape.
 
         An existing tensor of another dtype or shape raises DtypeMismatch or
-        ShapeMismatch unless ``replace``.
+        ShapeMismatch unless ``replace``. ``options`` are stored with a tensor
+        this call creates.
         """
         arr = as_stored_array(array)
         meta = self._meta.get(name)
@@ -520,6 +522,7 @@ class AsyncClient:
                 exist_ok=True,
                 replace=replace,
                 shard_size=want.shard_size,
+                options=options,
             )
             return info.meta
 

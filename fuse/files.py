@@ -1,0 +1,207 @@
+"""Open files: consistent snapshots for readers, buffers for writers, and pushing them.
+
+Close-to-open consistency: opening a file for reading takes one snapshot of
+its content at one version (the version is checked before and after the
+read, and the read is repeated if a writer got in between), shared by every
+handle open on that version. Writers get their own buffer; what they wrote
+is pushed at flush/close: only the changed byte ranges when the layout is
+unchanged, otherwise the whole file (which may redefine the tensor).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from irdma.client import AsyncClient, TensorInfo
+from irdma.errors import TensorNotFound
+
+from .npyfile import BadNpy, header_for, parse_header, parse_npy
+from .paths import RAW_OPTION, Kind, Target
+
+log = logging.getLogger("irdma.fuse")
+
+SNAPSHOT_RETRIES = 8
+
+
+def is_raw(info: TensorInfo) -> bool:
+    return bool(info.options.get(RAW_OPTION))
+
+
+def file_size(target: Target, info: TensorInfo) -> int:
+    """Size of the file a target shows for a tensor."""
+    if target.kind == Kind.SHARD:
+        start = target.index * info.shard_size
+        return max(0, min(info.shard_size, info.nbytes - start))
+    if target.kind == Kind.ACCUMULATE:
+        return 0
+    if target.typed:
+        return len(header_for(info.dtype, info.shape)) + info.nbytes
+    return info.nbytes
+
+
+def _extent(target: Target, info: TensorInfo) -> tuple[bytes, int, int]:
+    """(file header, first tensor byte, number of tensor bytes) the file shows."""
+    if target.kind == Kind.SHARD:
+        start = target.index * info.shard_size
+        return b"", start, max(0, min(info.shard_size, info.nbytes - start))
+    header = header_for(info.dtype, info.shape) if target.typed else b""
+    return header, 0, info.nbytes
+
+
+async def load(client: AsyncClient, target: Target) -> tuple[TensorInfo, np.ndarray]:
+    """A consistent copy of a file's bytes: every byte from the same tensor version."""
+    for _ in range(SNAPSHOT_RETRIES):
+        info = await client.stat(target.name)
+        header, start, length = _extent(target, info)
+        data = np.empty(len(header) + length, dtype=np.uint8)
+        data[: len(header)] = np.frombuffer(header, dtype=np.uint8)
+        await client.read_bytes(target.name, start, length, out=data[len(header) :])
+        after = await client.stat(target.name)
+        if after.version == info.version and after.shape == info.shape:
+            return info, data
+    log.warning("%s changes faster than it can be read; serving the last copy", target.name)
+    return info, data
+
+
+@dataclass(eq=False)
+class Snapshot:
+    """Immutable content of one version of a file, shared by readers."""
+
+    version: int
+    data: np.ndarray
+    refs: int = 0
+
+
+@dataclass(eq=False)
+class Handle:
+    """One open file."""
+
+    path: str
+    target: Target
+    writable: bool
+    snapshot: Snapshot | None = None  # readers
+    buf: bytearray | None = None  # writers: the whole file as it will be
+    dirty: list[tuple[int, int]] = field(default_factory=list)
+    redefine: bool = False  # size changed, truncated or new: push the whole file
+    info: TensorInfo | None = None  # the tensor as it was when opened (None: new file)
+
+    def read(self, off: int, size: int) -> bytes:
+        if self.buf is not None:
+            return bytes(self.buf[off : off + size])
+        assert self.snapshot is not None
+        return self.snapshot.data[off : off + size].tobytes()
+
+    def size(self) -> int:
+        if self.buf is not None:
+            return len(self.buf)
+        return len(self.snapshot.data) if self.snapshot is not None else 0
+
+    def write(self, off: int, data: bytes) -> int:
+        assert self.buf is not None
+        end = off + len(data)
+        if end > len(self.buf):
+            self.buf.extend(bytes(end - len(self.buf)))
+            self.redefine = True
+        self.buf[off:end] = data
+        self.dirty.append((off, end))
+        return len(data)
+
+    def truncate(self, size: int) -> None:
+        assert self.buf is not None
+        if size < len(self.buf):
+            del self.buf[size:]
+        elif size > len(self.buf):
+            self.buf.extend(bytes(size - len(self.buf)))
+        self.redefine = True
+        self.dirty.append((0, size))
+
+    @property
+    def is_dirty(self) -> bool:
+        return bool(self.dirty) or self.redefine
+
+
+def merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+async def push(client: AsyncClient, handle: Handle) -> None:
+    """Store what a writer wrote. Raises BadNpy (EINVAL) and irdma errors; nothing
+    stored changes when the content is refused."""
+    if not handle.is_dirty or handle.buf is None:
+        return
+    t = handle.target
+    data = memoryview(handle.buf)
+    if t.kind == Kind.ACCUMULATE:
+        await client.accumulate(t.name, parse_npy(data))
+    elif t.kind == Kind.SHARD:
+        await _push_shard(client, handle, data)
+    elif t.typed:
+        await _push_npy(client, handle, data)
+    else:
+        await _push_raw(client, handle, data)
+    handle.dirty.clear()
+    handle.redefine = False
+
+
+async def _push_ranges(
+    client: AsyncClient, name: str, data: memoryview, ranges, skip: int, base: int
+) -> None:
+    """Write dirty ``ranges`` of ``data`` (file offsets) to tensor bytes ``base + off - skip``."""
+    for start, end in merged(ranges):
+        start = max(start, skip)
+        if end > start:
+            await client.write_bytes(name, base + start - skip, data[start:end])
+
+
+async def _push_npy(client: AsyncClient, handle: Handle, data: memoryview) -> None:
+    layout = parse_header(data)  # BadNpy if the header is not valid
+    info = handle.info
+    same = (
+        info is not None
+        and not handle.redefine
+        and np.dtype(info.dtype) == layout.dtype.newbyteorder("<")
+        and info.shape == layout.shape
+        and layout.dtype.byteorder != ">"
+        and layout.header_len == len(header_for(info.dtype, info.shape))
+    )
+    if same:
+        try:
+            await _push_ranges(client, handle.target.name, data, handle.dirty, layout.header_len, 0)
+            return
+        except TensorNotFound:
+            pass  # deleted meanwhile: store the whole file as a new tensor
+    await client.write(handle.target.name, parse_npy(data), replace=True)
+
+
+async def _push_raw(client: AsyncClient, handle: Handle, data: memoryview) -> None:
+    info = handle.info
+    if info is not None and not handle.redefine and info.nbytes == len(data):
+        try:
+            await _push_ranges(client, handle.target.name, data, handle.dirty, 0, 0)
+            return
+        except TensorNotFound:
+            pass
+    arr = np.frombuffer(data, dtype=np.uint8)
+    await client.write(handle.target.name, arr, replace=True, options={RAW_OPTION: True})
+
+
+async def _push_shard(client: AsyncClient, handle: Handle, data: memoryview) -> None:
+    info = handle.info
+    assert info is not None
+    expected = file_size(handle.target, info)
+    if len(data) != expected:
+        raise BadNpy(
+            f"shard {handle.target.index} of {handle.target.name!r} is {expected} bytes; "
+            f"a shard file cannot change size (got {len(data)})"
+        )
+    base = handle.target.index * info.shard_size
+    await _push_ranges(client, handle.target.name, data, handle.dirty, 0, base)

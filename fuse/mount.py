@@ -1,0 +1,199 @@
+"""``irdma mount MOUNTPOINT``: serve the cluster as a filesystem.
+
+Unmount with ``fusermount3 -u MOUNTPOINT`` or SIGTERM/Ctrl-C (pending writes
+are pushed first). Without ``--foreground`` the command returns once the
+mount is up and the filesystem keeps running in the background.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import trio
+
+from irdma.client import AsyncClient
+from irdma.cluster import ClusterConfig, load_config
+from irdma.errors import ConfigError, IrdmaError
+
+log = logging.getLogger("irdma.fuse")
+
+READ_AHEAD_KB = 4096  # the page cache asks for up to this much at once (default 128)
+MOUNT_WAIT = 30.0
+
+
+class MountError(Exception):
+    """The mount cannot be made (bad mountpoint, no daemons, no FUSE)."""
+
+
+def check_mountpoint(path: Path) -> None:
+    """Raise MountError unless ``path`` is an existing, empty-or-not, unmounted directory."""
+    if not path.exists():
+        raise MountError(f"{path}: mountpoint does not exist")
+    if not path.is_dir():
+        raise MountError(f"{path}: mountpoint is not a directory")
+    if os.path.ismount(path):
+        raise MountError(f"{path}: something is already mounted there (busy)")
+    if not os.path.exists("/dev/fuse"):
+        raise MountError("/dev/fuse is missing: load the fuse module (modprobe fuse)")
+
+
+async def check_daemons(config: ClusterConfig) -> None:
+    """Raise MountError if no daemon answers; warn about the ones that do not."""
+    up = []
+    async with AsyncClient(config, timeout=min(config.timeout, 5.0)) as client:
+        for node in config.nodes:
+            try:
+                await client.hello(node)
+                up.append(node.name)
+            except IrdmaError as exc:
+                log.warning("daemon %s is not answering: %s", node.name, exc)
+    if not up:
+        raise MountError(f"no daemon of {config.path} is reachable")
+
+
+def _raise_read_ahead(mountpoint: Path) -> None:
+    st = os.stat(mountpoint)
+    bdi = Path(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb")
+    try:
+        bdi.write_text(str(READ_AHEAD_KB))
+    except OSError as exc:
+        log.info("could not raise read-ahead (%s): buffered reads use small requests", exc)
+
+
+async def serve(
+    config: ClusterConfig, mountpoint: Path, *, allow_other: bool, direct_io: bool
+) -> None:
+    """Mount, serve until unmounted or signalled, push pending writes, unmount."""
+    import pyfuse3
+
+    from .ops import IrdmaOperations
+
+    ops = IrdmaOperations(direct_io=direct_io)
+    options = set(pyfuse3.default_options) | {"fsname=irdma", "subtype=irdma"}
+    if allow_other:
+        options.add("allow_other")
+    async with AsyncClient(config) as client:
+        ops.client = client
+        pyfuse3.init(ops, str(mountpoint), options)
+        unmounted = False
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def on_signals() -> None:
+                    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for signum in signals:
+                            log.info(
+                                "%s: pushing pending writes, then unmounting",
+                                signal.Signals(signum).name,
+                            )
+                            await ops.flush_all()
+                            pyfuse3.terminate()
+                            return
+
+                async def tune() -> None:
+                    await trio.to_thread.run_sync(_raise_read_ahead, mountpoint)
+
+                nursery.start_soon(on_signals)
+                nursery.start_soon(tune)
+                await pyfuse3.main()
+                unmounted = True
+                nursery.cancel_scope.cancel()
+        finally:
+            await ops.flush_all()
+            pyfuse3.close(unmount=not unmounted or os.path.ismount(mountpoint))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``irdma mount`` command."""
+    logging.basicConfig(
+        level=logging.INFO, format="irdma mount: %(levelname)s %(message)s", stream=sys.stderr
+    )
+    mountpoint = Path(args.mountpoint).absolute()
+    try:
+        import pyfuse3  # noqa: F401
+    except ImportError:
+        print(
+            "irdma mount: pyfuse3 is not installed (pip install 'irdma[fuse]'; it needs "
+            "libfuse3-dev and pkg-config to build)",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        config = load_config(args.config)
+        check_mountpoint(mountpoint)
+        trio.run(check_daemons, config)
+    except ConfigError as exc:
+        print(f"irdma mount: {exc}", file=sys.stderr)
+        return 2
+    except MountError as exc:
+        print(f"irdma mount: {exc}", file=sys.stderr)
+        return 1
+    if not args.foreground:
+        return _background(args, mountpoint)
+    try:
+        trio.run(
+            lambda: serve(
+                config, mountpoint, allow_other=args.allow_other, direct_io=args.direct_io
+            )
+        )
+    except RuntimeError as exc:  # pyfuse3.init failures (permissions, fusermount)
+        print(f"irdma mount: cannot mount {mountpoint}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _background(args: argparse.Namespace, mountpoint: Path) -> int:
+    """Start the same mount in the foreground of a detached child; wait until it is up."""
+    argv = [sys.executable, "-m", "irdma.cli"]
+    if args.config:
+        argv += ["--config", args.config]
+    argv += ["mount", str(mountpoint), "--foreground"]
+    if args.allow_other:
+        argv.append("--allow-other")
+    if args.direct_io:
+        argv.append("--direct-io")
+    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + MOUNT_WAIT
+    while time.monotonic() < deadline:
+        if os.path.ismount(mountpoint):
+            print(
+                f"irdma mount: {mountpoint} mounted (pid {child.pid}); "
+                f"unmount with fusermount3 -u {mountpoint}",
+                file=sys.stderr,
+            )
+            return 0
+        if child.poll() is not None:
+            return child.returncode or 1
+        time.sleep(0.05)
+    child.terminate()
+    print(f"irdma mount: {mountpoint} did not come up within {MOUNT_WAIT:g} s", file=sys.stderr)
+    return 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``irdma mount`` to the irdma command (an ``irdma.commands`` entry point)."""
+    p = subparsers.add_parser(
+        "mount", help="mount the cluster as a filesystem (FUSE)", description=__doc__
+    )
+    p.add_argument("mountpoint")
+    p.add_argument(
+        "--foreground", "-f", action="store_true", help="stay in the foreground until unmounted"
+    )
+    p.add_argument(
+        "--allow-other",
+        action="store_true",
+        help="let other users access the mount (needs user_allow_other)",
+    )
+    p.add_argument(
+        "--direct-io",
+        action="store_true",
+        help="bypass the page cache (faster large reads; no shared mmap)",
+    )
+    p.set_defaults(run=run)

@@ -1,0 +1,86 @@
+""".npy headers: what a tensor looks like as a file, and parsing one written to us."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numpy.lib import format as npformat
+
+
+class BadNpy(ValueError):
+    """Bytes written to a .npy path that are not a .npy file irdma can store."""
+
+
+@lru_cache(maxsize=4096)
+def header_for(dtype: str, shape: tuple[int, ...]) -> bytes:
+    """The .npy header (magic, version, dict, padding to 64 bytes) for a C-order array."""
+    buf = io.BytesIO()
+    d = {
+        "descr": npformat.dtype_to_descr(np.dtype(dtype).newbyteorder("<")),
+        "fortran_order": False,
+        "shape": shape,
+    }
+    if _fits_v1(d):
+        npformat.write_array_header_1_0(buf, d)
+    else:
+        npformat.write_array_header_2_0(buf, d)
+    return buf.getvalue()
+
+
+def _fits_v1(d: dict) -> bool:
+    try:
+        npformat.write_array_header_1_0(io.BytesIO(), d)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class NpyLayout:
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    header_len: int
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def parse_header(data: bytes | bytearray | memoryview) -> NpyLayout:
+    """Parse the header at the start of ``data``; raises BadNpy naming the problem."""
+    f = io.BytesIO(bytes(data[: min(len(data), 1 << 20)]))
+    try:
+        version = npformat.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = npformat.read_array_header_1_0(f)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = npformat.read_array_header_2_0(f)
+        else:
+            raise BadNpy(f"unsupported .npy version {version}")
+    except BadNpy:
+        raise
+    except Exception as exc:  # numpy raises ValueError and others for bad headers
+        raise BadNpy(f"not a valid .npy header: {exc}") from None
+    if fortran and len(shape) > 1:
+        raise BadNpy("Fortran-order .npy files are not supported; save a C-order array")
+    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
+        raise BadNpy(f"dtype {dtype} cannot be stored (numeric dtypes only)")
+    return NpyLayout(dtype, tuple(int(d) for d in shape), f.tell())
+
+
+def parse_npy(data: bytes | bytearray | memoryview) -> np.ndarray:
+    """The array in a complete .npy file (a view of ``data`` where possible)."""
+    layout = parse_header(data)
+    body = memoryview(data)[layout.header_len :]
+    if len(body) != layout.nbytes:
+        raise BadNpy(
+            f".npy header says {layout.nbytes} bytes of data for {layout.dtype} "
+            f"{layout.shape}, the file has {len(body)}"
+        )
+    return np.frombuffer(body, dtype=layout.dtype).reshape(layout.shape)

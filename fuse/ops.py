@@ -1,0 +1,665 @@
+"""pyfuse3 operations over the irdma client: each handler decodes, calls, replies.
+
+irdma errors become errno in one place (``errno_for``); handlers stay short.
+Attributes are never cached by the kernel (timeouts 0) so every lookup sees
+the daemons' current state; page-cache contents are kept across opens while
+a file's version does not change (``keep_cache``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import logging
+import os
+import stat
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import pyfuse3
+import trio
+
+from irdma.client import AsyncClient, TensorInfo
+from irdma.errors import (
+    ArenaFull,
+    BadRequest,
+    ClientClosed,
+    DaemonUnavailable,
+    DtypeMismatch,
+    IrdmaError,
+    OutOfRange,
+    ShapeMismatch,
+    TensorExists,
+    TensorNotFound,
+)
+from irdma.protocol import tensor_key
+
+from . import paths
+from .files import Handle, Snapshot, file_size, is_raw, load, push
+from .npyfile import BadNpy
+from .paths import DIR_MARKER, NPY, Kind, Target
+
+log = logging.getLogger("irdma.fuse")
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+XATTR_PREFIX = "user.irdma."
+
+
+def errno_for(exc: BaseException) -> int:
+    """The errno a filesystem call reports for an irdma error."""
+    if isinstance(exc, TensorNotFound):
+        return errno.ENOENT
+    if isinstance(exc, TensorExists):
+        return errno.EEXIST
+    if isinstance(exc, ArenaFull):
+        return errno.ENOSPC
+    if isinstance(
+        exc, BadNpy | DtypeMismatch | ShapeMismatch | BadRequest | OutOfRange | ValueError
+    ):
+        return errno.EINVAL
+    return errno.EIO
+
+
+def fuse_errors(fn: F) -> F:
+    """Translate irdma errors raised by a handler into FUSEError(errno), logging I/O errors."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except (IrdmaError, ValueError) as exc:
+            code = errno_for(exc)
+            if code == errno.EIO or isinstance(exc, DaemonUnavailable | ClientClosed):
+                log.error("%s: %s", fn.__name__, exc)
+            elif code == errno.EINVAL:
+                log.warning("%s: refused: %s", fn.__name__, exc)
+            raise pyfuse3.FUSEError(code) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+@dataclass
+class Resolved:
+    """A path with what it is now: a target, and the tensor behind it if any."""
+
+    path: str
+    target: Target
+    info: TensorInfo | None = None
+
+
+class IrdmaOperations(pyfuse3.Operations):
+    """The mount's filesystem. ``client`` is set once the trio loop runs."""
+
+    enable_writeback_cache = False
+
+    def __init__(
+        self, *, direct_io: bool = False, uid: int | None = None, gid: int | None = None
+    ) -> None:
+        super().__init__()
+        self.client: AsyncClient | None = None
+        self.direct_io = direct_io
+        self.uid = os.getuid() if uid is None else uid
+        self.gid = os.getgid() if gid is None else gid
+        self._paths: dict[int, str] = {pyfuse3.ROOT_INODE: ""}
+        self._inos: dict[str, int] = {"": pyfuse3.ROOT_INODE}
+        self._next_ino = pyfuse3.ROOT_INODE + 1
+        self._handles: dict[int, Handle] = {}
+        self._next_fh = 1
+        self._snapshots: dict[str, Snapshot] = {}
+        self._cached_version: dict[str, int] = {}  # what the kernel page cache holds
+        self._pending: dict[str, Handle] = {}  # created, not yet pushed
+        self._modes: dict[str, int] = {}
+        self._mtimes: dict[str, tuple[int, int]] = {}  # path -> (version, ns)
+        self._dir_handles: dict[int, list[tuple[str, pyfuse3.EntryAttributes]]] = {}
+        self._start_ns = time.time_ns()
+
+    # -- inodes and attributes -------------------------------------------------
+
+    def _ino(self, path: str) -> int:
+        ino = self._inos.get(path)
+        if ino is None:
+            ino = self._next_ino
+            self._next_ino += 1
+            self._inos[path] = ino
+            self._paths[ino] = path
+        return ino
+
+    def _path(self, ino: int) -> str:
+        try:
+            return self._paths[ino]
+        except KeyError:
+            raise pyfuse3.FUSEError(errno.ENOENT) from None
+
+    def _child(self, parent: int, name: bytes) -> str:
+        text = os.fsdecode(name)
+        if "/" in text or text in (".", ".."):
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return paths.join(self._path(parent), text)
+
+    @property
+    def _c(self) -> AsyncClient:
+        if self.client is None:
+            raise pyfuse3.FUSEError(errno.EIO)
+        return self.client
+
+    def _attrs(self, res: Resolved) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = self._ino(res.path)
+        a.generation = 0
+        a.entry_timeout = 0
+        a.attr_timeout = 0
+        a.st_uid, a.st_gid = self.uid, self.gid
+        a.st_blksize = 1 << 20
+        t = res.target
+        if t.is_dir:
+            a.st_mode = stat.S_IFDIR | self._modes.get(res.path, 0o755)
+            a.st_nlink = 2
+            a.st_size = 0
+            ns = self._start_ns
+        else:
+            default = 0o200 if t.kind == Kind.ACCUMULATE else 0o644
+            a.st_mode = stat.S_IFREG | self._modes.get(res.path, default)
+            a.st_nlink = 1
+            pending = self._pending.get(res.path)
+            if pending is not None:
+                a.st_size = pending.size()
+                ns = time.time_ns()
+            else:
+                assert res.info is not None
+                a.st_size = file_size(t, res.info)
+                ns = int(res.info.mtime * 1e9)
+                override = self._mtimes.get(res.path)
+                if override and override[0] == res.info.version:
+                    ns = override[1]
+        a.st_blocks = -(-a.st_size // 512)
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = ns
+        return a
+
+    async def _stat(self, name: str) -> TensorInfo | None:
+        try:
+            return await self._c.stat(name)
+        except TensorNotFound:
+            return None
+        except ValueError:  # not a valid tensor name: nothing can be there
+            return None
+
+    async def _dir_exists(self, prefix: str) -> bool:
+        if not prefix:
+            return True
+        return bool(await self._c.list(prefix + "/"))
+
+    async def resolve(self, path: str) -> Resolved:
+        """What ``path`` is now; raises FUSEError(ENOENT) if nothing."""
+        if path in self._pending:
+            return Resolved(path, self._pending[path].target)
+        t = paths.parse(path)
+        if t is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if t.kind == Kind.ROOT:
+            return Resolved(path, t)
+        if t.kind in (Kind.SHARDS_DIR, Kind.ACCUMULATE_DIR):
+            if await self._dir_exists(t.name):
+                return Resolved(path, t)
+        elif t.kind in (Kind.SHARD_TENSOR_DIR, Kind.SHARD, Kind.ACCUMULATE):
+            info = await self._stat(t.name)
+            if info is not None and (t.kind != Kind.SHARD or t.index < info.num_shards):
+                return Resolved(path, t, info)
+        else:  # a plain path: a typed tensor, a raw file or a directory
+            for cand in paths.file_candidates(path):
+                info = await self._stat(cand.name)
+                if info is not None and is_raw(info) != cand.typed:
+                    return Resolved(path, cand, info)
+            if await self._dir_exists(t.name):
+                return Resolved(path, t)
+        raise pyfuse3.FUSEError(errno.ENOENT)
+
+    # -- lookups ----------------------------------------------------------------
+
+    @fuse_errors
+    async def lookup(self, parent_inode, name, ctx=None):
+        return self._attrs(await self.resolve(self._child(parent_inode, name)))
+
+    @fuse_errors
+    async def getattr(self, inode, ctx=None):
+        return self._attrs(await self.resolve(self._path(inode)))
+
+    async def forget(self, inode_list):
+        pass  # inode numbers stay assigned to their paths for the mount's life
+
+    @fuse_errors
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        path = self._path(inode)
+        res = await self.resolve(path)
+        if fields.update_uid and attr.st_uid not in (self.uid, -1, 0xFFFFFFFF):
+            raise pyfuse3.FUSEError(errno.EPERM)
+        if fields.update_gid and attr.st_gid not in (self.gid, -1, 0xFFFFFFFF):
+            raise pyfuse3.FUSEError(errno.EPERM)
+        if fields.update_mode:
+            self._modes[path] = stat.S_IMODE(attr.st_mode)
+        if fields.update_size:
+            if res.target.is_dir:
+                raise pyfuse3.FUSEError(errno.EISDIR)
+            handle = self._handles.get(fh) if fh is not None else None
+            if handle is not None and handle.writable:
+                handle.truncate(attr.st_size)
+            else:
+                handle = await self._open_handle(path, res, writable=True, truncate=False)
+                handle.truncate(attr.st_size)
+                await push(self._c, handle)
+            res = await self.resolve(path)
+        if fields.update_mtime and res.info is not None:
+            self._mtimes[path] = (res.info.version, attr.st_mtime_ns)
+        return self._attrs(res)
+
+    # -- directories ------------------------------------------------------------
+
+    @fuse_errors
+    async def opendir(self, inode, ctx):
+        res = await self.resolve(self._path(inode))
+        if not res.target.is_dir:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        entries = await self._list_dir(res)
+        fh = self._next_fh
+        self._next_fh += 1
+        self._dir_handles[fh] = entries
+        return fh
+
+    async def _list_dir(self, res: Resolved) -> list[tuple[str, pyfuse3.EntryAttributes]]:
+        t = res.target
+        prefix = t.name
+        out: dict[str, pyfuse3.EntryAttributes] = {}
+        if t.kind == Kind.SHARD_TENSOR_DIR:
+            assert res.info is not None
+            for i in range(res.info.num_shards):
+                p = paths.join(res.path, str(i))
+                out[str(i)] = self._attrs(
+                    Resolved(p, Target(Kind.SHARD, t.name, index=i), res.info)
+                )
+            return list(out.items())
+        infos = await self._c.list(prefix + "/" if prefix else "")
+        for info in infos:
+            entry = paths.entry_name(info.name, is_raw(info), prefix)
+            if entry is None:
+                continue
+            if entry.endswith("/"):
+                name = entry[:-1]
+                if name in paths.RESERVED or t.kind == Kind.ACCUMULATE_DIR:
+                    continue
+                if t.kind == Kind.SHARDS_DIR:
+                    continue
+                p = paths.join(res.path, name)
+                out[name] = self._attrs(Resolved(p, Target(Kind.DIR, paths.join(prefix, name))))
+            elif t.kind == Kind.SHARDS_DIR:
+                base = info.name.rsplit("/", 1)[-1]
+                p = paths.join(res.path, base)
+                out[base] = self._attrs(Resolved(p, Target(Kind.SHARD_TENSOR_DIR, info.name), info))
+            elif t.kind == Kind.ACCUMULATE_DIR:
+                if is_raw(info):
+                    continue
+                base = info.name.rsplit("/", 1)[-1] + NPY
+                p = paths.join(res.path, base)
+                out[base] = self._attrs(
+                    Resolved(p, Target(Kind.ACCUMULATE, info.name, typed=True), info)
+                )
+            else:
+                p = paths.join(res.path, entry)
+                tgt = Target(Kind.TENSOR, info.name, typed=not is_raw(info))
+                out[entry] = self._attrs(Resolved(p, tgt, info))
+        if t.kind in (Kind.ROOT, Kind.DIR):
+            for p, handle in self._pending.items():
+                parent, _, base = p.rpartition("/")
+                if parent == res.path and base not in out:
+                    out[base] = self._attrs(Resolved(p, handle.target))
+        return sorted(out.items())
+
+    @fuse_errors
+    async def readdir(self, fh, start_id, token):
+        entries = self._dir_handles.get(fh, [])
+        for i in range(start_id, len(entries)):
+            name, attrs = entries[i]
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), attrs, i + 1):
+                break
+
+    async def releasedir(self, fh):
+        self._dir_handles.pop(fh, None)
+
+    @fuse_errors
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        path = self._child(parent_inode, name)
+        t = paths.parse(path)
+        if t is None or t.kind != Kind.DIR:
+            raise pyfuse3.FUSEError(errno.EPERM)  # inside .shards/.accumulate, or reserved
+        try:
+            await self.resolve(path)
+        except pyfuse3.FUSEError:
+            pass
+        else:
+            raise pyfuse3.FUSEError(errno.EEXIST)
+        await self._c.create(paths.join(t.name, DIR_MARKER), (0,), np.uint8, exist_ok=True)
+        self._modes[path] = stat.S_IMODE(mode)
+        return self._attrs(Resolved(path, t))
+
+    @fuse_errors
+    async def rmdir(self, parent_inode, name, ctx):
+        path = self._child(parent_inode, name)
+        res = await self.resolve(path)
+        if res.target.kind != Kind.DIR:
+            raise pyfuse3.FUSEError(errno.ENOTDIR if not res.target.is_dir else errno.EPERM)
+        inside = await self._c.list(res.target.name + "/")
+        marker = paths.join(res.target.name, DIR_MARKER)
+        if any(i.name != marker for i in inside):
+            raise pyfuse3.FUSEError(errno.ENOTEMPTY)
+        if any(p.startswith(path + "/") for p in self._pending):
+            raise pyfuse3.FUSEError(errno.ENOTEMPTY)
+        with contextlib.suppress(TensorNotFound):
+            await self._c.delete(marker)
+
+    # -- files --------------------------------------------------------------------
+
+    @fuse_errors
+    async def unlink(self, parent_inode, name, ctx):
+        path = self._child(parent_inode, name)
+        res = await self.resolve(path)
+        if res.target.is_dir:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        if res.target.kind != Kind.TENSOR:
+            raise pyfuse3.FUSEError(errno.EPERM)
+        self._pending.pop(path, None)
+        if res.info is not None:
+            await self._c.delete(res.target.name)
+        self._forget_content(path)
+
+    def _forget_content(self, path: str) -> None:
+        self._cached_version.pop(path, None)
+        self._mtimes.pop(path, None)
+
+    async def _open_handle(
+        self, path: str, res: Resolved, *, writable: bool, truncate: bool
+    ) -> Handle:
+        t = res.target
+        handle = Handle(path, t, writable, info=res.info)
+        if t.kind == Kind.ACCUMULATE:
+            if not writable:
+                raise pyfuse3.FUSEError(errno.EACCES)
+            handle.buf = bytearray()
+            return handle
+        if writable:
+            if truncate or res.info is None:
+                handle.buf = bytearray()
+                handle.redefine = t.kind != Kind.SHARD
+                handle.dirty.append((0, 0))
+            else:
+                info, data = await load(self._c, t)
+                handle.info = info
+                handle.buf = bytearray(data)
+            return handle
+        info, data = await load(self._c, t)
+        snap = self._snapshots.get(path)
+        if snap is None or snap.version != info.version:
+            snap = Snapshot(info.version, data)
+            self._snapshots[path] = snap
+        snap.refs += 1
+        handle.snapshot = snap
+        handle.info = info
+        return handle
+
+    def _file_info(self, handle: Handle, keep_cache: bool) -> pyfuse3.FileInfo:
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = handle
+        return pyfuse3.FileInfo(fh=fh, direct_io=self.direct_io, keep_cache=keep_cache)
+
+    @fuse_errors
+    async def open(self, inode, flags, ctx):
+        path = self._path(inode)
+        if path in self._pending:  # a second open of a file being created here
+            handle = self._pending[path]
+            return self._file_info(handle, keep_cache=False)
+        res = await self.resolve(path)
+        if res.target.is_dir:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        writable = (flags & os.O_ACCMODE) != os.O_RDONLY
+        handle = await self._open_handle(
+            path, res, writable=writable, truncate=bool(flags & os.O_TRUNC)
+        )
+        version = handle.info.version if handle.info else None
+        keep = not writable and self._cached_version.get(path) == version
+        if not writable and version is not None:
+            self._cached_version[path] = version
+        return self._file_info(handle, keep_cache=keep)
+
+    @fuse_errors
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        path = self._child(parent_inode, name)
+        t = paths.parse(path)
+        if t is None:
+            raise pyfuse3.FUSEError(errno.EPERM)
+        if t.kind == Kind.ACCUMULATE:
+            res = await self.resolve(path)  # ENOENT unless the tensor exists
+            handle = await self._open_handle(path, res, writable=True, truncate=True)
+            return self._file_info(handle, False), self._attrs(res)
+        if t.kind != Kind.DIR:  # .shards entries cannot be created
+            raise pyfuse3.FUSEError(errno.EPERM)
+        parent = path.rpartition("/")[0]
+        if not await self._dir_exists(paths.parse(parent).name if parent else ""):
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        target = paths.file_candidates(path)[0]  # .npy: typed; anything else: raw bytes
+        handle = Handle(path, target, True, buf=bytearray(), redefine=True)
+        self._pending[path] = handle
+        self._modes[path] = stat.S_IMODE(mode)
+        self._forget_content(path)
+        return self._file_info(handle, False), self._attrs(Resolved(path, target))
+
+    @fuse_errors
+    async def read(self, fh, off, size):
+        return self._handle(fh).read(off, size)
+
+    @fuse_errors
+    async def write(self, fh, off, buf):
+        handle = self._handle(fh)
+        if not handle.writable:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        return handle.write(off, buf)
+
+    def _handle(self, fh: int) -> Handle:
+        try:
+            return self._handles[fh]
+        except KeyError:
+            raise pyfuse3.FUSEError(errno.EBADF) from None
+
+    async def _push(self, handle: Handle) -> None:
+        if not handle.is_dirty:
+            return
+        await push(self._c, handle)
+        self._pending.pop(handle.path, None)
+        self._forget_content(handle.path)
+
+    @fuse_errors
+    async def flush(self, fh):
+        await self._push(self._handle(fh))
+
+    @fuse_errors
+    async def fsync(self, fh, datasync):
+        await self._push(self._handle(fh))
+
+    async def release(self, fh):
+        handle = self._handles.pop(fh, None)
+        if handle is None:
+            return
+        if handle.snapshot is not None:
+            handle.snapshot.refs -= 1
+            if handle.snapshot.refs == 0 and self._snapshots.get(handle.path) is handle.snapshot:
+                del self._snapshots[handle.path]
+        if handle.is_dirty and handle not in self._handles.values():
+            try:
+                await self._push(handle)
+            except Exception as exc:  # release cannot report errors; flush already did
+                log.error("dropping unsaved writes to %s: %s", handle.path, exc)
+                self._pending.pop(handle.path, None)
+
+    async def flush_all(self) -> None:
+        """Push every handle with unsaved writes (before unmounting)."""
+        for handle in list(self._handles.values()):
+            try:
+                await self._push(handle)
+            except Exception as exc:
+                log.error("could not push %s at unmount: %s", handle.path, exc)
+
+    # -- rename, links ------------------------------------------------------------
+
+    @fuse_errors
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        old = self._child(parent_inode_old, name_old)
+        new = self._child(parent_inode_new, name_new)
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        src = await self.resolve(old)
+        try:
+            dst: Resolved | None = await self.resolve(new)
+        except pyfuse3.FUSEError:
+            dst = None
+        if dst is not None and flags & pyfuse3.RENAME_NOREPLACE:
+            raise pyfuse3.FUSEError(errno.EEXIST)
+        if src.target.kind == Kind.DIR:
+            await self._rename_dir(src, new, dst)
+        elif src.target.kind == Kind.TENSOR:
+            if dst is not None and dst.target.is_dir:
+                raise pyfuse3.FUSEError(errno.EISDIR)
+            await self._rename_file(src, new)
+        else:
+            raise pyfuse3.FUSEError(errno.EPERM)
+        self._move_inodes(old, new)
+
+    async def _rename_file(self, src: Resolved, new: str) -> None:
+        t = paths.parse(new)
+        if t is None or t.kind != Kind.DIR:
+            raise pyfuse3.FUSEError(errno.EPERM)
+        if src.path in self._pending:
+            raise pyfuse3.FUSEError(errno.EBUSY)
+        _, data = await load(self._c, src.target)
+        target = paths.file_candidates(new)[0]
+        handle = Handle(new, target, True, buf=bytearray(data), redefine=True)
+        await push(self._c, handle)
+        if target.name != src.target.name:
+            await self._c.delete(src.target.name)
+        self._forget_content(src.path)
+        self._forget_content(new)
+
+    async def _rename_dir(self, src: Resolved, new: str, dst: Resolved | None) -> None:
+        t = paths.parse(new)
+        if t is None or t.kind != Kind.DIR:
+            raise pyfuse3.FUSEError(errno.EPERM)
+        if dst is not None:
+            if not dst.target.is_dir:
+                raise pyfuse3.FUSEError(errno.ENOTDIR)
+            marker = paths.join(dst.target.name, DIR_MARKER)
+            if any(i.name != marker for i in await self._c.list(dst.target.name + "/")):
+                raise pyfuse3.FUSEError(errno.ENOTEMPTY)
+        if (new + "/").startswith(src.path + "/"):
+            raise pyfuse3.FUSEError(errno.EINVAL)  # into itself
+        old_prefix = src.target.name + "/"
+        for info in await self._c.list(old_prefix):
+            name = t.name + "/" + info.name[len(old_prefix) :]
+            data = await self._c.read(info.name)
+            await self._c.write(name, data, replace=True, options=info.options)
+            await self._c.delete(info.name)
+
+    def _move_inodes(self, old: str, new: str) -> None:
+        for path in [p for p in self._inos if p == old or p.startswith(old + "/")]:
+            ino = self._inos.pop(path)
+            moved = new + path[len(old) :]
+            stale = self._inos.pop(moved, None)
+            if stale is not None:
+                self._paths.pop(stale, None)
+            self._inos[moved] = ino
+            self._paths[ino] = moved
+            if path in self._modes:
+                self._modes[moved] = self._modes.pop(path)
+
+    async def symlink(self, parent_inode, name, target, ctx):
+        raise pyfuse3.FUSEError(errno.EPERM)  # not supported: POSIX says EPERM
+
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        raise pyfuse3.FUSEError(errno.EPERM)
+
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        raise pyfuse3.FUSEError(errno.EPERM)
+
+    async def readlink(self, inode, ctx):
+        raise pyfuse3.FUSEError(errno.EINVAL)
+
+    # -- extended attributes and statfs -------------------------------------------
+
+    async def _xattrs(self, inode: int) -> dict[str, bytes]:
+        res = await self.resolve(self._path(inode))
+        info = res.info
+        if info is None:
+            return {}
+        out = {
+            "dtype": info.dtype,
+            "shape": ",".join(map(str, info.shape)),
+            "version": str(info.version),
+            "shards": str(info.num_shards),
+            "shard_size": str(info.shard_size),
+            "nbytes": str(info.nbytes),
+        }
+        if res.target.kind == Kind.SHARD:
+            config = self._c.config
+            replicas = config.replicas_for(tensor_key(info.name), res.target.index)
+            out["replicas"] = ",".join(n.name for n in replicas)
+            out["primary"] = replicas[0].name
+        return {XATTR_PREFIX + k: v.encode() for k, v in out.items()}
+
+    @fuse_errors
+    async def getxattr(self, inode, name, ctx):
+        value = (await self._xattrs(inode)).get(os.fsdecode(name))
+        if value is None:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        return value
+
+    @fuse_errors
+    async def listxattr(self, inode, ctx):
+        return [os.fsencode(k) for k in await self._xattrs(inode)]
+
+    @fuse_errors
+    async def setxattr(self, inode, name, value, ctx):
+        if os.fsdecode(name).startswith(XATTR_PREFIX):
+            raise pyfuse3.FUSEError(errno.EPERM)  # computed, read-only
+        raise pyfuse3.FUSEError(errno.ENOTSUP)
+
+    @fuse_errors
+    async def removexattr(self, inode, name, ctx):
+        if os.fsdecode(name).startswith(XATTR_PREFIX):
+            raise pyfuse3.FUSEError(errno.EPERM)
+        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+
+    @fuse_errors
+    async def statfs(self, ctx):
+        total = used = 0
+
+        async def one(node) -> None:
+            nonlocal total, used
+            try:
+                hello = await self._c.hello(node)
+            except IrdmaError as exc:
+                log.error("statfs: %s", exc)
+                return
+            total += hello["arena_size"]
+            used += hello["arena_used"]
+
+        async with trio.open_nursery() as nursery:
+            for node in self._c.config.nodes:
+                nursery.start_soon(one, node)
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = 4096
+        s.f_blocks = total // 4096
+        s.f_bfree = s.f_bavail = (total - used) // 4096
+        s.f_files = s.f_ffree = s.f_favail = 1 << 20
+        s.f_namemax = 255
+        return s

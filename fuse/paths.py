@@ -1,0 +1,133 @@
+"""What a path in the mount means: the namespace, with no I/O.
+
+    <dir>/<tensor>.npy                 a typed tensor as a .npy file (header, then data)
+    <dir>/<file>                       any other name: a raw byte tensor (a checkpoint, a JSON file)
+    <dir>/.shards/<tensor>/<N>         shard N of <dir>/<tensor> as raw bytes
+    <dir>/.accumulate/<tensor>.npy     write a .npy here to add it into <dir>/<tensor>
+    <dir>/                             a directory: a name prefix (mkdir leaves a marker tensor)
+
+``.shards`` and ``.accumulate`` are not listed by readdir (so ``cp -r`` and
+``rsync`` do not copy data twice) but can be opened by path.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+NPY = ".npy"
+SHARDS = ".shards"
+ACCUMULATE = ".accumulate"
+# mkdir stores this zero-size tensor so an empty directory exists for every mount.
+DIR_MARKER = ".irdma-dir"
+RESERVED = frozenset({SHARDS, ACCUMULATE, DIR_MARKER})
+# Tensors created through the mount from a file without .npy carry this option.
+RAW_OPTION = "raw"
+
+
+class Kind(enum.Enum):
+    ROOT = "root"
+    DIR = "dir"  # a prefix: tensors or a marker under it
+    TENSOR = "tensor"  # <dir>/<name>.npy (typed) or <dir>/<name> (raw)
+    SHARDS_DIR = "shards_dir"  # <dir>/.shards
+    SHARD_TENSOR_DIR = "shard_tensor_dir"  # <dir>/.shards/<tensor>
+    SHARD = "shard"  # <dir>/.shards/<tensor>/<N>
+    ACCUMULATE_DIR = "accumulate_dir"  # <dir>/.accumulate
+    ACCUMULATE = "accumulate"  # <dir>/.accumulate/<tensor>.npy
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A parsed mount path: what it is and the tensor name (or prefix) behind it.
+
+    For TENSOR, ``name`` is the tensor and ``typed`` tells .npy from raw bytes
+    (a raw file's tensor name keeps its extension). For SHARD, ``index`` is
+    the shard. For DIR and the special directories, ``name`` is the prefix of
+    the directory's own tensors ('' at the root).
+    """
+
+    kind: Kind
+    name: str = ""
+    typed: bool = False
+    index: int = -1
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind not in (Kind.TENSOR, Kind.SHARD, Kind.ACCUMULATE)
+
+
+def join(prefix: str, part: str) -> str:
+    return f"{prefix}/{part}" if prefix else part
+
+
+def parse(path: str) -> Target | None:
+    """The target of a mount-relative path ('' is the root); None if it cannot exist."""
+    parts = [p for p in path.split("/") if p]
+    if not parts:
+        return Target(Kind.ROOT)
+    for i, part in enumerate(parts):
+        if part == SHARDS:
+            return _parse_shards(parts[:i], parts[i + 1 :])
+        if part == ACCUMULATE:
+            return _parse_accumulate(parts[:i], parts[i + 1 :])
+        if part in (DIR_MARKER, ".", ".."):
+            return None
+    # The last part is a file or a directory; the caller tells which by asking
+    # the daemons. Here: a name ending in .npy is a typed tensor candidate.
+    return Target(Kind.DIR, "/".join(parts))
+
+
+def _parse_shards(dirparts: list[str], rest: list[str]) -> Target | None:
+    prefix = "/".join(dirparts)
+    if not rest:
+        return Target(Kind.SHARDS_DIR, prefix)
+    tensor = join(prefix, rest[0])
+    if len(rest) == 1:
+        return Target(Kind.SHARD_TENSOR_DIR, tensor)
+    if len(rest) == 2 and rest[1].isdigit() and (rest[1] == "0" or not rest[1].startswith("0")):
+        return Target(Kind.SHARD, tensor, index=int(rest[1]))
+    return None
+
+
+def _parse_accumulate(dirparts: list[str], rest: list[str]) -> Target | None:
+    prefix = "/".join(dirparts)
+    if not rest:
+        return Target(Kind.ACCUMULATE_DIR, prefix)
+    if len(rest) == 1 and rest[0].endswith(NPY) and len(rest[0]) > len(NPY):
+        return Target(Kind.ACCUMULATE, join(prefix, rest[0][: -len(NPY)]), typed=True)
+    return None
+
+
+def file_candidates(path: str) -> list[Target]:
+    """The tensors a plain path could be, most specific first.
+
+    ``m/w.npy`` is the typed tensor ``m/w`` or a raw file ``m/w.npy``;
+    ``m/ckpt.pt`` can only be the raw file ``m/ckpt.pt``.
+    """
+    parts = [p for p in path.split("/") if p]
+    if not parts:
+        return []
+    last = parts[-1]
+    prefix = "/".join(parts[:-1])
+    out = []
+    if last.endswith(NPY) and len(last) > len(NPY):
+        out.append(Target(Kind.TENSOR, join(prefix, last[: -len(NPY)]), typed=True))
+    out.append(Target(Kind.TENSOR, join(prefix, last), typed=False))
+    return out
+
+
+def entry_name(tensor_name: str, raw: bool, prefix: str) -> str | None:
+    """The directory entry a tensor shows as inside directory ``prefix``.
+
+    Returns the file name for a tensor directly in the directory, the first
+    path component for a tensor deeper down (a subdirectory), or None.
+    """
+    head = f"{prefix}/" if prefix else ""
+    if not tensor_name.startswith(head):
+        return None
+    rest = tensor_name[len(head) :]
+    if "/" in rest:
+        return rest.split("/", 1)[0] + "/"
+    if rest == DIR_MARKER:
+        return None
+    return rest if raw else rest + NPY
