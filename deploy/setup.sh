@@ -31,4 +31,9 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,fuse]'
+# torch (CPU) for the torch.save/torch.load tests and the torch extra; pinned so
+# pip takes the CPU build this machine kind ships instead of a CUDA download.
+if [ "${IRDMA_SKIP_TORCH:-0}" != 1 ] && ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
+fi
 echo "setup: ready ($(.venv/bin/python --version), irdma in $(pwd)/.venv)" >&2

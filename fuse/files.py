@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from irdma.client import AsyncClient, TensorInfo
-from irdma.errors import TensorNotFound
+from irdma.errors import DtypeMismatch, OutOfRange, ShapeMismatch, StaleLayout, TensorNotFound
 
 from .npyfile import BadNpy, header_for, parse_header, parse_npy
 from .paths import RAW_OPTION, Kind, Target
@@ -24,6 +24,12 @@ from .paths import RAW_OPTION, Kind, Target
 log = logging.getLogger("irdma.fuse")
 
 SNAPSHOT_RETRIES = 8
+
+
+def identity(info: TensorInfo) -> tuple:
+    """What identifies a file's content: versions restart when a tensor is
+    redefined, so the creation time and layout go with the version."""
+    return (info.version, info.ctime, info.dtype, info.shape)
 
 
 def is_raw(info: TensorInfo) -> bool:
@@ -60,7 +66,7 @@ async def load(client: AsyncClient, target: Target) -> tuple[TensorInfo, np.ndar
         data[: len(header)] = np.frombuffer(header, dtype=np.uint8)
         await client.read_bytes(target.name, start, length, out=data[len(header) :])
         after = await client.stat(target.name)
-        if after.version == info.version and after.shape == info.shape:
+        if identity(after) == identity(info):
             return info, data
     log.warning("%s changes faster than it can be read; serving the last copy", target.name)
     return info, data
@@ -70,7 +76,7 @@ async def load(client: AsyncClient, target: Target) -> tuple[TensorInfo, np.ndar
 class Snapshot:
     """Immutable content of one version of a file, shared by readers."""
 
-    version: int
+    identity: tuple
     data: np.ndarray
     refs: int = 0
 
@@ -87,6 +93,7 @@ class Handle:
     dirty: list[tuple[int, int]] = field(default_factory=list)
     redefine: bool = False  # size changed, truncated or new: push the whole file
     info: TensorInfo | None = None  # the tensor as it was when opened (None: new file)
+    cached: bool = False  # served through the kernel page cache (not direct I/O)
 
     def read(self, off: int, size: int) -> bytes:
         if self.buf is not None:
@@ -150,6 +157,29 @@ async def push(client: AsyncClient, handle: Handle) -> None:
         await _push_raw(client, handle, data)
     handle.dirty.clear()
     handle.redefine = False
+    handle.info = await _stat_or_none(client, t.name) if t.kind != Kind.ACCUMULATE else None
+
+
+async def _stat_or_none(client: AsyncClient, name: str) -> TensorInfo | None:
+    try:
+        return await client.stat(name)
+    except TensorNotFound:
+        return None
+
+
+LAYOUT_CHANGED = (TensorNotFound, OutOfRange, StaleLayout, ShapeMismatch, DtypeMismatch)
+
+
+async def _unchanged_since_open(client: AsyncClient, handle: Handle) -> bool:
+    """Whether the stored tensor still has the layout the writer opened (so changed
+    ranges can go in place); a size change elsewhere means the whole file is pushed."""
+    assert handle.info is not None
+    try:
+        now = await client.stat(handle.target.name)
+    except TensorNotFound:
+        return False
+    old = handle.info
+    return (now.ctime, now.dtype, now.shape) == (old.ctime, old.dtype, old.shape)
 
 
 async def _push_ranges(
@@ -184,11 +214,16 @@ async def _push_npy(client: AsyncClient, handle: Handle, data: memoryview) -> No
 
 async def _push_raw(client: AsyncClient, handle: Handle, data: memoryview) -> None:
     info = handle.info
-    if info is not None and not handle.redefine and info.nbytes == len(data):
+    if (
+        info is not None
+        and not handle.redefine
+        and info.nbytes == len(data)
+        and await _unchanged_since_open(client, handle)
+    ):
         try:
             await _push_ranges(client, handle.target.name, data, handle.dirty, 0, 0)
             return
-        except TensorNotFound:
+        except LAYOUT_CHANGED:
             pass
     arr = np.frombuffer(data, dtype=np.uint8)
     await client.write(handle.target.name, arr, replace=True, options={RAW_OPTION: True})

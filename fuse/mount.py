@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -82,7 +83,6 @@ async def serve(
     async with AsyncClient(config) as client:
         ops.client = client
         pyfuse3.init(ops, str(mountpoint), options)
-        unmounted = False
         try:
             async with trio.open_nursery() as nursery:
 
@@ -103,11 +103,12 @@ async def serve(
                 nursery.start_soon(on_signals)
                 nursery.start_soon(tune)
                 await pyfuse3.main()
-                unmounted = True
                 nursery.cancel_scope.cancel()
         finally:
             await ops.flush_all()
-            pyfuse3.close(unmount=not unmounted or os.path.ismount(mountpoint))
+            # Never stat the mountpoint here: nothing serves it any more, so
+            # the call would wait forever. Unmounting twice is harmless.
+            pyfuse3.close(unmount=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -159,17 +160,24 @@ def _background(args: argparse.Namespace, mountpoint: Path) -> int:
         argv.append("--allow-other")
     if args.direct_io:
         argv.append("--direct-io")
-    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+    # The detached child must not hold our caller's stdout/stderr open (a
+    # caller reading them would wait for the mount to end); it logs to a file.
+    fd, log_path = tempfile.mkstemp(prefix="irdma-mount-", suffix=".log")
+    with os.fdopen(fd, "wb") as log:
+        child = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+        )
     deadline = time.monotonic() + MOUNT_WAIT
     while time.monotonic() < deadline:
         if os.path.ismount(mountpoint):
             print(
-                f"irdma mount: {mountpoint} mounted (pid {child.pid}); "
+                f"irdma mount: {mountpoint} mounted (pid {child.pid}, log {log_path}); "
                 f"unmount with fusermount3 -u {mountpoint}",
                 file=sys.stderr,
             )
             return 0
         if child.poll() is not None:
+            sys.stderr.write(Path(log_path).read_text(errors="replace"))
             return child.returncode or 1
         time.sleep(0.05)
     child.terminate()

@@ -39,7 +39,7 @@ from irdma.errors import (
 from irdma.protocol import tensor_key
 
 from . import paths
-from .files import Handle, Snapshot, file_size, is_raw, load, push
+from .files import Handle, Snapshot, file_size, identity, is_raw, load, push
 from .npyfile import BadNpy
 from .paths import DIR_MARKER, NPY, Kind, Target
 
@@ -112,7 +112,8 @@ class IrdmaOperations(pyfuse3.Operations):
         self._handles: dict[int, Handle] = {}
         self._next_fh = 1
         self._snapshots: dict[str, Snapshot] = {}
-        self._cached_version: dict[str, int] = {}  # what the kernel page cache holds
+        # Identity of the content the kernel page cache holds for a path.
+        self._cached_identity: dict[str, tuple] = {}
         self._pending: dict[str, Handle] = {}  # created, not yet pushed
         self._modes: dict[str, int] = {}
         self._mtimes: dict[str, tuple[int, int]] = {}  # path -> (version, ns)
@@ -166,9 +167,9 @@ class IrdmaOperations(pyfuse3.Operations):
             default = 0o200 if t.kind == Kind.ACCUMULATE else 0o644
             a.st_mode = stat.S_IFREG | self._modes.get(res.path, default)
             a.st_nlink = 1
-            pending = self._pending.get(res.path)
-            if pending is not None:
-                a.st_size = pending.size()
+            writer = self._pending.get(res.path) or self._writer(res.path)
+            if writer is not None:
+                a.st_size = writer.size()  # what this mount's open writer holds
                 ns = time.time_ns()
             else:
                 assert res.info is not None
@@ -180,6 +181,13 @@ class IrdmaOperations(pyfuse3.Operations):
         a.st_blocks = -(-a.st_size // 512)
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = ns
         return a
+
+    def _writer(self, path: str) -> Handle | None:
+        """An open handle on ``path`` with unsaved writes, if any."""
+        for h in self._handles.values():
+            if h.path == path and h.writable and h.is_dirty:
+                return h
+        return None
 
     async def _stat(self, name: str) -> TensorInfo | None:
         try:
@@ -376,7 +384,7 @@ class IrdmaOperations(pyfuse3.Operations):
         self._forget_content(path)
 
     def _forget_content(self, path: str) -> None:
-        self._cached_version.pop(path, None)
+        self._cached_identity.pop(path, None)
         self._mtimes.pop(path, None)
 
     async def _open_handle(
@@ -401,26 +409,54 @@ class IrdmaOperations(pyfuse3.Operations):
             return handle
         info, data = await load(self._c, t)
         snap = self._snapshots.get(path)
-        if snap is None or snap.version != info.version:
-            snap = Snapshot(info.version, data)
+        if snap is None or snap.identity != identity(info):
+            snap = Snapshot(identity(info), data)
             self._snapshots[path] = snap
         snap.refs += 1
         handle.snapshot = snap
         handle.info = info
         return handle
 
-    def _file_info(self, handle: Handle, keep_cache: bool) -> pyfuse3.FileInfo:
+    def _open_handles(self, path: str) -> list[Handle]:
+        return [h for h in self._handles.values() if h.path == path]
+
+    def _file_info(self, handle: Handle) -> pyfuse3.FileInfo:
+        """Register an open handle and choose how the kernel caches it.
+
+        The page cache is per file, not per open, so it can only serve opens
+        that all see the same content. An open whose content differs from
+        another open handle's (a newer version, or any writer beside others)
+        bypasses the page cache (direct I/O) so every open keeps its own
+        snapshot; otherwise the cache is kept while the content is unchanged.
+        """
+        others = self._open_handles(handle.path)
+        ident = identity(handle.info) if handle.snapshot is not None and handle.info else None
+        shared = all(
+            not handle.writable
+            and not o.writable
+            and o.snapshot is not None
+            and o.info is not None
+            and identity(o.info) == ident
+            for o in others
+        )
+        direct = self.direct_io or not shared
+        keep = False
+        if not direct and ident is not None:
+            keep = self._cached_identity.get(handle.path) == ident
+            self._cached_identity[handle.path] = ident
+        elif not direct:
+            self._cached_identity.pop(handle.path, None)  # a writer fills the cache
+        handle.cached = not direct
         fh = self._next_fh
         self._next_fh += 1
         self._handles[fh] = handle
-        return pyfuse3.FileInfo(fh=fh, direct_io=self.direct_io, keep_cache=keep_cache)
+        return pyfuse3.FileInfo(fh=fh, direct_io=direct, keep_cache=keep)
 
     @fuse_errors
     async def open(self, inode, flags, ctx):
         path = self._path(inode)
         if path in self._pending:  # a second open of a file being created here
-            handle = self._pending[path]
-            return self._file_info(handle, keep_cache=False)
+            return self._file_info(self._pending[path])
         res = await self.resolve(path)
         if res.target.is_dir:
             raise pyfuse3.FUSEError(errno.EISDIR)
@@ -428,11 +464,7 @@ class IrdmaOperations(pyfuse3.Operations):
         handle = await self._open_handle(
             path, res, writable=writable, truncate=bool(flags & os.O_TRUNC)
         )
-        version = handle.info.version if handle.info else None
-        keep = not writable and self._cached_version.get(path) == version
-        if not writable and version is not None:
-            self._cached_version[path] = version
-        return self._file_info(handle, keep_cache=keep)
+        return self._file_info(handle)
 
     @fuse_errors
     async def create(self, parent_inode, name, mode, flags, ctx):
@@ -443,7 +475,7 @@ class IrdmaOperations(pyfuse3.Operations):
         if t.kind == Kind.ACCUMULATE:
             res = await self.resolve(path)  # ENOENT unless the tensor exists
             handle = await self._open_handle(path, res, writable=True, truncate=True)
-            return self._file_info(handle, False), self._attrs(res)
+            return self._file_info(handle), self._attrs(res)
         if t.kind != Kind.DIR:  # .shards entries cannot be created
             raise pyfuse3.FUSEError(errno.EPERM)
         parent = path.rpartition("/")[0]
@@ -454,7 +486,7 @@ class IrdmaOperations(pyfuse3.Operations):
         self._pending[path] = handle
         self._modes[path] = stat.S_IMODE(mode)
         self._forget_content(path)
-        return self._file_info(handle, False), self._attrs(Resolved(path, target))
+        return self._file_info(handle), self._attrs(Resolved(path, target))
 
     @fuse_errors
     async def read(self, fh, off, size):

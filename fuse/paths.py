@@ -84,7 +84,9 @@ def _parse_shards(dirparts: list[str], rest: list[str]) -> Target | None:
     tensor = join(prefix, rest[0])
     if len(rest) == 1:
         return Target(Kind.SHARD_TENSOR_DIR, tensor)
-    if len(rest) == 2 and rest[1].isdigit() and (rest[1] == "0" or not rest[1].startswith("0")):
+    index = rest[1] if len(rest) == 2 else ""
+    # ASCII digits only (str.isdigit accepts '²' and other scripts' digits).
+    if index.isascii() and index.isdigit() and (index == "0" or not index.startswith("0")):
         return Target(Kind.SHARD, tensor, index=int(rest[1]))
     return None
 
