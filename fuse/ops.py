@@ -39,7 +39,7 @@ from irdma.errors import (
 from irdma.protocol import tensor_key
 
 from . import paths
-from .files import Handle, Snapshot, file_size, identity, is_raw, load, push
+from .files import FileBuffer, Handle, Snapshot, file_size, identity, is_raw, load, push
 from .npyfile import BadNpy
 from .paths import DIR_MARKER, NPY, Kind, Target
 
@@ -395,22 +395,22 @@ class IrdmaOperations(pyfuse3.Operations):
         if t.kind == Kind.ACCUMULATE:
             if not writable:
                 raise pyfuse3.FUSEError(errno.EACCES)
-            handle.buf = bytearray()
+            handle.buf = FileBuffer()
             return handle
         if writable:
             if truncate or res.info is None:
-                handle.buf = bytearray()
+                handle.buf = FileBuffer()
                 handle.redefine = t.kind != Kind.SHARD
                 handle.dirty.append((0, 0))
             else:
                 info, data = await load(self._c, t)
                 handle.info = info
-                handle.buf = bytearray(data)
+                handle.buf = FileBuffer(data)
             return handle
-        info, data = await load(self._c, t)
+        info = res.info if res.info is not None else await self._c.stat(t.name)
         snap = self._snapshots.get(path)
         if snap is None or snap.identity != identity(info):
-            snap = Snapshot(identity(info), data)
+            snap = Snapshot(identity(info))  # loaded by the first read that needs it
             self._snapshots[path] = snap
         snap.refs += 1
         handle.snapshot = snap
@@ -482,7 +482,7 @@ class IrdmaOperations(pyfuse3.Operations):
         if not await self._dir_exists(paths.parse(parent).name if parent else ""):
             raise pyfuse3.FUSEError(errno.ENOENT)
         target = paths.file_candidates(path)[0]  # .npy: typed; anything else: raw bytes
-        handle = Handle(path, target, True, buf=bytearray(), redefine=True)
+        handle = Handle(path, target, True, buf=FileBuffer(), redefine=True)
         self._pending[path] = handle
         self._modes[path] = stat.S_IMODE(mode)
         self._forget_content(path)
@@ -490,7 +490,10 @@ class IrdmaOperations(pyfuse3.Operations):
 
     @fuse_errors
     async def read(self, fh, off, size):
-        return self._handle(fh).read(off, size)
+        handle = self._handle(fh)
+        if handle.snapshot is not None and handle.snapshot.data is None:
+            await handle.snapshot.ensure_loaded(self._c, handle.target)
+        return handle.read(off, size)
 
     @fuse_errors
     async def write(self, fh, off, buf):
@@ -576,7 +579,7 @@ class IrdmaOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EBUSY)
         _, data = await load(self._c, src.target)
         target = paths.file_candidates(new)[0]
-        handle = Handle(new, target, True, buf=bytearray(data), redefine=True)
+        handle = Handle(new, target, True, buf=FileBuffer(data), redefine=True)
         await push(self._c, handle)
         if target.name != src.target.name:
             await self._c.delete(src.target.name)
