@@ -30,7 +30,7 @@ from irdma.client import AsyncClient
 from irdma.cluster import parse_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from link import start_local  # noqa: E402
+from link import start_local
 
 
 def timed(fn) -> float:

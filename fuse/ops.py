@@ -441,7 +441,10 @@ class IrdmaOperations(pyfuse3.Operations):
         )
         direct = self.direct_io or not shared
         keep = False
-        if not direct and ident is not None:
+        if direct and others:
+            # Do not invalidate: the page cache still serves the other opens.
+            keep = True
+        elif not direct and ident is not None:
             keep = self._cached_identity.get(handle.path) == ident
             self._cached_identity[handle.path] = ident
         elif not direct:
@@ -464,7 +467,19 @@ class IrdmaOperations(pyfuse3.Operations):
         handle = await self._open_handle(
             path, res, writable=writable, truncate=bool(flags & os.O_TRUNC)
         )
-        return self._file_info(handle)
+        fi = self._file_info(handle)
+        snap = handle.snapshot
+        if snap is not None and snap.data is None and not fi.keep_cache:
+            # Every read of this open reaches us: fix its content now, at open
+            # (close-to-open), not at a first read that may come after an update.
+            # Lazy loading is kept for opens the page cache already serves.
+            try:
+                await snap.ensure_loaded(self._c, handle.target)
+            except BaseException:
+                self._handles.pop(fi.fh, None)  # the kernel never gets this handle
+                snap.refs -= 1
+                raise
+        return fi
 
     @fuse_errors
     async def create(self, parent_inode, name, mode, flags, ctx):
