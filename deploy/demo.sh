@@ -44,6 +44,25 @@ assert sorted(a.files) == sorted(b.files) and all(np.array_equal(a[k], b[k]) for
 print("round trip: identical")
 PY
 
+echo "== the same cluster as files (irdma mount)"
+mnt="$work/mnt"
+mkdir -p "$mnt"
+irdma mount "$mnt"
+mounted=1
+cleanup_mount() { [ -n "${mounted:-}" ] && fusermount3 -u "$mnt" 2>/dev/null; mounted=; }
+trap 'cleanup_mount; cleanup' EXIT
+ls -l "$mnt/demo/model/"
+getfattr -d "$mnt/demo/model/fc1.weight.npy" 2>/dev/null | grep irdma
+python - "$mnt" <<'PY'
+import sys, numpy as np
+mnt = sys.argv[1]
+w = np.load(f"{mnt}/demo/model/fc2.weight.npy")
+np.save(f"{mnt}/demo/model/.accumulate/fc2.weight.npy", np.ones_like(w))   # push a "gradient"
+assert np.array_equal(np.load(f"{mnt}/demo/model/fc2.weight.npy"), w + 1)
+print("np.load / np.save / accumulate through the mount: ok")
+PY
+cleanup_mount
+
 echo "== a short training run through the cluster"
 python bench/train_linear.py --workers 2 --steps 200
 
