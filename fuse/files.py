@@ -39,14 +39,10 @@ def is_raw(info: TensorInfo) -> bool:
 
 def file_size(target: Target, info: TensorInfo) -> int:
     """Size of the file a target shows for a tensor."""
-    if target.kind == Kind.SHARD:
-        start = target.index * info.shard_size
-        return max(0, min(info.shard_size, info.nbytes - start))
     if target.kind == Kind.ACCUMULATE:
         return 0
-    if target.typed:
-        return len(header_for(info.dtype, info.shape)) + info.nbytes
-    return info.nbytes
+    header, _, length = _extent(target, info)
+    return len(header) + length
 
 
 def _extent(target: Target, info: TensorInfo) -> tuple[bytes, int, int]:
@@ -58,10 +54,17 @@ def _extent(target: Target, info: TensorInfo) -> tuple[bytes, int, int]:
     return header, 0, info.nbytes
 
 
-async def load(client: AsyncClient, target: Target) -> tuple[TensorInfo, np.ndarray]:
-    """A consistent copy of a file's bytes: every byte from the same tensor version."""
+async def load(
+    client: AsyncClient, target: Target, known: TensorInfo | None = None
+) -> tuple[TensorInfo, np.ndarray]:
+    """A consistent copy of a file's bytes: every byte from the same tensor version.
+
+    ``known`` is a stat the caller just made; it stands for the first "before"
+    reading instead of asking the daemons again.
+    """
     for _ in range(SNAPSHOT_RETRIES):
-        info = await client.stat(target.name)
+        info = known if known is not None else await client.stat(target.name)
+        known = None
         header, start, length = _extent(target, info)
         data = np.empty(len(header) + length, dtype=np.uint8)
         data[: len(header)] = np.frombuffer(header, dtype=np.uint8)
@@ -130,10 +133,12 @@ class Snapshot:
     refs: int = 0
     lock: trio.Lock = field(default_factory=trio.Lock)
 
-    async def ensure_loaded(self, client: AsyncClient, target: Target) -> np.ndarray:
+    async def ensure_loaded(
+        self, client: AsyncClient, target: Target, known: TensorInfo | None = None
+    ) -> np.ndarray:
         async with self.lock:
             if self.data is None:
-                info, data = await load(client, target)
+                info, data = await load(client, target, known)
                 if identity(info) != self.identity:
                     # Changed between open and the first read: serve the newer
                     # content whole rather than none.

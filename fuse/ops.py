@@ -403,7 +403,7 @@ class IrdmaOperations(pyfuse3.Operations):
                 handle.redefine = t.kind != Kind.SHARD
                 handle.dirty.append((0, 0))
             else:
-                info, data = await load(self._c, t)
+                info, data = await load(self._c, t, res.info)
                 handle.info = info
                 handle.buf = FileBuffer(data)
             return handle
@@ -474,7 +474,7 @@ class IrdmaOperations(pyfuse3.Operations):
             # (close-to-open), not at a first read that may come after an update.
             # Lazy loading is kept for opens the page cache already serves.
             try:
-                await snap.ensure_loaded(self._c, handle.target)
+                await snap.ensure_loaded(self._c, handle.target, handle.info)
             except BaseException:
                 self._handles.pop(fi.fh, None)  # the kernel never gets this handle
                 snap.refs -= 1
@@ -592,7 +592,7 @@ class IrdmaOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EPERM)
         if src.path in self._pending:
             raise pyfuse3.FUSEError(errno.EBUSY)
-        _, data = await load(self._c, src.target)
+        _, data = await load(self._c, src.target, src.info)
         target = paths.file_candidates(new)[0]
         handle = Handle(new, target, True, buf=FileBuffer(data), redefine=True)
         await push(self._c, handle)

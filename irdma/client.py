@@ -298,7 +298,6 @@ class AsyncClient:
             shard_size or self.config.shard_size,
             dict(options or {}),
         )
-        dtype_code(meta.dtype)
         flags = Flag.NONE
         if replace:
             flags |= Flag.REPLACE

@@ -57,15 +57,6 @@ def max_payload_for(config: ClusterConfig) -> int:
 
 
 @dataclass
-class Stats:
-    requests: int = 0
-    errors: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    connections: int = 0
-
-
-@dataclass
 class _Conn:
     stream: FramedSocket
     pins: dict[int, Block] = field(default_factory=dict)
@@ -79,7 +70,6 @@ class Server:
         self.node = node
         self.store = store
         self.max_payload = max_payload_for(config)
-        self.stats = Stats()
         self.listen_port = node.address.port
 
     # -- listening ----------------------------------------------------------
@@ -108,7 +98,6 @@ class Server:
 
     async def handle_connection(self, sock: stdsocket.socket, peer: str) -> None:
         conn = _Conn(FramedSocket(sock, peer))
-        self.stats.connections += 1
         try:
             while True:
                 try:
@@ -125,7 +114,6 @@ class Server:
         except Exception:
             log.exception("closing connection from %s after an internal error", peer)
         finally:
-            self.stats.connections -= 1
             for block in conn.pins.values():
                 self.store.unpin(block)
             conn.pins.clear()
@@ -139,10 +127,8 @@ class Server:
         length = sum(memoryview(d).nbytes for d in data)
         resp = header.response(Status.OK, length=length, flags=flags, **fields)
         await conn.stream.send_all([resp.pack(), *data])
-        self.stats.bytes_out += length
 
     async def _error(self, conn: _Conn, header: Header, status: Status, message: str) -> None:
-        self.stats.errors += 1
         data = message.encode()[:MAX_ERROR_MESSAGE]
         resp = header.response(status, length=len(data))
         await conn.stream.send_all([resp.pack(), data])
@@ -151,7 +137,6 @@ class Server:
 
     async def dispatch(self, conn: _Conn, header: Header) -> bool:
         """Handle one request; return False when the connection must close."""
-        self.stats.requests += 1
         if header.proto != PROTOCOL_VERSION:
             await self._error(
                 conn,
@@ -176,7 +161,6 @@ class Server:
             await conn.stream.drain(header.length)
             await self._error(conn, header, Status.BAD_OP, f"unknown op {header.op}")
             return True
-        self.stats.bytes_in += header.length
         handler = self._handlers[op]
         try:
             await handler(self, conn, header)
@@ -272,7 +256,6 @@ class Server:
             await conn.stream.sendfile(
                 self.store.arena.fd, block.offset + header.offset, header.size
             )
-            self.stats.bytes_out += header.size
             return
         try:
             await self._reply(conn, header, [view], version=shard.version)
