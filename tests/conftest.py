@@ -192,22 +192,17 @@ def is_mounted(path: Path) -> bool:
         return any(line.split()[1] == target for line in f)
 
 
+def mount_command(config: Path, *args: str) -> list[str]:
+    """The ``irdma mount`` command line for a cluster config."""
+    return [sys.executable, "-m", "irdma.cli", "--config", str(config), "mount", *args]
+
+
 def start_mount(cluster: Cluster, path: Path, *extra: str) -> Mount:
     path.mkdir(parents=True, exist_ok=True)
     log_path = path.parent / f"{path.name}.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "irdma.cli",
-                "--config",
-                str(cluster.config_path),
-                "mount",
-                str(path),
-                "--foreground",
-                *extra,
-            ],
+            mount_command(cluster.config_path, str(path), "--foreground", *extra),
             stdout=log,
             stderr=log,
             stdin=subprocess.DEVNULL,

@@ -16,7 +16,7 @@ import pytest
 
 from irdma import Client
 
-from .conftest import Cluster, start_mount
+from .conftest import Cluster, mount_command, start_mount
 
 
 def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -373,16 +373,7 @@ def test_unmount_with_a_file_open_pushes_the_data(cluster: Cluster, tmp_path: Pa
 
 def test_mount_refuses_bad_mountpoints(cluster: Cluster, tmp_path: Path, mount: Path) -> None:
     def irdma_mount(*args: str) -> subprocess.CompletedProcess:
-        return run(
-            sys.executable,
-            "-m",
-            "irdma.cli",
-            "--config",
-            str(cluster.config_path),
-            "mount",
-            *args,
-            check=False,
-        )
+        return run(*mount_command(cluster.config_path, *args), check=False)
 
     r = irdma_mount(str(tmp_path / "nope"))
     assert r.returncode == 1 and "does not exist" in r.stderr
@@ -398,16 +389,7 @@ def test_mount_refuses_when_no_daemon_answers(tmp_path: Path) -> None:
 
     cfg = write_config(tmp_path / "c", 2, arena_size=4 << 20)  # written, never started
     (tmp_path / "mnt").mkdir()
-    r = run(
-        sys.executable,
-        "-m",
-        "irdma.cli",
-        "--config",
-        str(cfg),
-        "mount",
-        str(tmp_path / "mnt"),
-        check=False,
-    )
+    r = run(*mount_command(cfg, str(tmp_path / "mnt")), check=False)
     assert r.returncode == 1 and "no daemon" in r.stderr
     assert not os.path.ismount(tmp_path / "mnt")
 
@@ -415,16 +397,7 @@ def test_mount_refuses_when_no_daemon_answers(tmp_path: Path) -> None:
 def test_background_mount_and_fusermount_unmount(cluster: Cluster, tmp_path: Path) -> None:
     mnt = tmp_path / "bg"
     mnt.mkdir()
-    r = run(
-        sys.executable,
-        "-m",
-        "irdma.cli",
-        "--config",
-        str(cluster.config_path),
-        "mount",
-        str(mnt),
-        check=False,
-    )
+    r = run(*mount_command(cluster.config_path, str(mnt)), check=False)
     try:
         assert r.returncode == 0, r.stderr
         assert os.path.ismount(mnt)
