@@ -32,9 +32,11 @@ from .errors import (
     TensorNotFound,
     error_for_status,
 )
+from .modes import Mode
 from .protocol import (
     ENTRY_SIZE,
     MAX_NAME_BYTES,
+    NO_WORKER,
     BatchEntry,
     Flag,
     Header,
@@ -220,10 +222,18 @@ class AsyncClient:
         payload: Sequence[Buffer] = (),
         sink: Sink | None = None,
     ) -> Reply:
-        """One request to one daemon, bounded by the timeout; errors named by cause."""
+        """One request to one daemon, bounded by the timeout; errors named by cause.
+
+        A read waiting for a training step is answered NOT_READY after a
+        while (so a waiting client still hears from its daemon); it is asked
+        again until the step is reached or the daemon reports an error.
+        """
         try:
             conn = await self._connection(node)
             reply = await conn.request(header, payload, sink)
+            while reply.header.status == Status.NOT_READY:
+                conn = await self._connection(node)
+                reply = await conn.request(header, payload, sink)
         except StreamTimeout as exc:
             raise DaemonTimeout(node.name, str(node.address), self.timeout) from exc
         except StreamClosed as exc:
@@ -280,10 +290,11 @@ class AsyncClient:
         *,
         shard_size: int | None = None,
         options: Mapping[str, Any] | None = None,
+        mode: Mode | None = None,
         exist_ok: bool = False,
         replace: bool = False,
     ) -> TensorInfo:
-        """Create a zero-filled tensor.
+        """Create a zero-filled tensor, in training ``mode`` (async when None).
 
         Raises TensorExists if it exists (unless ``exist_ok``, which accepts
         an existing tensor of the same layout), DtypeMismatch or ShapeMismatch
@@ -296,7 +307,7 @@ class AsyncClient:
             np.dtype(dtype).name,  # the name carries no byte order: stored little-endian
             shape_t,
             shard_size or self.config.shard_size,
-            dict(options or {}),
+            dict(options or {}) | (mode.to_options() if mode is not None else {}),
         )
         flags = Flag.NONE
         if replace:
@@ -429,8 +440,14 @@ class AsyncClient:
         *,
         alpha: float = 1.0,
         progress: Progress | None = None,
+        worker: int | None = None,
+        step: int = 0,
     ) -> int:
-        """Move ``buf`` to or from bytes at ``offset`` of a tensor; return the versions' sum."""
+        """Move ``buf`` to or from bytes at ``offset`` of a tensor; return the versions' sum.
+
+        ``worker`` and ``step`` name a training worker's step (see ``irdma.modes``).
+        """
+        wid = _worker_field(worker, step)
         pieces = shard_pieces(meta, offset, len(buf))
         code = meta.dtype_code
 
@@ -447,6 +464,8 @@ class AsyncClient:
                 alpha=alpha,
                 layout=meta.layout,
                 dtype=code,
+                worker=wid,
+                clock=step,
             )
             if op == Op.READ:
                 reply = await self._request(node, header, sink=IntoSink(view, progress))
@@ -460,9 +479,20 @@ class AsyncClient:
         return sum(versions)
 
     async def read(
-        self, name: str, out: np.ndarray | None = None, *, progress: Progress | None = None
+        self,
+        name: str,
+        out: np.ndarray | None = None,
+        *,
+        progress: Progress | None = None,
+        worker: int | None = None,
+        step: int = 0,
     ) -> np.ndarray:
-        """The whole tensor, into ``out`` if given (same shape and dtype, C-contiguous)."""
+        """The whole tensor, into ``out`` if given (same shape and dtype, C-contiguous).
+
+        With ``worker``, the read is that training worker's pull for ``step``:
+        it waits until the tensor's mode lets the step proceed (sync: step
+        reached; ssp: the slowest worker within the slack).
+        """
 
         async def go(meta: TensorMeta) -> np.ndarray:
             arr = out
@@ -470,7 +500,9 @@ class AsyncClient:
                 arr = np.empty(meta.shape, dtype=meta.np_dtype)
             else:
                 _check_out(meta, arr)
-            await self._move(Op.READ, meta, 0, _byte_view(arr), progress=progress)
+            await self._move(
+                Op.READ, meta, 0, _byte_view(arr), progress=progress, worker=worker, step=step
+            )
             return arr
 
         return await self._with_fresh_meta(name, go)
@@ -495,13 +527,14 @@ class AsyncClient:
         *,
         replace: bool = False,
         options: Mapping[str, Any] | None = None,
+        mode: Mode | None = None,
         progress: Progress | None = None,
     ) -> None:
         """Store ``array`` as tensor ``name``, creating it from the array's dtype and shape.
 
         An existing tensor of another dtype or shape raises DtypeMismatch or
-        ShapeMismatch unless ``replace``. ``options`` are stored with a tensor
-        this call creates.
+        ShapeMismatch unless ``replace``. ``options`` and ``mode`` are stored
+        with a tensor this call creates.
         """
         arr = as_stored_array(array)
         meta = self._meta.get(name)
@@ -522,6 +555,7 @@ class AsyncClient:
                 replace=replace,
                 shard_size=want.shard_size,
                 options=options,
+                mode=mode,
             )
             return info.meta
 
@@ -539,19 +573,34 @@ class AsyncClient:
         await self._with_fresh_meta(name, lambda meta: self._move(Op.WRITE, meta, offset, buf))
 
     async def accumulate(
-        self, name: str, delta: Any, alpha: float = 1.0, *, progress: Progress | None = None
+        self,
+        name: str,
+        delta: Any,
+        alpha: float = 1.0,
+        *,
+        progress: Progress | None = None,
+        worker: int | None = None,
+        step: int = 0,
     ) -> None:
         """``tensor += alpha * delta`` on the daemons.
 
         ``delta`` must have the tensor's dtype and shape (DtypeMismatch,
-        ShapeMismatch otherwise).
+        ShapeMismatch otherwise). With ``worker``, it is that training
+        worker's gradient for ``step``, applied as the tensor's mode says.
         """
         arr = as_stored_array(delta)
 
         async def go(meta: TensorMeta) -> None:
             _check_delta(meta, arr)
             await self._move(
-                Op.ACCUMULATE, meta, 0, _byte_view(arr), alpha=alpha, progress=progress
+                Op.ACCUMULATE,
+                meta,
+                0,
+                _byte_view(arr),
+                alpha=alpha,
+                progress=progress,
+                worker=worker,
+                step=step,
             )
 
         await self._with_fresh_meta(name, go)
@@ -565,7 +614,12 @@ class AsyncClient:
         return {n: self._meta[n] for n in names}
 
     async def _batch(
-        self, op: Op, items: list[tuple[TensorMeta, memoryview]], alpha: float = 1.0
+        self,
+        op: Op,
+        items: list[tuple[TensorMeta, memoryview]],
+        alpha: float = 1.0,
+        worker: int | None = None,
+        step: int = 0,
     ) -> None:
         """Send many tensors' shards as batch frames, one stream of frames per daemon."""
         per_node: dict[str, list[tuple[BatchEntry, memoryview]]] = defaultdict(list)
@@ -586,7 +640,7 @@ class AsyncClient:
         for node_name, work in per_node.items():
             node = self.config.node(node_name)
             for chunk in _chunks(work):
-                calls.append(partial(self._batch_frame, op, node, chunk, names))
+                calls.append(partial(self._batch_frame, op, node, chunk, names, worker, step))
         await self._gather(calls)
 
     async def _batch_frame(
@@ -595,18 +649,21 @@ class AsyncClient:
         node: Node,
         chunk: list[tuple[BatchEntry, memoryview]],
         names: dict[int, str],
+        worker: int | None = None,
+        step: int = 0,
     ) -> None:
+        wid = _worker_field(worker, step)
         entries = [e for e, _ in chunk]
         views = [v for _, v in chunk]
         head = pack_entries(entries)
         if op == Op.READ_BATCH:
             sink = BatchReadSink(views)
-            hdr = Header(op=op, shard=len(entries), length=len(head))
+            hdr = Header(op=op, shard=len(entries), length=len(head), worker=wid, clock=step)
             await self._request(node, hdr, [head], sink)
             answers = sink.entries
         else:
             length = len(head) + sum(len(v) for v in views)
-            hdr = Header(op=op, shard=len(entries), length=length)
+            hdr = Header(op=op, shard=len(entries), length=length, worker=wid, clock=step)
             reply = await self._request(node, hdr, [head, *views])
             answers = unpack_entries(reply.data, len(entries))
         for a in answers:
@@ -617,11 +674,17 @@ class AsyncClient:
                     a.status, f"{node.name}: {names.get(a.key, hex(a.key))!r} shard {a.shard}"
                 )
 
-    async def read_many(self, names: Iterable[str]) -> dict[str, np.ndarray]:
-        """Read many tensors with one batch frame per daemon (for many small tensors)."""
+    async def read_many(
+        self, names: Iterable[str], *, worker: int | None = None, step: int = 0
+    ) -> dict[str, np.ndarray]:
+        """Read many tensors with one batch frame per daemon (for many small tensors).
+
+        ``worker`` and ``step`` make it a training pull, as in ``read``.
+        """
         metas = await self._metas(names)
         out = {n: np.empty(m.shape, dtype=m.np_dtype) for n, m in metas.items()}
-        await self._batch(Op.READ_BATCH, [(metas[n], _byte_view(a)) for n, a in out.items()])
+        items = [(metas[n], _byte_view(a)) for n, a in out.items()]
+        await self._batch(Op.READ_BATCH, items, worker=worker, step=step)
         return out
 
     async def write_many(self, arrays: Mapping[str, Any]) -> None:
@@ -638,14 +701,35 @@ class AsyncClient:
         await self._gather(partial(ensure, n, a) for n, a in arrs.items())
         await self._batch(Op.WRITE_BATCH, [(metas[n], _byte_view(a)) for n, a in arrs.items()])
 
-    async def accumulate_many(self, deltas: Mapping[str, Any], alpha: float = 1.0) -> None:
-        """Accumulate into many tensors with one batch frame per daemon."""
+    async def accumulate_many(
+        self,
+        deltas: Mapping[str, Any],
+        alpha: float = 1.0,
+        *,
+        worker: int | None = None,
+        step: int = 0,
+    ) -> None:
+        """Accumulate into many tensors with one batch frame per daemon.
+
+        ``worker`` and ``step`` make it a training push, as in ``accumulate``.
+        """
         arrs = {n: as_stored_array(a) for n, a in deltas.items()}
         metas = await self._metas(arrs)
         for n, a in arrs.items():
             _check_delta(metas[n], a)
         items = [(metas[n], _byte_view(a)) for n, a in arrs.items()]
-        await self._batch(Op.ACCUMULATE_BATCH, items, alpha)
+        await self._batch(Op.ACCUMULATE_BATCH, items, alpha, worker, step)
+
+
+def _worker_field(worker: int | None, step: int) -> int:
+    """The header's worker field; checks the values a header can carry."""
+    if worker is None:
+        return NO_WORKER
+    if not isinstance(worker, int) or not 0 <= worker < NO_WORKER:
+        raise ValueError(f"worker must be a rank between 0 and {NO_WORKER - 1}, not {worker!r}")
+    if not isinstance(step, int) or not 0 <= step < 1 << 63:
+        raise ValueError(f"step must be a non-negative integer, not {step!r}")
+    return worker
 
 
 def _chunks(
@@ -787,17 +871,17 @@ class Client:
         """See AsyncClient.delete."""
         return self._call(self._client.delete, name)
 
-    def read_many(self, names: Iterable[str]) -> dict[str, np.ndarray]:
+    def read_many(self, names: Iterable[str], **kwargs: Any) -> dict[str, np.ndarray]:
         """See AsyncClient.read_many."""
-        return self._call(self._client.read_many, list(names))
+        return self._call(self._client.read_many, list(names), **kwargs)
 
     def write_many(self, arrays: Mapping[str, Any]) -> None:
         """See AsyncClient.write_many."""
         return self._call(self._client.write_many, arrays)
 
-    def accumulate_many(self, deltas: Mapping[str, Any], alpha: float = 1.0) -> None:
+    def accumulate_many(self, deltas: Mapping[str, Any], alpha: float = 1.0, **kwargs: Any) -> None:
         """See AsyncClient.accumulate_many."""
-        return self._call(self._client.accumulate_many, deltas, alpha)
+        return self._call(self._client.accumulate_many, deltas, alpha, **kwargs)
 
     def hello(self, node: Node) -> dict[str, Any]:
         """See AsyncClient.hello."""

@@ -99,6 +99,30 @@ class ProtocolMismatch(DaemonError):
     status = Status.BAD_VERSION
 
 
+class NotReady(DaemonError):
+    """A training step is not reached yet (the client asks again; seen only internally)."""
+
+    status = Status.NOT_READY
+
+
+class WorkerLost(DaemonError):
+    """A worker this one waits for (sync, ssp, hybrid) fell silent past the mode's timeout."""
+
+    status = Status.WORKER_LOST
+
+
+class WorkerEvicted(DaemonError):
+    """This worker was evicted from a tensor's training group for silence."""
+
+    status = Status.EVICTED
+
+
+class StepMismatch(DaemonError, ValueError):
+    """An accumulate for a step the tensor is not at (applied already, ahead, or twice)."""
+
+    status = Status.BAD_STEP
+
+
 _BY_STATUS: dict[int, type[DaemonError]] = {
     Status.BAD_FRAME: BadRequest,
     Status.BAD_OP: BadRequest,
@@ -112,6 +136,10 @@ _BY_STATUS: dict[int, type[DaemonError]] = {
     Status.TOO_LARGE: RequestTooLarge,
     Status.BAD_VERSION: ProtocolMismatch,
     Status.STALE_LAYOUT: StaleLayout,
+    Status.NOT_READY: NotReady,
+    Status.WORKER_LOST: WorkerLost,
+    Status.EVICTED: WorkerEvicted,
+    Status.BAD_STEP: StepMismatch,
 }
 
 

@@ -1,6 +1,6 @@
 """The irdma wire format, in one place and without any I/O (sans-IO, as h11).
 
-Every message is one fixed 80-byte little-endian header, optionally followed
+Every message is one fixed 96-byte little-endian header, optionally followed
 by a payload of ``header.length`` bytes. Requests and responses share the
 header; a response has ``FLAG_RESPONSE`` set, echoes the request id, and
 carries a status. Transports only move these bytes; parsing and validation
@@ -22,16 +22,20 @@ from typing import Any
 import numpy as np
 
 MAGIC = b"IRDM"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 # magic, protocol version, op, flags, status, dtype, shard (or entry count),
 # request id, tensor key, offset, size (bytes of tensor data the op covers),
 # length (payload bytes after the header), version, alpha, layout (the
 # fingerprint of the tensor's dtype, shape and shard size the client assumes;
-# 0 means unchecked).
-HEADER = struct.Struct("<4sBBHHHIQQQQQQdQ")
+# 0 means unchecked), worker (the rank of the training worker sending it, or
+# NO_WORKER), 4 reserved bytes, clock (the worker's training step: an
+# accumulate is its gradient for that step, a read waits until the tensor's
+# training mode lets that step proceed).
+HEADER = struct.Struct("<4sBBHHHIQQQQQQdQIIQ")
 HEADER_SIZE = HEADER.size
-assert HEADER_SIZE == 80
+assert HEADER_SIZE == 96
+NO_WORKER = 0xFFFFFFFF
 # Where the request id sits, so a connection can stamp it into a packed header.
 REQUEST_ID = struct.Struct("<Q")
 REQUEST_ID_OFFSET = 16
@@ -105,6 +109,16 @@ class Status(enum.IntEnum):
     # The tensor was redefined (dtype, shape or shard size) since the client
     # cached its layout: re-read the metadata and retry.
     STALE_LAYOUT = 14
+    # A read for a training step that is not reached yet, after the daemon
+    # waited as long as it waits per request: ask again.
+    NOT_READY = 15
+    # A worker the request waits for fell silent for the mode's worker_timeout.
+    WORKER_LOST = 16
+    # The requesting worker was evicted for silence; it may not push or wait.
+    EVICTED = 17
+    # An accumulate for a step the tensor is not at (already applied, ahead,
+    # or pushed twice).
+    BAD_STEP = 18
 
 
 # Stored dtypes. Always little-endian on the wire and in the arena.
@@ -194,6 +208,8 @@ class Header:
     status: int = 0
     dtype: int = DTYPE_ANY
     proto: int = PROTOCOL_VERSION
+    worker: int = NO_WORKER
+    clock: int = 0
 
     @property
     def is_response(self) -> bool:
@@ -221,6 +237,9 @@ class Header:
             self.version,
             self.alpha,
             self.layout,
+            self.worker,
+            0,
+            self.clock,
         )
 
     def response(
@@ -247,6 +266,8 @@ class Header:
             int(status),
             self.dtype,
             self.proto,
+            self.worker,
+            self.clock,
         )
 
 
@@ -255,7 +276,7 @@ def pack_header(**fields: Any) -> bytes:
 
 
 def unpack_header(data: bytes | bytearray | memoryview) -> Header:
-    """Parse an 80-byte header; raises ProtocolError for a bad magic (garbage).
+    """Parse a 96-byte header; raises ProtocolError for a bad magic (garbage).
 
     Only the framing is checked here; op, version and field values are
     checked by whoever handles the frame, so they can answer with a status.
@@ -278,6 +299,9 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
         version,
         alpha,
         layout,
+        worker,
+        _reserved,
+        clock,
     ) = HEADER.unpack(data)
     if magic != MAGIC:
         raise ProtocolError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
@@ -296,6 +320,8 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
         status=status,
         dtype=dtype,
         proto=proto,
+        worker=worker,
+        clock=clock,
     )
 
 

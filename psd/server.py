@@ -1,7 +1,9 @@
 """The daemon's request loop: frames in, store calls, frames out.
 
 Each connection is served by one task that reads a request, handles it and
-answers, in order. A request the daemon refuses gets an error status and the
+answers, in order; only a read that must wait for a training step (see
+``irdma.modes``) is answered later, from its own task, so the connection
+goes on meanwhile. A request the daemon refuses gets an error status and the
 connection goes on; a frame that cannot be trusted (bad magic, another
 protocol version, an oversized payload) gets an answer where one can be
 sent and the connection is closed. Nothing a peer sends can crash the daemon
@@ -15,6 +17,7 @@ import os
 import socket as stdsocket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import ClassVar
 
 import trio
@@ -25,6 +28,7 @@ from irdma.protocol import (
     MAX_ERROR_MESSAGE,
     MAX_META_PAYLOAD,
     MAX_NAME_BYTES,
+    NO_WORKER,
     PROTOCOL_VERSION,
     BatchEntry,
     Flag,
@@ -56,10 +60,33 @@ def max_payload_for(config: ClusterConfig) -> int:
     return max(config.shard_size, 64 << 20) + (1 << 20)
 
 
+# Longest a read waits for a training step before it is answered NOT_READY
+# (the client asks again): a waiting client still hears from its daemon well
+# within its own timeout, and silent workers are checked for this often.
+MAX_POLL = 1.0
+
+
 @dataclass
 class _Conn:
     stream: FramedSocket
+    nursery: trio.Nursery
     pins: dict[int, Block] = field(default_factory=dict)
+    send_lock: trio.Lock = field(default_factory=trio.Lock)
+
+    async def send(self, buffers: list) -> None:
+        """Send whole frames; replies from waiting reads never interleave with others."""
+        await self.lock()
+        try:
+            await self.stream.send_all(buffers)
+        finally:
+            self.send_lock.release()
+
+    async def lock(self) -> None:
+        # trio.Lock.acquire always yields; skip that when the lock is free.
+        try:
+            self.send_lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self.send_lock.acquire()
 
 
 class Server:
@@ -71,6 +98,14 @@ class Server:
         self.store = store
         self.max_payload = max_payload_for(config)
         self.listen_port = node.address.port
+        self.poll = min(MAX_POLL, config.timeout / 4)
+        self._changed = trio.Event()
+        store.on_change = self._wake
+
+    def _wake(self) -> None:
+        """Wake every read waiting for a training step; each re-checks its own condition."""
+        self._changed.set()
+        self._changed = trio.Event()
 
     # -- listening ----------------------------------------------------------
 
@@ -97,18 +132,14 @@ class Server:
                     nursery.start_soon(self.handle_connection, to_stdlib(sock), _peer_name(peer))
 
     async def handle_connection(self, sock: stdsocket.socket, peer: str) -> None:
-        conn = _Conn(FramedSocket(sock, peer))
+        stream = FramedSocket(sock, peer)
         try:
-            while True:
+            async with trio.open_nursery() as nursery:
+                conn = _Conn(stream, nursery)
                 try:
-                    header = await conn.stream.recv_header()
-                except ProtocolError as exc:
-                    log.warning("closing connection from %s: garbage frame: %s", peer, exc)
-                    return
-                if header is None:
-                    return
-                if not await self.dispatch(conn, header):
-                    return
+                    await self._serve_requests(conn)
+                finally:
+                    nursery.cancel_scope.cancel()  # reads still waiting go with the connection
         except (StreamBroken, StreamClosed) as exc:
             log.info("connection from %s ended: %s", peer, exc)
         except Exception:
@@ -117,7 +148,19 @@ class Server:
             for block in conn.pins.values():
                 self.store.unpin(block)
             conn.pins.clear()
-            conn.stream.close()
+            stream.close()
+
+    async def _serve_requests(self, conn: _Conn) -> None:
+        while True:
+            try:
+                header = await conn.stream.recv_header()
+            except ProtocolError as exc:
+                log.warning("closing connection from %s: garbage frame: %s", conn.stream.peer, exc)
+                return
+            if header is None:
+                return
+            if not await self.dispatch(conn, header):
+                return
 
     # -- replies ------------------------------------------------------------
 
@@ -126,12 +169,12 @@ class Server:
     ) -> None:
         length = sum(memoryview(d).nbytes for d in data)
         resp = header.response(Status.OK, length=length, flags=flags, **fields)
-        await conn.stream.send_all([resp.pack(), *data])
+        await conn.send([resp.pack(), *data])
 
     async def _error(self, conn: _Conn, header: Header, status: Status, message: str) -> None:
         data = message.encode()[:MAX_ERROR_MESSAGE]
         resp = header.response(status, length=len(data))
-        await conn.stream.send_all([resp.pack(), data])
+        await conn.send([resp.pack(), data])
 
     # -- dispatch -----------------------------------------------------------
 
@@ -241,6 +284,78 @@ class Server:
 
     async def _read(self, conn: _Conn, header: Header) -> None:
         await self._no_payload(conn, header)
+        if header.worker != NO_WORKER and self.store.waits_for(
+            header.key, header.shard, header.worker, header.clock, header.layout
+        ):
+            conn.nursery.start_soon(
+                self._wait_then,
+                conn,
+                header,
+                {header.key: [header.shard]},
+                partial(self._read_now, conn, header),
+            )
+            return
+        await self._read_now(conn, header)
+
+    async def _wait_then(
+        self,
+        conn: _Conn,
+        header: Header,
+        shards: dict[int, list[int]],
+        answer: Callable[[], Awaitable[None]],
+    ) -> None:
+        """Answer a read once its training step is reached, or NOT_READY after ``poll``.
+
+        Runs in its own task, so the connection serves other requests
+        (the pushes this read may be waiting for among them) meanwhile.
+        ``shards`` maps tensor keys to the shards the read waits on.
+        """
+        try:
+            try:
+                if await self._wait_for_step(header.worker, header.clock, shards):
+                    await answer()
+                else:
+                    await self._error(
+                        conn,
+                        header,
+                        Status.NOT_READY,
+                        f"step {header.clock} not reached within {self.poll:g} s; ask again",
+                    )
+            except StoreError as exc:
+                await self._error(conn, header, exc.status, exc.message)
+        except (StreamBroken, StreamClosed):
+            pass  # the connection task notices and cleans up
+
+    def _still_waiting(self, worker: int, clock: int, shards: dict[int, list[int]]) -> bool:
+        return any(
+            self.store.waits_for(key, s, worker, clock) for key, ss in shards.items() for s in ss
+        )
+
+    async def _wait_for_step(self, worker: int, clock: int, shards: dict[int, list[int]]) -> bool:
+        """Wait until no shard's read waits for anyone; False if ``poll`` ran out first.
+
+        When it runs out, workers silent past the mode's timeout are
+        reported (StoreError WORKER_LOST) or evicted, per the mode.
+        """
+        with trio.move_on_after(self.poll):
+            while True:
+                changed = self._changed
+                if not self._still_waiting(worker, clock, shards):
+                    return True
+                await changed.wait()
+        for key, ss in shards.items():
+            for s in ss:
+                lost = self.store.expire(key, s, worker, clock)
+                if lost:
+                    log.warning(
+                        "%s: evicted silent worker(s) %s from tensor %s",
+                        self.node.name,
+                        lost,
+                        self.store.tensors[key].meta.name,
+                    )
+        return not self._still_waiting(worker, clock, shards)
+
+    async def _read_now(self, conn: _Conn, header: Header) -> None:
         shard, view = self.store.read_view(
             header.key, header.shard, header.offset, header.size, header.layout, header.dtype
         )
@@ -252,10 +367,14 @@ class Server:
             resp = header.response(
                 Status.OK, length=header.size, flags=Flag.PINNED, version=shard.version
             )
-            await conn.stream.send_all([resp.pack()])
-            await conn.stream.sendfile(
-                self.store.arena.fd, block.offset + header.offset, header.size
-            )
+            await conn.lock()
+            try:
+                await conn.stream.send_all([resp.pack()])
+                await conn.stream.sendfile(
+                    self.store.arena.fd, block.offset + header.offset, header.size
+                )
+            finally:
+                conn.send_lock.release()
             return
         try:
             await self._reply(conn, header, [view], version=shard.version)
@@ -294,7 +413,7 @@ class Server:
         except BaseException:
             self.store.abort(update)
             raise
-        version = self.store.commit(update)
+        version = self.store.push(update, header.worker, header.clock)
         await self._reply(conn, header, [], version=version)
 
     async def _batch_entries(self, conn: _Conn, header: Header) -> list[BatchEntry]:
@@ -311,6 +430,28 @@ class Server:
         if header.length != len(entries) * ENTRY_SIZE:
             await conn.stream.drain(header.length - len(entries) * ENTRY_SIZE)
             raise StoreError(Status.BAD_FRAME, "a read batch carries only its entries")
+        if header.worker != NO_WORKER:
+            # One training step for the whole batch: wait on the entries that
+            # wait (all belong to tensors of one model, pulled together).
+            waiting: dict[int, list[int]] = {}
+            for e in entries:
+                if self._entry_waits(header, e):
+                    waiting.setdefault(e.key, []).append(e.shard)
+            if waiting:
+                answer = partial(self._read_batch_now, conn, header, entries)
+                conn.nursery.start_soon(self._wait_then, conn, header, waiting, answer)
+                return
+        await self._read_batch_now(conn, header, entries)
+
+    def _entry_waits(self, header: Header, e: BatchEntry) -> bool:
+        try:
+            return bool(self.store.waits_for(e.key, e.shard, header.worker, header.clock))
+        except StoreError as exc:
+            if exc.status == Status.NOT_FOUND:
+                return False  # answered per entry by the read
+            raise
+
+    async def _read_batch_now(self, conn: _Conn, header: Header, entries: list[BatchEntry]) -> None:
         answers: list[BatchEntry] = []
         views = []
         blocks: list[Block] = []
@@ -370,7 +511,7 @@ class Server:
                 answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=u.status))
                 continue
             try:
-                version = self.store.commit(u)
+                version = self.store.push(u, header.worker, header.clock)
             except StoreError as exc:
                 answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=exc.status))
                 continue

@@ -21,9 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from irdma.protocol import DTYPE_ANY, DTYPE_NAMES, Op, Status, TensorMeta
+from irdma.modes import Mode, mode_of
+from irdma.protocol import DTYPE_ANY, DTYPE_NAMES, NO_WORKER, Op, Status, TensorMeta
 
 from .arena import Arena, ArenaFullError, Block
+from .coordination import CoordinationError, Coordinator
 
 
 class StoreError(Exception):
@@ -49,6 +51,8 @@ class Tensor:
     meta: TensorMeta
     shards: dict[int, Shard]
     ctime: float = field(default_factory=time.time)
+    # The training-mode rules (None for async tensors: every update applies at once).
+    coord: Coordinator[Update] | None = None
 
     @property
     def version(self) -> int:
@@ -126,10 +130,19 @@ class Store:
     comes from the cluster config; the store does not compute it).
     """
 
-    def __init__(self, arena: Arena, owns: Callable[[int, int], bool]) -> None:
+    def __init__(
+        self,
+        arena: Arena,
+        owns: Callable[[int, int], bool],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.arena = arena
         self.owns = owns
+        self.clock = clock
         self.tensors: dict[int, Tensor] = {}
+        # Called after anything a waiting read may depend on changed (a
+        # training step applied, a worker evicted, a tensor gone).
+        self.on_change: Callable[[], None] = _nothing
 
     # -- blocks -------------------------------------------------------------
 
@@ -165,6 +178,10 @@ class Store:
         ``replace``. All local shards are allocated, or none.
         """
         key = meta.key
+        try:
+            mode = mode_of(meta.options)
+        except ValueError as exc:
+            raise StoreError(Status.BAD_ARGUMENT, f"tensor {meta.name!r}: {exc}") from None
         old = self.tensors.get(key)
         if old is not None:
             if old.meta.name != meta.name:
@@ -175,6 +192,13 @@ class Store:
             if exclusive:
                 raise StoreError(Status.EXISTS, f"tensor {meta.name!r} exists")
             if old.meta.same_layout(meta):
+                if "mode" in meta.options and mode != mode_of(old.meta.options):
+                    raise StoreError(
+                        Status.EXISTS,
+                        f"tensor {meta.name!r} exists in mode "
+                        f"{mode_of(old.meta.options).describe()}, not {mode.describe()} "
+                        "(replace it to change the mode)",
+                    )
                 return old, False
             if not replace:
                 if old.meta.dtype != meta.dtype:
@@ -202,9 +226,9 @@ class Store:
                 self.arena.free(s.block)
             raise
         if old is not None:
-            for s in old.shards.values():
-                self._retire(s.block)
-        tensor = Tensor(meta, shards)
+            self._drop(old)
+        coord = None if mode.kind == "async" else Coordinator(meta.name, mode, list(shards))
+        tensor = Tensor(meta, shards, coord=coord)
         self.tensors[key] = tensor
         return tensor, True
 
@@ -212,9 +236,17 @@ class Store:
         tensor = self.tensors.pop(key, None)
         if tensor is None:
             raise StoreError(Status.NOT_FOUND, f"no tensor with key {key:#018x} here")
+        self._drop(tensor)
+        return tensor.meta
+
+    def _drop(self, tensor: Tensor) -> None:
+        """Free a deleted or replaced tensor's blocks and any deltas held for its steps."""
         for s in tensor.shards.values():
             self._retire(s.block)
-        return tensor.meta
+        if tensor.coord is not None:
+            for update in tensor.coord.held():
+                self.abort(update)
+            self.on_change()  # reads waiting on it now fail with NOT_FOUND
 
     def get(self, key: int, layout: int = 0) -> Tensor:
         tensor = self.tensors.get(key)
@@ -230,13 +262,16 @@ class Store:
 
     def info(self, tensor: Tensor) -> dict[str, Any]:
         """The stat record of a tensor as this daemon sees it."""
-        return {
+        out = {
             "meta": tensor.meta.to_dict(),
             "version": tensor.version,
             "mtime": tensor.mtime,
             "ctime": tensor.ctime,
             "shards": {str(i): s.version for i, s in sorted(tensor.shards.items())},
         }
+        if tensor.coord is not None:
+            out["evicted"] = sorted(tensor.coord.evicted)
+        return out
 
     def list(self, prefix: str = "") -> list[dict[str, Any]]:
         """Stat records of the tensors this daemon holds shards of, by name.
@@ -406,3 +441,109 @@ class Store:
         target = self.arena.view(new, update.offset, update.size).view(dt)
         accumulate_into(target, delta, update.alpha)
         self._swap(shard, new)
+
+    # -- training modes -------------------------------------------------------
+
+    def push(self, update: Update, worker: int = NO_WORKER, step: int = 0) -> int:
+        """Apply (or, in a lockstep mode, hold) a received update; return the shard's version.
+
+        ``worker`` and ``step`` say whose gradient for which training step
+        the update is; they matter only for tensors with a training mode.
+        """
+        coord = update.tensor.coord
+        if coord is None or update.op == Op.WRITE:
+            return self.commit(update)
+        mode = coord.mode
+        name = update.tensor.meta.name
+        if worker == NO_WORKER:
+            if mode.steps_in_lockstep:
+                self.abort(update)
+                raise StoreError(
+                    Status.BAD_ARGUMENT,
+                    f"tensor {name!r} is in {mode.kind} mode for {mode.workers} workers: "
+                    "an accumulate must name its worker and step",
+                )
+            return self.commit(update)
+        if mode.steps_in_lockstep and not self._whole_shard(update):
+            self.abort(update)
+            raise StoreError(
+                Status.BAD_ARGUMENT,
+                f"tensor {name!r} is in {mode.kind} mode: an accumulate must cover whole shards",
+            )
+        try:
+            items = coord.push(update.shard.index, worker, step, update, self.clock())
+        except CoordinationError as exc:
+            self.abort(update)
+            raise StoreError(exc.status, exc.message) from None
+        if items is None:
+            return update.shard.version
+        version = self._apply_step(items, mode)
+        self.on_change()
+        return version
+
+    def _apply_step(self, items: list[Update], mode: Mode) -> int:
+        """Sum held deltas in worker order and apply them as one update (or set, for apply=set)."""
+        first = items[0]
+        dt = first.tensor.meta.np_dtype
+        total = first.buffer.view(dt)
+        _scale(total, first.alpha)
+        for other in items[1:]:
+            accumulate_into(total, other.buffer.view(dt), other.alpha)
+            self.abort(other)
+        first.alpha = 1.0
+        if mode.apply == "set":
+            first.op = Op.WRITE
+        return self.commit(first)
+
+    def waits_for(
+        self, key: int, index: int, worker: int, clock: int, layout: int = 0
+    ) -> list[int]:
+        """The workers a read of shard ``index`` by ``worker`` for step ``clock`` waits for.
+
+        [] means the read may go now. Anonymous reads (NO_WORKER) and async
+        tensors never wait. Raises StoreError if the read could never go.
+        """
+        tensor = self.get(key, layout)
+        coord = tensor.coord
+        if coord is None or worker == NO_WORKER or index not in tensor.shards:
+            return []
+        try:
+            coord.check_worker(worker, self.clock())
+            return coord.blockers(index, worker, clock)
+        except CoordinationError as exc:
+            raise StoreError(exc.status, exc.message) from None
+
+    def expire(self, key: int, index: int, worker: int, clock: int) -> list[int]:
+        """After a read waited: handle the workers it waits for that fell silent.
+
+        Per the mode's ``on_timeout``: raise WORKER_LOST naming them, or
+        evict them (applying any step they held up) and return them.
+        """
+        tensor = self.get(key)
+        coord = tensor.coord
+        if coord is None or worker == NO_WORKER:
+            return []
+        try:
+            blockers = coord.blockers(index, worker, clock)
+        except CoordinationError as exc:
+            raise StoreError(exc.status, exc.message) from None
+        lost = coord.lost(blockers, self.clock())
+        if not lost:
+            return []
+        mode = coord.mode
+        if mode.on_timeout == "error":
+            raise StoreError(
+                Status.WORKER_LOST,
+                f"tensor {tensor.meta.name!r}: worker(s) {', '.join(map(str, lost))} sent nothing "
+                f"for {mode.worker_timeout:g} s while worker {worker} waits for step {clock} "
+                f"({mode.describe()})",
+            )
+        for steps in coord.evict(lost).values():
+            for items in steps:
+                self._apply_step(items, mode)
+        self.on_change()
+        return lost
+
+
+def _nothing() -> None:
+    pass

@@ -292,6 +292,8 @@ frame_fields = st.fixed_dictionaries(
         "version": st.integers(0, 2**64 - 1),
         "alpha": st.floats(allow_nan=True, allow_infinity=True),
         "layout": st.integers(0, 2**64 - 1),
+        "worker": st.one_of(st.integers(0, 8), st.integers(0, 2**32 - 1)),
+        "clock": st.one_of(st.integers(0, 8), st.integers(0, 2**64 - 1)),
     }
 )
 
@@ -328,6 +330,9 @@ def test_random_frames_never_hurt(cluster, canary, fields, use_key, payload) -> 
         fields["version"],
         fields["alpha"],
         fields["layout"],
+        fields["worker"],
+        0,
+        fields["clock"],
     )
     s = connect(cluster, node)
     try:
@@ -356,4 +361,4 @@ def test_header_struct_is_what_the_daemon_parses(cluster: Cluster) -> None:
     s.sendall(Header(op=Op.HELLO, request_id=0xDEADBEEF).pack())
     h, data = reply(s)
     assert h.request_id == 0xDEADBEEF and h.is_response and b'"node":"n2"' in data
-    assert struct.calcsize("<4sBBHHHIQQQQQQdQ") == HEADER_SIZE
+    assert struct.calcsize("<4sBBHHHIQQQQQQdQIIQ") == HEADER_SIZE

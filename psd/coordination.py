@@ -1,0 +1,193 @@
+"""The training-mode rules of one tensor on one daemon, without I/O.
+
+A ``Coordinator`` decides, per local shard, when a worker's accumulate is
+applied (at once, or held until its whole group has pushed the step) and
+whether a worker's read for a step may proceed. It also keeps when each
+worker was last heard from, so a worker that fell silent while others wait
+for it can be reported lost or evicted. The store applies what it returns;
+the server turns "not ready" into waiting. The modes are described in
+``irdma.modes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from irdma.modes import Mode
+from irdma.protocol import Status
+
+T = TypeVar("T")
+
+
+class CoordinationError(Exception):
+    """A push or read the mode's rules refuse; ``status`` goes back to the worker."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(eq=False, slots=True)
+class _Lockstep(Generic[T]):
+    """Per group: steps applied so far, and the contributions held for the next one."""
+
+    applied: list[int]
+    pending: list[dict[int, T]]
+
+
+@dataclass(eq=False)
+class Coordinator(Generic[T]):
+    """The rules of ``mode`` for the local shards of one tensor called ``name``.
+
+    Contributions (``T``: whatever the store holds a pushed delta in) are
+    returned to the caller, in worker order, when they are to be applied.
+    """
+
+    name: str
+    mode: Mode
+    shards: Iterable[int]
+    evicted: set[int] = field(default_factory=set)
+    last_seen: dict[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        m = self.mode
+        self._steps: dict[int, _Lockstep[T]] = {}
+        self._clocks: dict[int, list[int]] = {}
+        for index in self.shards:
+            if m.steps_in_lockstep:
+                self._steps[index] = _Lockstep([0] * m.groups, [{} for _ in range(m.groups)])
+            elif m.kind == "ssp":
+                self._clocks[index] = [0] * m.workers
+
+    # -- workers --------------------------------------------------------------
+
+    def _live(self, workers: Iterable[int]) -> list[int]:
+        return [w for w in workers if w not in self.evicted]
+
+    def check_worker(self, worker: int, now: float) -> None:
+        """Refuse a worker outside the mode's ranks or already evicted; note that it is alive."""
+        if not 0 <= worker < self.mode.workers:
+            raise CoordinationError(
+                Status.BAD_ARGUMENT,
+                f"worker {worker} is outside 0..{self.mode.workers - 1} of {self.name!r} "
+                f"({self.mode.describe()})",
+            )
+        if worker in self.evicted:
+            raise CoordinationError(
+                Status.EVICTED,
+                f"worker {worker} was evicted from {self.name!r} after "
+                f"{self.mode.worker_timeout:g} s of silence while others waited for it",
+            )
+        self.last_seen[worker] = now
+
+    # -- pushes ---------------------------------------------------------------
+
+    def push(self, shard: int, worker: int, step: int, item: T, now: float) -> list[T] | None:
+        """Worker ``worker``'s delta for ``step``; return the deltas to apply now, or None."""
+        self.check_worker(worker, now)
+        m = self.mode
+        if m.kind == "ssp":
+            clocks = self._clocks[shard]
+            clocks[worker] = max(clocks[worker], step + 1)
+            return [item]
+        if not m.steps_in_lockstep:
+            return [item]
+        state = self._steps[shard]
+        group = m.group_of(worker)
+        at = state.applied[group]
+        if step != at:
+            when = "was already applied" if step < at else "is ahead"
+            raise CoordinationError(
+                Status.BAD_STEP,
+                f"worker {worker} pushed step {step} of {self.name!r} shard {shard}, which "
+                f"{when}: its group is at step {at} (read step {at} before pushing it)",
+            )
+        pending = state.pending[group]
+        if worker in pending:
+            raise CoordinationError(
+                Status.BAD_STEP,
+                f"worker {worker} already pushed step {step} of {self.name!r} shard {shard}",
+            )
+        pending[worker] = item
+        return self._complete(state, group)
+
+    def _complete(self, state: _Lockstep[T], group: int) -> list[T] | None:
+        pending = state.pending[group]
+        live = self._live(self.mode.members(group))
+        if not pending or any(w not in pending for w in live):
+            return None
+        items = [pending[w] for w in sorted(pending)]
+        state.pending[group] = {}
+        state.applied[group] += 1
+        return items
+
+    # -- reads ----------------------------------------------------------------
+
+    def blockers(self, shard: int, worker: int, clock: int) -> list[int]:
+        """The live workers a read by ``worker`` for step ``clock`` waits for ([] = go).
+
+        Raises CoordinationError when the read could never proceed (it waits
+        for a step this worker has not pushed, or for one beyond the next).
+        """
+        m = self.mode
+        if m.kind == "ssp":
+            clocks = self._clocks[shard]
+            need = clock - m.slack
+            if clocks[worker] < need:
+                raise CoordinationError(
+                    Status.BAD_STEP,
+                    f"worker {worker} reads step {clock} of {self.name!r} but has pushed only "
+                    f"{clocks[worker]} steps (slack {m.slack})",
+                )
+            return [w for w in self._live(range(m.workers)) if clocks[w] < need]
+        if not m.steps_in_lockstep:
+            return []
+        state = self._steps[shard]
+        group = m.group_of(worker)
+        at = state.applied[group]
+        if clock <= at:
+            return []
+        pending = state.pending[group]
+        if clock > at + 1 or worker not in pending:
+            raise CoordinationError(
+                Status.BAD_STEP,
+                f"worker {worker} reads step {clock} of {self.name!r} shard {shard}, but its "
+                f"group is at step {at} and it has "
+                + ("pushed step " if worker in pending else "not pushed step ")
+                + f"{at}",
+            )
+        return [w for w in self._live(m.members(group)) if w not in pending]
+
+    def lost(self, blockers: list[int], now: float) -> list[int]:
+        """The blockers silent for the mode's worker_timeout (a never-seen one starts now)."""
+        out = []
+        for w in blockers:
+            seen = self.last_seen.setdefault(w, now)
+            if now - seen >= self.mode.worker_timeout:
+                out.append(w)
+        return out
+
+    def evict(self, workers: Iterable[int]) -> dict[int, list[list[T]]]:
+        """Evict ``workers``; return, per shard, the steps (held deltas) that can apply now."""
+        self.evicted.update(workers)
+        done: dict[int, list[list[T]]] = {}
+        for shard, state in self._steps.items():
+            for group in range(self.mode.groups):
+                items = self._complete(state, group)
+                if items:
+                    done.setdefault(shard, []).append(items)
+        return done
+
+    # -- bookkeeping ------------------------------------------------------------
+
+    def step(self, shard: int, worker: int = 0) -> int:
+        """Steps applied to ``shard`` for the group of ``worker`` (lockstep modes)."""
+        state = self._steps.get(shard)
+        return state.applied[self.mode.group_of(worker)] if state else 0
+
+    def held(self) -> list[T]:
+        """Every delta still held (to release when the tensor goes away)."""
+        return [item for s in self._steps.values() for p in s.pending for item in p.values()]
