@@ -30,8 +30,9 @@ fi
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,fuse]'
-# torch (CPU) for the torch.save/torch.load tests and the torch extra; pinned so
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,fuse,train]'
+# torch (CPU) for the torch.save/torch.load tests, the torch extra and the
+# digits training program (bench/train_digits.py); pinned so
 # pip takes the CPU build this machine kind ships instead of a CUDA download.
 if [ "${IRDMA_SKIP_TORCH:-0}" != 1 ] && ! .venv/bin/python -c 'import torch' 2>/dev/null; then
     .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0

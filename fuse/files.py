@@ -62,6 +62,8 @@ async def load(
     ``known`` is a stat the caller just made; it stands for the first "before"
     reading instead of asking the daemons again.
     """
+    if target.kind == Kind.STEP:
+        return await _pull(client, target, known)
     for _ in range(SNAPSHOT_RETRIES):
         info = known if known is not None else await client.stat(target.name)
         known = None
@@ -73,6 +75,23 @@ async def load(
         if identity(after) == identity(info):
             return info, data
     log.warning("%s changes faster than it can be read; serving the last copy", target.name)
+    return info, data
+
+
+async def _pull(
+    client: AsyncClient, target: Target, known: TensorInfo | None
+) -> tuple[TensorInfo, np.ndarray]:
+    """A training worker's pull of a tensor for a step, as a .npy file.
+
+    It waits as the tensor's training mode says; what it returns is the
+    mode's guarantee (sync: exactly the step's parameters), not one version.
+    """
+    info = known if known is not None else await client.stat(target.name)
+    header, _, length = _extent(target, info)
+    data = np.empty(len(header) + length, dtype=np.uint8)
+    data[: len(header)] = np.frombuffer(header, dtype=np.uint8)
+    out = data[len(header) :].view(info.meta.np_dtype).reshape(info.shape)
+    await client.read(target.name, out, worker=target.worker, step=target.step)
     return info, data
 
 
@@ -216,6 +235,8 @@ async def push(client: AsyncClient, handle: Handle) -> None:
     data = handle.buf.view()
     if t.kind == Kind.ACCUMULATE:
         await client.accumulate(t.name, parse_npy(data))
+    elif t.kind == Kind.STEP:
+        await client.accumulate(t.name, parse_npy(data), worker=t.worker, step=t.step)
     elif t.kind == Kind.SHARD:
         await _push_shard(client, handle, data)
     elif t.typed:
@@ -224,7 +245,9 @@ async def push(client: AsyncClient, handle: Handle) -> None:
         await _push_raw(client, handle, data)
     handle.dirty.clear()
     handle.redefine = False
-    handle.info = await _stat_or_none(client, t.name) if t.kind != Kind.ACCUMULATE else None
+    handle.info = (
+        await _stat_or_none(client, t.name) if t.kind not in (Kind.ACCUMULATE, Kind.STEP) else None
+    )
 
 
 async def _stat_or_none(client: AsyncClient, name: str) -> TensorInfo | None:

@@ -35,7 +35,10 @@ from irdma.errors import (
     ShapeMismatch,
     TensorExists,
     TensorNotFound,
+    WorkerEvicted,
+    WorkerLost,
 )
+from irdma.modes import Mode
 from irdma.protocol import tensor_key
 
 from . import paths
@@ -57,6 +60,10 @@ def errno_for(exc: BaseException) -> int:
         return errno.EEXIST
     if isinstance(exc, ArenaFull):
         return errno.ENOSPC
+    if isinstance(exc, WorkerLost):  # a pull waited for a worker that fell silent
+        return errno.ETIMEDOUT
+    if isinstance(exc, WorkerEvicted):
+        return errno.EPERM
     if isinstance(
         exc, BadNpy | DtypeMismatch | ShapeMismatch | BadRequest | OutOfRange | ValueError
     ):
@@ -75,7 +82,9 @@ def fuse_errors(fn: F) -> F:
             raise
         except (IrdmaError, ValueError) as exc:
             code = errno_for(exc)
-            if code == errno.EIO or isinstance(exc, DaemonUnavailable | ClientClosed):
+            if code in (errno.EIO, errno.ETIMEDOUT, errno.EPERM) or isinstance(
+                exc, DaemonUnavailable | ClientClosed
+            ):
                 log.error("%s: %s", fn.__name__, exc)
             elif code == errno.EINVAL:
                 log.warning("%s: refused: %s", fn.__name__, exc)
@@ -211,10 +220,10 @@ class IrdmaOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         if t.kind == Kind.ROOT:
             return Resolved(path, t)
-        if t.kind in (Kind.SHARDS_DIR, Kind.ACCUMULATE_DIR):
+        if t.kind in (Kind.SHARDS_DIR, Kind.ACCUMULATE_DIR, Kind.WORKER_DIR):
             if await self._dir_exists(t.name):
                 return Resolved(path, t)
-        elif t.kind in (Kind.SHARD_TENSOR_DIR, Kind.SHARD, Kind.ACCUMULATE):
+        elif t.kind in (Kind.SHARD_TENSOR_DIR, Kind.SHARD, Kind.ACCUMULATE, Kind.STEP):
             info = await self._stat(t.name)
             if info is not None and (t.kind != Kind.SHARD or t.index < info.num_shards):
                 return Resolved(path, t, info)
@@ -297,7 +306,7 @@ class IrdmaOperations(pyfuse3.Operations):
                 continue
             if entry.endswith("/"):
                 name = entry[:-1]
-                if name in paths.RESERVED or t.kind == Kind.ACCUMULATE_DIR:
+                if name in paths.RESERVED or t.kind in (Kind.ACCUMULATE_DIR, Kind.WORKER_DIR):
                     continue
                 if t.kind == Kind.SHARDS_DIR:
                     continue
@@ -307,6 +316,8 @@ class IrdmaOperations(pyfuse3.Operations):
                 base = info.name.rsplit("/", 1)[-1]
                 p = paths.join(res.path, base)
                 out[base] = self._attrs(Resolved(p, Target(Kind.SHARD_TENSOR_DIR, info.name), info))
+            elif t.kind == Kind.WORKER_DIR:
+                continue  # opened by path only: which steps exist is the workers' business
             elif t.kind == Kind.ACCUMULATE_DIR:
                 if is_raw(info):
                     continue
@@ -397,6 +408,15 @@ class IrdmaOperations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EACCES)
             handle.buf = FileBuffer()
             return handle
+        if t.kind == Kind.STEP:
+            if writable:  # a push: the gradient for this step, written whole
+                handle.buf = FileBuffer()
+                return handle
+            # A pull: waits for the step, then is this open's own content.
+            info, data = await load(self._c, t, res.info)
+            handle.info = info
+            handle.snapshot = Snapshot(identity(info), data, refs=1)
+            return handle
         if writable:
             if truncate or res.info is None:
                 handle.buf = FileBuffer()
@@ -439,7 +459,8 @@ class IrdmaOperations(pyfuse3.Operations):
             and identity(o.info) == ident
             for o in others
         )
-        direct = self.direct_io or not shared
+        # A step file's content is a pull made for this open alone.
+        direct = self.direct_io or not shared or handle.target.kind == Kind.STEP
         keep = False
         if direct and others:
             # Do not invalidate: the page cache still serves the other opens.
@@ -487,7 +508,7 @@ class IrdmaOperations(pyfuse3.Operations):
         t = paths.parse(path)
         if t is None:
             raise pyfuse3.FUSEError(errno.EPERM)
-        if t.kind == Kind.ACCUMULATE:
+        if t.kind in (Kind.ACCUMULATE, Kind.STEP):
             res = await self.resolve(path)  # ENOENT unless the tensor exists
             handle = await self._open_handle(path, res, writable=True, truncate=True)
             return self._file_info(handle), self._attrs(res)
@@ -659,6 +680,12 @@ class IrdmaOperations(pyfuse3.Operations):
             "shard_size": str(info.shard_size),
             "nbytes": str(info.nbytes),
         }
+        mode = info.options.get("mode")
+        if mode is not None:
+            try:
+                out["mode"] = Mode.from_options(info.options).describe()
+            except ValueError:
+                out["mode"] = str(mode)
         if res.target.kind == Kind.SHARD:
             config = self._c.config
             replicas = config.replicas_for(tensor_key(info.name), res.target.index)

@@ -4,10 +4,14 @@
     <dir>/<file>                       any other name: a raw byte tensor (a checkpoint, a JSON file)
     <dir>/.shards/<tensor>/<N>         shard N of <dir>/<tensor> as raw bytes
     <dir>/.accumulate/<tensor>.npy     write a .npy here to add it into <dir>/<tensor>
+    <dir>/.worker/<R>/<T>/<tensor>.npy training worker R at step T: reading it pulls
+                                       the tensor for step T (waiting as the tensor's
+                                       training mode says), writing it pushes R's
+                                       gradient for step T
     <dir>/                             a directory: a name prefix (mkdir leaves a marker tensor)
 
-``.shards`` and ``.accumulate`` are not listed by readdir (so ``cp -r`` and
-``rsync`` do not copy data twice) but can be opened by path.
+``.shards``, ``.accumulate`` and ``.worker`` are not listed by readdir (so
+``cp -r`` and ``rsync`` do not copy data twice) but can be opened by path.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ from dataclasses import dataclass
 NPY = ".npy"
 SHARDS = ".shards"
 ACCUMULATE = ".accumulate"
+WORKER = ".worker"
 # mkdir stores this zero-size tensor so an empty directory exists for every mount.
 DIR_MARKER = ".irdma-dir"
-RESERVED = frozenset({SHARDS, ACCUMULATE, DIR_MARKER})
+RESERVED = frozenset({SHARDS, ACCUMULATE, WORKER, DIR_MARKER})
 # Tensors created through the mount from a file without .npy carry this option.
 RAW_OPTION = "raw"
 
@@ -34,6 +39,8 @@ class Kind(enum.Enum):
     SHARD = "shard"  # <dir>/.shards/<tensor>/<N>
     ACCUMULATE_DIR = "accumulate_dir"  # <dir>/.accumulate
     ACCUMULATE = "accumulate"  # <dir>/.accumulate/<tensor>.npy
+    WORKER_DIR = "worker_dir"  # <dir>/.worker, <dir>/.worker/<R>, <dir>/.worker/<R>/<T>
+    STEP = "step"  # <dir>/.worker/<R>/<T>/<tensor>.npy
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +57,12 @@ class Target:
     name: str = ""
     typed: bool = False
     index: int = -1
+    worker: int = -1  # STEP: the training worker's rank
+    step: int = 0  # STEP: its training step
 
     @property
     def is_dir(self) -> bool:
-        return self.kind not in (Kind.TENSOR, Kind.SHARD, Kind.ACCUMULATE)
+        return self.kind not in (Kind.TENSOR, Kind.SHARD, Kind.ACCUMULATE, Kind.STEP)
 
 
 def join(prefix: str, part: str) -> str:
@@ -70,6 +79,8 @@ def parse(path: str) -> Target | None:
             return _parse_shards(parts[:i], parts[i + 1 :])
         if part == ACCUMULATE:
             return _parse_accumulate(parts[:i], parts[i + 1 :])
+        if part == WORKER:
+            return _parse_worker(parts[:i], parts[i + 1 :])
         if part in (DIR_MARKER, ".", ".."):
             return None
     # The last part is a file or a directory; the caller tells which by asking
@@ -84,11 +95,33 @@ def _parse_shards(dirparts: list[str], rest: list[str]) -> Target | None:
     tensor = join(prefix, rest[0])
     if len(rest) == 1:
         return Target(Kind.SHARD_TENSOR_DIR, tensor)
-    index = rest[1] if len(rest) == 2 else ""
-    # ASCII digits only (str.isdigit accepts '²' and other scripts' digits).
-    if index.isascii() and index.isdigit() and (index == "0" or not index.startswith("0")):
-        return Target(Kind.SHARD, tensor, index=int(rest[1]))
+    index = _number(rest[1]) if len(rest) == 2 else None
+    if index is not None:
+        return Target(Kind.SHARD, tensor, index=index)
     return None
+
+
+def _number(text: str) -> int | None:
+    # ASCII digits only (str.isdigit accepts '²' and other scripts' digits), no leading zeros.
+    if text.isascii() and text.isdigit() and (text == "0" or not text.startswith("0")):
+        return int(text)
+    return None
+
+
+def _parse_worker(dirparts: list[str], rest: list[str]) -> Target | None:
+    prefix = "/".join(dirparts)
+    numbers = [_number(p) for p in rest[:2]]
+    if None in numbers or any(p in RESERVED or p in (".", "..") for p in rest[2:]):
+        return None
+    if len(rest) <= 2:
+        return Target(Kind.WORKER_DIR, prefix)
+    worker, step = numbers
+    assert worker is not None and step is not None
+    last = rest[-1]
+    if last.endswith(NPY) and len(last) > len(NPY):
+        name = join(prefix, "/".join([*rest[2:-1], last[: -len(NPY)]]))
+        return Target(Kind.STEP, name, typed=True, worker=worker, step=step)
+    return Target(Kind.WORKER_DIR, join(prefix, "/".join(rest[2:])))
 
 
 def _parse_accumulate(dirparts: list[str], rest: list[str]) -> Target | None:

@@ -675,12 +675,24 @@ class AsyncClient:
                 )
 
     async def read_many(
-        self, names: Iterable[str], *, worker: int | None = None, step: int = 0
+        self,
+        names: Iterable[str],
+        *,
+        worker: int | None = None,
+        step: int = 0,
+        refresh: bool = False,
     ) -> dict[str, np.ndarray]:
         """Read many tensors with one batch frame per daemon (for many small tensors).
 
         ``worker`` and ``step`` make it a training pull, as in ``read``.
+        Batch entries carry no layout fingerprint: pass ``refresh`` when
+        another process may have redefined the tensors since this client
+        last looked (their metadata is then fetched again).
         """
+        names = list(names)
+        if refresh:
+            for n in names:
+                self._meta.pop(n, None)
         metas = await self._metas(names)
         out = {n: np.empty(m.shape, dtype=m.np_dtype) for n, m in metas.items()}
         items = [(metas[n], _byte_view(a)) for n, a in out.items()]
