@@ -87,12 +87,20 @@ async def _pull(
     mode's guarantee (sync: exactly the step's parameters), not one version.
     """
     info = known if known is not None else await client.stat(target.name)
+    try:
+        return info, await _pull_as(client, target, info)
+    except (ShapeMismatch, DtypeMismatch):  # ``known`` is out of date: redefined since
+        info = await client.stat(target.name)
+        return info, await _pull_as(client, target, info)
+
+
+async def _pull_as(client: AsyncClient, target: Target, info: TensorInfo) -> np.ndarray:
     header, _, length = _extent(target, info)
     data = np.empty(len(header) + length, dtype=np.uint8)
     data[: len(header)] = np.frombuffer(header, dtype=np.uint8)
     out = data[len(header) :].view(info.meta.np_dtype).reshape(info.shape)
     await client.read(target.name, out, worker=target.worker, step=target.step)
-    return info, data
+    return data
 
 
 class FileBuffer:

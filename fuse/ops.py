@@ -50,6 +50,7 @@ log = logging.getLogger("irdma.fuse")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 XATTR_PREFIX = "user.irdma."
+WORKER_DIR_TIMEOUT = 300.0
 
 
 def errno_for(exc: BaseException) -> int:
@@ -127,6 +128,8 @@ class IrdmaOperations(pyfuse3.Operations):
         self._modes: dict[str, int] = {}
         self._mtimes: dict[str, tuple[int, int]] = {}  # path -> (version, ns)
         self._dir_handles: dict[int, list[tuple[str, pyfuse3.EntryAttributes]]] = {}
+        # Layouts of tensors pulled and pushed through .worker paths.
+        self._step_infos: dict[str, TensorInfo] = {}
         self._start_ns = time.time_ns()
 
     # -- inodes and attributes -------------------------------------------------
@@ -167,6 +170,9 @@ class IrdmaOperations(pyfuse3.Operations):
         a.st_uid, a.st_gid = self.uid, self.gid
         a.st_blksize = 1 << 20
         t = res.target
+        if t.kind == Kind.WORKER_DIR:
+            # Virtual directories that never change: let the kernel keep them.
+            a.entry_timeout = a.attr_timeout = WORKER_DIR_TIMEOUT
         if t.is_dir:
             a.st_mode = stat.S_IFDIR | self._modes.get(res.path, 0o755)
             a.st_nlink = 2
@@ -220,10 +226,21 @@ class IrdmaOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         if t.kind == Kind.ROOT:
             return Resolved(path, t)
-        if t.kind in (Kind.SHARDS_DIR, Kind.ACCUMULATE_DIR, Kind.WORKER_DIR):
+        if t.kind == Kind.WORKER_DIR:
+            # Virtual: the kernel resolved the model directory above it, and a
+            # pull or push opens a new step directory every step (no listing).
+            return Resolved(path, t)
+        if t.kind in (Kind.SHARDS_DIR, Kind.ACCUMULATE_DIR):
             if await self._dir_exists(t.name):
                 return Resolved(path, t)
-        elif t.kind in (Kind.SHARD_TENSOR_DIR, Kind.SHARD, Kind.ACCUMULATE, Kind.STEP):
+        elif t.kind == Kind.STEP:
+            # Pulls and pushes need only the layout, not the current version:
+            # keep it per tensor (a pull that finds it changed fetches it again).
+            info = self._step_infos.get(t.name) or await self._stat(t.name)
+            if info is not None:
+                self._step_infos[t.name] = info
+                return Resolved(path, t, info)
+        elif t.kind in (Kind.SHARD_TENSOR_DIR, Kind.SHARD, Kind.ACCUMULATE):
             info = await self._stat(t.name)
             if info is not None and (t.kind != Kind.SHARD or t.index < info.num_shards):
                 return Resolved(path, t, info)
@@ -414,6 +431,7 @@ class IrdmaOperations(pyfuse3.Operations):
                 return handle
             # A pull: waits for the step, then is this open's own content.
             info, data = await load(self._c, t, res.info)
+            self._step_infos[t.name] = info
             handle.info = info
             handle.snapshot = Snapshot(identity(info), data, refs=1)
             return handle

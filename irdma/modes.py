@@ -120,6 +120,14 @@ class Mode:
         stop = -(-(group + 1) * self.workers // self.groups)
         return range(start, stop)
 
+    def contributors(self, worker: int) -> int:
+        """How many workers' deltas one update of ``worker``'s step sums."""
+        if self.kind == "sync":
+            return self.workers
+        if self.kind == "hybrid":
+            return len(self.members(self.group_of(worker)))
+        return 1
+
     def check_worker(self, worker: int) -> None:
         if not 0 <= worker < self.workers:
             raise ValueError(f"worker {worker} is outside 0..{self.workers - 1}")

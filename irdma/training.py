@@ -59,12 +59,7 @@ class Worker:
         )
         self.names: list[str] = []
         self._keys: list[str] = []
-        if mode.kind == "sync":
-            self.contributors = mode.workers
-        elif mode.kind == "hybrid":
-            self.contributors = len(mode.members(mode.group_of(self.rank)))
-        else:
-            self.contributors = 1
+        self.contributors = mode.contributors(self.rank)
 
     def tensor(self, key: str) -> str:
         return f"{self.model}/{key}"
