@@ -117,12 +117,25 @@ class Group:
         arr = np.ascontiguousarray(array)
         if arr.dtype.kind == "b":
             raise TypeError("allreduce of bool arrays is not supported; use uint8")
+        # numpy's accumulator types, so results equal np.sum / np.mean over the
+        # stacked arrays: small ints sum as the platform int; a mean of ints is
+        # taken in float64 and one of float16 in float32.
+        if op == "sum":
+            acc = np.add.reduce(np.zeros((1, 1), arr.dtype), axis=0).dtype
+        elif arr.dtype.kind in "iu":
+            acc = np.dtype(np.float64)
+        elif arr.dtype == np.float16:
+            acc = np.dtype(np.float32)
+        else:
+            acc = arr.dtype
+        contribution = arr.astype(acc, copy=False)
         shape = "x".join(map(str, arr.shape)) or "scalar"
-        name = f"{self.prefix}/allreduce/{arr.dtype.name}-{shape}"
-        total = self._step(name, arr, "set")
-        if op == "mean":
-            return total / self.size  # np.mean's arithmetic: the sum, then one division
-        return total
+        name = f"{self.prefix}/allreduce/{acc.name}-{shape}"
+        total = self._step(name, contribution, "set")
+        if op == "sum":
+            return total
+        mean = total / self.size  # np.mean's arithmetic: the sum, then one division
+        return mean.astype(np.float16) if arr.dtype == np.float16 else mean
 
     def broadcast(self, array: Any = None, root: int = 0) -> np.ndarray:
         """The root's array on every member (others may pass None)."""

@@ -1,0 +1,176 @@
+"""psd.store with training modes: held steps, exact sums, eviction, cleanup."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from irdma_psd.arena import PAGE, Arena
+from irdma_psd.store import Store, StoreError
+
+from irdma.modes import Mode
+from irdma.protocol import NO_WORKER, Op, Status, TensorMeta
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(clock: Clock) -> Iterator[Store]:
+    arena = Arena(4 << 20)
+    try:
+        yield Store(arena, lambda key, shard: True, clock)
+    finally:
+        arena.close()
+
+
+def make(store: Store, mode: Mode, n: int = 1000, dtype: str = "float32") -> TensorMeta:
+    meta = TensorMeta("m/w", dtype, (n,), 1024, mode.to_options())
+    store.create(meta)
+    return meta
+
+
+def push(store: Store, meta: TensorMeta, shard: int, delta: np.ndarray, **kw) -> int:
+    start, length = meta.shard_span(shard)
+    raw = np.ascontiguousarray(delta).view(np.uint8)[start : start + length]
+    u = store.begin_update(Op.ACCUMULATE, meta.key, shard, 0, length, alpha=kw.pop("alpha", 1.0))
+    u.buffer[:] = raw
+    return store.push(u, **kw)
+
+
+def push_all(store: Store, meta: TensorMeta, delta: np.ndarray, **kw) -> None:
+    for s in range(meta.num_shards):
+        push(store, meta, s, delta, **dict(kw))
+
+
+def values(store: Store, meta: TensorMeta) -> np.ndarray:
+    parts = []
+    for s in range(meta.num_shards):
+        _, length = meta.shard_span(s)
+        parts.append(bytes(store.read_view(meta.key, s, 0, length)[1]))
+    return np.frombuffer(b"".join(parts), dtype=meta.dtype)
+
+
+def grads(workers: int, n: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(n).astype(np.float32) for _ in range(workers)]
+
+
+def test_sync_step_is_the_worker_ordered_sum_applied_once(store: Store) -> None:
+    meta = make(store, Mode.sync(3))
+    gs = grads(3, 1000)
+    alpha = -0.1
+    # Pushed out of order; summed in worker order all the same.
+    for w in (2, 0):
+        push_all(store, meta, gs[w], worker=w, step=0, alpha=alpha)
+    assert not values(store, meta).any(), "nothing applies before every worker pushed"
+    assert store.waits_for(meta.key, 0, 0, 1) == [1]
+    push_all(store, meta, gs[1], worker=1, step=0, alpha=alpha)
+    total = gs[0] * np.float32(alpha)
+    for g in gs[1:]:
+        total += g * np.float32(alpha)
+    expected = np.zeros(1000, np.float32) + total
+    assert np.array_equal(values(store, meta), expected)
+    assert store.waits_for(meta.key, 0, 0, 1) == []
+    assert store.get(meta.key).shards[0].version == 1  # one update per step
+
+
+def test_apply_set_replaces_with_the_steps_sum(store: Store) -> None:
+    meta = make(store, Mode.sync(2, apply="set"), n=8, dtype="int64")
+    for step in range(3):
+        for w in range(2):
+            push_all(store, meta, np.full(8, 10 * step + w, np.int64), worker=w, step=step)
+        assert (values(store, meta) == 20 * step + 1).all()
+
+
+def test_lockstep_pushes_must_name_a_worker_and_cover_whole_shards(store: Store) -> None:
+    meta = make(store, Mode.sync(2))
+    used = store.arena.used
+    with pytest.raises(StoreError, match="must name its worker") as info:
+        push(store, meta, 0, np.ones(1000, np.float32), worker=NO_WORKER)
+    assert info.value.status == Status.BAD_ARGUMENT
+    u = store.begin_update(Op.ACCUMULATE, meta.key, 0, 0, 512)
+    with pytest.raises(StoreError, match="whole shards"):
+        store.push(u, 0, 0)
+    assert store.arena.used == used, "refused pushes leave no staging behind"
+
+
+def test_writes_apply_at_once_in_any_mode(store: Store) -> None:
+    meta = make(store, Mode.sync(2), n=256)
+    u = store.begin_update(Op.WRITE, meta.key, 0, 0, 1024)
+    u.buffer[:] = np.arange(256, dtype=np.float32).view(np.uint8)
+    store.push(u, NO_WORKER, 0)
+    assert np.array_equal(values(store, meta), np.arange(256, dtype=np.float32))
+
+
+def test_ssp_applies_at_once(store: Store) -> None:
+    meta = make(store, Mode.ssp(2, 0), n=4)
+    push_all(store, meta, np.ones(4, np.float32), worker=0, step=0)
+    assert (values(store, meta) == 1).all()
+    assert store.waits_for(meta.key, 0, 0, 1) == [1]
+
+
+def test_error_mode_reports_silent_workers(store: Store, clock: Clock) -> None:
+    meta = make(store, Mode.sync(2, worker_timeout=5))
+    push_all(store, meta, np.ones(1000, np.float32), worker=0, step=0)
+    assert store.expire(meta.key, 0, 0, 1) == []  # worker 1's grace starts
+    clock.now += 5
+    with pytest.raises(StoreError, match=r"worker\(s\) 1 sent nothing for 5 s") as info:
+        store.expire(meta.key, 0, 0, 1)
+    assert info.value.status == Status.WORKER_LOST
+    assert not values(store, meta).any()
+
+
+def test_evict_mode_applies_the_step_without_the_silent_worker(store: Store, clock: Clock) -> None:
+    meta = make(store, Mode.sync(3, worker_timeout=5, on_timeout="evict"), n=256)
+    woken = []
+    store.on_change = lambda: woken.append(1)
+    for w in (0, 1):
+        push_all(store, meta, np.full(256, w + 1, np.float32), worker=w, step=0)
+    store.expire(meta.key, 0, 0, 1)
+    clock.now += 6
+    assert store.expire(meta.key, 0, 0, 1) == [2]
+    assert woken
+    assert (values(store, meta) == 3).all()
+    assert store.info(store.get(meta.key))["evicted"] == [2]
+    with pytest.raises(StoreError, match="evicted") as info:
+        push(store, meta, 0, np.ones(256, np.float32), worker=2, step=0)
+    assert info.value.status == Status.EVICTED
+
+
+def test_deleting_or_replacing_frees_held_deltas(store: Store) -> None:
+    base = store.arena.used
+    meta = make(store, Mode.sync(2))
+    push_all(store, meta, np.ones(1000, np.float32), worker=0, step=0)
+    assert store.arena.used > base + meta.nbytes  # the held delta is in the arena
+    store.delete(meta.key)
+    assert store.arena.used == base
+    meta = make(store, Mode.sync(2))
+    push_all(store, meta, np.ones(1000, np.float32), worker=0, step=0)
+    store.create(TensorMeta("m/w", "float32", (10,), 1024, Mode.sync(2).to_options()), replace=True)
+    assert store.arena.used == base + PAGE  # only the new one-page shard
+
+
+def test_a_different_mode_is_refused_unless_replaced(store: Store) -> None:
+    meta = make(store, Mode.sync(2))
+    again = TensorMeta("m/w", "float32", (1000,), 1024, Mode.sync(3).to_options())
+    with pytest.raises(StoreError, match="exists in mode sync workers=2") as info:
+        store.create(again)
+    assert info.value.status == Status.EXISTS
+    # The same mode, or none stated, is the same tensor.
+    assert store.create(meta)[1] is False
+    assert store.create(TensorMeta("m/w", "float32", (1000,), 1024))[1] is False
+    bad = TensorMeta("m/x", "float32", (4,), 1024, {"mode": "sync", "workers": 0})
+    with pytest.raises(StoreError, match="workers must be between"):
+        store.create(bad)
