@@ -29,6 +29,7 @@ from . import local as localmod
 from .client import AsyncClient, TensorInfo
 from .cluster import load_config, parse_size
 from .errors import ConfigError, IrdmaError, TensorNotFound
+from .modes import Mode
 
 PROGRESS_MIN_BYTES = 4 << 20
 
@@ -145,10 +146,14 @@ async def cmd_ls(client: AsyncClient, args: argparse.Namespace) -> int:
 
 async def cmd_stat(client: AsyncClient, args: argparse.Namespace) -> int:
     info = await client.stat(args.name)
-    if args.json:
-        print(json.dumps(info.to_dict(), indent=2))
-        return 0
     d = info.to_dict()
+    try:
+        d["mode"] = Mode.from_options(info.options).describe()
+    except ValueError as exc:  # written by a newer irdma, say
+        d["mode"] = f"unknown ({exc})"
+    if args.json:
+        print(json.dumps(d, indent=2))
+        return 0
     d["mtime"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.mtime))
     d["ctime"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.ctime))
     width = max(map(len, d))

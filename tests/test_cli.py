@@ -195,3 +195,15 @@ def test_bad_config_names_file_and_key(tmp_path: Path, bad: str) -> None:
     proc = irdma(None, "--config", str(path), "status", check=False)
     assert proc.returncode == 2
     assert str(path) in proc.stderr and "nodes" in proc.stderr
+
+
+def test_stat_shows_the_training_mode(cluster: Cluster) -> None:
+    from irdma.modes import Mode
+
+    cluster.client().create("cli-mode/w", (4,), np.float32, mode=Mode.hybrid(4, 2))
+    out = irdma(cluster, "stat", "cli-mode/w").stdout
+    assert "hybrid workers=4 groups=2" in out
+    info = json.loads(irdma(cluster, "stat", "cli-mode/w", "--json").stdout)
+    assert info["options"]["mode"] == "hybrid" and info["mode"].startswith("hybrid")
+    cluster.client().write("cli-mode/plain", np.ones(2))
+    assert json.loads(irdma(cluster, "stat", "cli-mode/plain", "--json").stdout)["mode"] == "async"
