@@ -190,9 +190,37 @@ def test_parse_accumulate_invalid_is_none(path: str) -> None:
 
 
 def test_target_is_dir() -> None:
-    dirs = {Kind.ROOT, Kind.DIR, Kind.SHARDS_DIR, Kind.SHARD_TENSOR_DIR, Kind.ACCUMULATE_DIR}
+    dirs = {
+        Kind.ROOT,
+        Kind.DIR,
+        Kind.SHARDS_DIR,
+        Kind.SHARD_TENSOR_DIR,
+        Kind.ACCUMULATE_DIR,
+        Kind.WORKER_DIR,
+    }
     for kind in Kind:
         assert Target(kind, "x").is_dir == (kind in dirs), kind
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("m/.worker", Target(Kind.WORKER_DIR, "m")),
+        ("m/.worker/3", Target(Kind.WORKER_DIR, "m")),
+        ("m/.worker/3/17", Target(Kind.WORKER_DIR, "m")),
+        ("m/.worker/3/17/w.npy", Target(Kind.STEP, "m/w", typed=True, worker=3, step=17)),
+        ("a/b/.worker/0/0/l1/w.npy", Target(Kind.STEP, "a/b/l1/w", typed=True, worker=0, step=0)),
+        ("m/.worker/0/0/l1", Target(Kind.WORKER_DIR, "m/l1")),
+        (".worker/1/2/w.npy", Target(Kind.STEP, "w", typed=True, worker=1, step=2)),
+        ("m/.worker/x", None),
+        ("m/.worker/01/2", None),
+        ("m/.worker/1/-2", None),
+        ("m/.worker/1/2/.shards/w.npy", None),
+        ("m/.worker/1/2/../w.npy", None),
+    ],
+)
+def test_parse_worker_paths(path: str, expected: Target | None) -> None:
+    assert parse(path) == expected
 
 
 def test_join() -> None:
