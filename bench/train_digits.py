@@ -211,7 +211,8 @@ def one_run(args: argparse.Namespace, config: Path, mount: Path | None) -> dict:
     """Train once with ``args.workers`` processes; return the figures."""
     from irdma import Client
 
-    model_name = f"digits/{args.mode}-{args.workers}-{args.via}-{uuid.uuid4().hex[:8]}"
+    # A top-level directory per run: a path walk in the mount lists only this run.
+    model_name = f"digits-{args.mode}-{args.workers}-{args.via}-{uuid.uuid4().hex[:8]}"
     n = args.workers
     x_train, y_train, x_test, y_test = load_data()
     if args.via == "mount":
@@ -295,6 +296,7 @@ def main() -> int:
     ap.add_argument("--config", help="an existing cluster (default: start irdma local)")
     ap.add_argument("--mount", help="an existing mount of that cluster (for --via mount)")
     ap.add_argument("--matrix", action="store_true", help="every mode x 1,2,4 workers x both ways")
+    ap.add_argument("--ways", default="client,mount", help="--matrix: which ways (client,mount)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -302,13 +304,15 @@ def main() -> int:
     if args.worker:
         return run_worker(args)
 
+    # SIGTERM unwinds like Ctrl-C, so the cluster and mount started here stop too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = Path(tempfile.mkdtemp(prefix="irdma-digits-"))
     local = mount_proc = None
     try:
         config = Path(args.config) if args.config else None
         if config is None:
             local, config = start_cluster(tmp)
-        needs_mount = args.matrix or args.via == "mount"
+        needs_mount = ("mount" in args.ways) if args.matrix else args.via == "mount"
         mount = Path(args.mount) if args.mount else None
         if needs_mount and mount is None:
             mount = tmp / "mnt"
@@ -316,7 +320,7 @@ def main() -> int:
             mount_proc = start_mount(config, mount)
         rows = []
         cells = (
-            [(m, n, v) for v in ("client", "mount") for m in MODES for n in (1, 2, 4)]
+            [(m, n, v) for v in args.ways.split(",") for m in MODES for n in (1, 2, 4)]
             if args.matrix
             else [(args.mode, args.workers, args.via)]
         )

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job, on the embedded default: set up, start a local cluster of 3
-# daemons, put a model and get it back, train briefly through the cluster,
-# benchmark it, and stop the cluster. Run as root on Debian or Ubuntu.
+# daemons, put a model and get it back, mount it, train a CNN on digits
+# through the client and through the mount, benchmark, and stop everything. Run as root on Debian or Ubuntu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/setup.sh
@@ -61,10 +61,13 @@ np.save(f"{mnt}/demo/model/.accumulate/fc2.weight.npy", np.ones_like(w))   # pus
 assert np.array_equal(np.load(f"{mnt}/demo/model/fc2.weight.npy"), w + 1)
 print("np.load / np.save / accumulate through the mount: ok")
 PY
-cleanup_mount
 
-echo "== a short training run through the cluster"
-python bench/train_linear.py --workers 2 --steps 200
+echo "== training a CNN on handwritten digits: 4 worker processes, sync mode, the client"
+python bench/train_digits.py --config "$IRDMA_CONFIG" --workers 4 --mode sync --via client
+echo "== the same model through the mount, np.load/np.save only: 2 workers, ssp mode"
+python bench/train_digits.py --config "$IRDMA_CONFIG" --mount "$mnt" --workers 2 --mode ssp \
+    --via mount
+cleanup_mount
 
 echo "== benchmark"
 irdma bench --size 256MiB
