@@ -38,7 +38,7 @@ from irdma.errors import (
     WorkerEvicted,
     WorkerLost,
 )
-from irdma.modes import Mode
+from irdma.modes import describe_options
 from irdma.protocol import tensor_key
 
 from . import paths
@@ -698,12 +698,8 @@ class IrdmaOperations(pyfuse3.Operations):
             "shard_size": str(info.shard_size),
             "nbytes": str(info.nbytes),
         }
-        mode = info.options.get("mode")
-        if mode is not None:
-            try:
-                out["mode"] = Mode.from_options(info.options).describe()
-            except ValueError:
-                out["mode"] = str(mode)
+        if "mode" in info.options:
+            out["mode"] = describe_options(info.options)
         if res.target.kind == Kind.SHARD:
             config = self._c.config
             replicas = config.replicas_for(tensor_key(info.name), res.target.index)

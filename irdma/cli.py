@@ -29,7 +29,7 @@ from . import local as localmod
 from .client import AsyncClient, TensorInfo
 from .cluster import load_config, parse_size
 from .errors import ConfigError, IrdmaError, TensorNotFound
-from .modes import Mode
+from .modes import describe_options
 
 PROGRESS_MIN_BYTES = 4 << 20
 
@@ -147,10 +147,7 @@ async def cmd_ls(client: AsyncClient, args: argparse.Namespace) -> int:
 async def cmd_stat(client: AsyncClient, args: argparse.Namespace) -> int:
     info = await client.stat(args.name)
     d = info.to_dict()
-    try:
-        d["mode"] = Mode.from_options(info.options).describe()
-    except ValueError as exc:  # written by a newer irdma, say
-        d["mode"] = f"unknown ({exc})"
+    d["mode"] = describe_options(info.options)
     if args.json:
         print(json.dumps(d, indent=2))
         return 0

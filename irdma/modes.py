@@ -128,10 +128,6 @@ class Mode:
             return len(self.members(self.group_of(worker)))
         return 1
 
-    def check_worker(self, worker: int) -> None:
-        if not 0 <= worker < self.workers:
-            raise ValueError(f"worker {worker} is outside 0..{self.workers - 1}")
-
     # -- storage in TensorMeta.options ---------------------------------------
 
     def to_options(self) -> dict[str, Any]:
@@ -180,23 +176,12 @@ class Mode:
 ASYNC = Mode()
 
 
-def mode_of(options: Mapping[str, Any]) -> Mode:
-    return Mode.from_options(options)
-
-
-def parse_mode(text: str, workers: int | None = None) -> Mode:
-    """A mode from command-line text: ``async``, ``sync``, ``ssp:2``, ``hybrid:2``."""
-    kind, _, arg = text.partition(":")
-    n = workers or 1
-    if kind == "async":
-        return ASYNC
-    if kind == "sync":
-        return Mode.sync(n)
-    if kind == "ssp":
-        return Mode.ssp(n, int(arg or 1))
-    if kind == "hybrid":
-        return Mode.hybrid(n, int(arg or max(1, n // 2)))
-    raise ValueError(f"unknown training mode {text!r}; use async, sync, ssp:SLACK or hybrid:GROUPS")
+def describe_options(options: Mapping[str, Any]) -> str:
+    """The mode line ``irdma stat`` and the mount's xattr show for tensor options."""
+    try:
+        return Mode.from_options(options).describe()
+    except ValueError as exc:  # written by a newer irdma, say
+        return f"unknown ({exc})"
 
 
 @dataclass(frozen=True, slots=True)

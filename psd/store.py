@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from irdma.modes import Mode, mode_of
+from irdma.modes import Mode
 from irdma.protocol import DTYPE_ANY, DTYPE_NAMES, NO_WORKER, Op, Status, TensorMeta
 
 from .arena import Arena, ArenaFullError, Block
@@ -179,7 +179,7 @@ class Store:
         """
         key = meta.key
         try:
-            mode = mode_of(meta.options)
+            mode = Mode.from_options(meta.options)
         except ValueError as exc:
             raise StoreError(Status.BAD_ARGUMENT, f"tensor {meta.name!r}: {exc}") from None
         old = self.tensors.get(key)
@@ -192,11 +192,12 @@ class Store:
             if exclusive:
                 raise StoreError(Status.EXISTS, f"tensor {meta.name!r} exists")
             if old.meta.same_layout(meta):
-                if "mode" in meta.options and mode != mode_of(old.meta.options):
+                old_mode = Mode.from_options(old.meta.options)
+                if "mode" in meta.options and mode != old_mode:
                     raise StoreError(
                         Status.EXISTS,
                         f"tensor {meta.name!r} exists in mode "
-                        f"{mode_of(old.meta.options).describe()}, not {mode.describe()} "
+                        f"{old_mode.describe()}, not {mode.describe()} "
                         "(replace it to change the mode)",
                     )
                 return old, False

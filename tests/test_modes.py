@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from irdma.modes import ASYNC, Mode, parse_mode, worker_identity
+from irdma.modes import ASYNC, Mode, describe_options, worker_identity
 
 
 def test_async_is_the_default_and_needs_no_options() -> None:
@@ -77,13 +77,10 @@ def test_contributors() -> None:
     assert ASYNC.contributors(0) == 1
 
 
-def test_parse_mode() -> None:
-    assert parse_mode("async") == ASYNC
-    assert parse_mode("sync", 4) == Mode.sync(4)
-    assert parse_mode("ssp:3", 4) == Mode.ssp(4, 3)
-    assert parse_mode("hybrid:2", 4) == Mode.hybrid(4, 2)
-    with pytest.raises(ValueError, match="unknown training mode"):
-        parse_mode("bsp", 2)
+def test_describe_options() -> None:
+    assert describe_options({}) == "async"
+    assert describe_options(Mode.ssp(3, 2).to_options()).startswith("ssp workers=3 slack=2")
+    assert describe_options({"mode": "bsp"}).startswith("unknown (unknown training mode")
 
 
 def test_worker_identity_from_launchers() -> None:
