@@ -42,7 +42,7 @@ from irdma.protocol import (
     pack_entries,
     unpack_entries,
 )
-from irdma.transport.base import StreamBroken, StreamClosed
+from irdma.transport.base import StreamBroken, StreamClosed, acquire_soon
 from irdma.transport.tcp import FramedSocket, to_stdlib
 
 from .arena import Block
@@ -75,18 +75,11 @@ class _Conn:
 
     async def send(self, buffers: list) -> None:
         """Send whole frames; replies from waiting reads never interleave with others."""
-        await self.lock()
+        await acquire_soon(self.send_lock)
         try:
             await self.stream.send_all(buffers)
         finally:
             self.send_lock.release()
-
-    async def lock(self) -> None:
-        # trio.Lock.acquire always yields; skip that when the lock is free.
-        try:
-            self.send_lock.acquire_nowait()
-        except trio.WouldBlock:
-            await self.send_lock.acquire()
 
 
 class Server:
@@ -367,7 +360,7 @@ class Server:
             resp = header.response(
                 Status.OK, length=header.size, flags=Flag.PINNED, version=shard.version
             )
-            await conn.lock()
+            await acquire_soon(conn.send_lock)
             try:
                 await conn.stream.send_all([resp.pack()])
                 await conn.stream.sendfile(

@@ -53,6 +53,15 @@ def translate_socket_error(exc: BaseException, what: str) -> StreamBroken | Stre
     return StreamBroken(f"{what}: {exc}")
 
 
+async def acquire_soon(lock: trio.Lock) -> None:
+    """Take ``lock`` without a trip through the scheduler when it is free
+    (trio.Lock.acquire always yields); wait for it only under contention."""
+    try:
+        lock.acquire_nowait()
+    except trio.WouldBlock:
+        await lock.acquire()
+
+
 @contextlib.contextmanager
 def translate_socket_errors(what: str) -> Iterator[None]:
     """Turn OS-level socket errors into StreamBroken or StreamClosed, keeping the cause."""

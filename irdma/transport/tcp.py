@@ -35,6 +35,7 @@ from .base import (
     StreamBroken,
     StreamClosed,
     StreamTimeout,
+    acquire_soon,
     translate_socket_error,
     translate_socket_errors,
 )
@@ -352,12 +353,7 @@ class TcpConnection(Connection):
 
     async def _send(self, buffers: list[Buffer]) -> None:
         """Send one or more whole frames; frames from concurrent tasks never interleave."""
-        # Take the lock without a trip through the scheduler when it is free
-        # (trio.Lock.acquire always yields); wait for it only under contention.
-        try:
-            self._send_lock.acquire_nowait()
-        except trio.WouldBlock:
-            await self._send_lock.acquire()
+        await acquire_soon(self._send_lock)
         try:
             await self.stream.send_all(buffers)
         finally:
