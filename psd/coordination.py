@@ -18,16 +18,9 @@ from typing import Generic, TypeVar
 from irdma.modes import Mode
 from irdma.protocol import Status
 
+from .errors import StoreError
+
 T = TypeVar("T")
-
-
-class CoordinationError(Exception):
-    """A push or read the mode's rules refuse; ``status`` goes back to the worker."""
-
-    def __init__(self, status: Status, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass(eq=False, slots=True)
@@ -70,13 +63,13 @@ class Coordinator(Generic[T]):
     def check_worker(self, worker: int, now: float) -> None:
         """Refuse a worker outside the mode's ranks or already evicted; note that it is alive."""
         if not 0 <= worker < self.mode.workers:
-            raise CoordinationError(
+            raise StoreError(
                 Status.BAD_ARGUMENT,
                 f"worker {worker} is outside 0..{self.mode.workers - 1} of {self.name!r} "
                 f"({self.mode.describe()})",
             )
         if worker in self.evicted:
-            raise CoordinationError(
+            raise StoreError(
                 Status.EVICTED,
                 f"worker {worker} was evicted from {self.name!r} after "
                 f"{self.mode.worker_timeout:g} s of silence while others waited for it",
@@ -100,14 +93,14 @@ class Coordinator(Generic[T]):
         at = state.applied[group]
         if step != at:
             when = "was already applied" if step < at else "is ahead"
-            raise CoordinationError(
+            raise StoreError(
                 Status.BAD_STEP,
                 f"worker {worker} pushed step {step} of {self.name!r} shard {shard}, which "
                 f"{when}: its group is at step {at} (read step {at} before pushing it)",
             )
         pending = state.pending[group]
         if worker in pending:
-            raise CoordinationError(
+            raise StoreError(
                 Status.BAD_STEP,
                 f"worker {worker} already pushed step {step} of {self.name!r} shard {shard}",
             )
@@ -129,7 +122,7 @@ class Coordinator(Generic[T]):
     def blockers(self, shard: int, worker: int, clock: int) -> list[int]:
         """The live workers a read by ``worker`` for step ``clock`` waits for ([] = go).
 
-        Raises CoordinationError when the read could never proceed (it waits
+        Raises StoreError when the read could never proceed (it waits
         for a step this worker has not pushed, or for one beyond the next).
         """
         m = self.mode
@@ -137,7 +130,7 @@ class Coordinator(Generic[T]):
             clocks = self._clocks[shard]
             need = clock - m.slack
             if clocks[worker] < need:
-                raise CoordinationError(
+                raise StoreError(
                     Status.BAD_STEP,
                     f"worker {worker} reads step {clock} of {self.name!r} but has pushed only "
                     f"{clocks[worker]} steps (slack {m.slack})",
@@ -152,7 +145,7 @@ class Coordinator(Generic[T]):
             return []
         pending = state.pending[group]
         if clock > at + 1 or worker not in pending:
-            raise CoordinationError(
+            raise StoreError(
                 Status.BAD_STEP,
                 f"worker {worker} reads step {clock} of {self.name!r} shard {shard}, but its "
                 f"group is at step {at} and it has "

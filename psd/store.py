@@ -25,16 +25,8 @@ from irdma.modes import Mode
 from irdma.protocol import DTYPE_ANY, DTYPE_NAMES, NO_WORKER, Op, Status, TensorMeta
 
 from .arena import Arena, ArenaFullError, Block
-from .coordination import CoordinationError, Coordinator
-
-
-class StoreError(Exception):
-    """A request the store refuses; ``status`` goes back to the client."""
-
-    def __init__(self, status: Status, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+from .coordination import Coordinator
+from .errors import StoreError
 
 
 @dataclass(eq=False, slots=True)
@@ -473,9 +465,9 @@ class Store:
             )
         try:
             items = coord.push(update.shard.index, worker, step, update, self.clock())
-        except CoordinationError as exc:
+        except StoreError:
             self.abort(update)
-            raise StoreError(exc.status, exc.message) from None
+            raise
         if items is None:
             return update.shard.version
         version = self._apply_step(items, mode)
@@ -508,11 +500,8 @@ class Store:
         coord = tensor.coord
         if coord is None or worker == NO_WORKER or index not in tensor.shards:
             return []
-        try:
-            coord.check_worker(worker, self.clock())
-            return coord.blockers(index, worker, clock)
-        except CoordinationError as exc:
-            raise StoreError(exc.status, exc.message) from None
+        coord.check_worker(worker, self.clock())
+        return coord.blockers(index, worker, clock)
 
     def expire(self, key: int, index: int, worker: int, clock: int) -> list[int]:
         """After a read waited: handle the workers it waits for that fell silent.
@@ -524,10 +513,7 @@ class Store:
         coord = tensor.coord
         if coord is None or worker == NO_WORKER:
             return []
-        try:
-            blockers = coord.blockers(index, worker, clock)
-        except CoordinationError as exc:
-            raise StoreError(exc.status, exc.message) from None
+        blockers = coord.blockers(index, worker, clock)
         lost = coord.lost(blockers, self.clock())
         if not lost:
             return []

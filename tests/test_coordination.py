@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from irdma_psd.coordination import CoordinationError, Coordinator
+from irdma_psd.coordination import Coordinator
+from irdma_psd.errors import StoreError
 
 from irdma.modes import Mode
 from irdma.protocol import Status
@@ -14,7 +15,7 @@ def coord(mode: Mode, shards=(0, 1)) -> Coordinator[str]:
 
 
 def refused(status: Status, fn, *args, match: str | None = None) -> None:
-    with pytest.raises(CoordinationError, match=match) as info:
+    with pytest.raises(StoreError, match=match) as info:
         fn(*args)
     assert info.value.status == status
 
