@@ -67,15 +67,22 @@ async def load(
     for _ in range(SNAPSHOT_RETRIES):
         info = known if known is not None else await client.stat(target.name)
         known = None
-        header, start, length = _extent(target, info)
-        data = np.empty(len(header) + length, dtype=np.uint8)
-        data[: len(header)] = np.frombuffer(header, dtype=np.uint8)
-        await client.read_bytes(target.name, start, length, out=data[len(header) :])
+        data, body, start = _file_buffer(target, info)
+        await client.read_bytes(target.name, start, len(body), out=body)
         after = await client.stat(target.name)
         if identity(after) == identity(info):
             return info, data
     log.warning("%s changes faster than it can be read; serving the last copy", target.name)
     return info, data
+
+
+def _file_buffer(target: Target, info: TensorInfo) -> tuple[np.ndarray, np.ndarray, int]:
+    """Memory for a file's bytes with its header filled in: (whole file, the
+    tensor bytes part of it, first tensor byte)."""
+    header, start, length = _extent(target, info)
+    data = np.empty(len(header) + length, dtype=np.uint8)
+    data[: len(header)] = np.frombuffer(header, dtype=np.uint8)
+    return data, data[len(header) :], start
 
 
 async def _pull(
@@ -95,10 +102,8 @@ async def _pull(
 
 
 async def _pull_as(client: AsyncClient, target: Target, info: TensorInfo) -> np.ndarray:
-    header, _, length = _extent(target, info)
-    data = np.empty(len(header) + length, dtype=np.uint8)
-    data[: len(header)] = np.frombuffer(header, dtype=np.uint8)
-    out = data[len(header) :].view(info.meta.np_dtype).reshape(info.shape)
+    data, body, _ = _file_buffer(target, info)
+    out = body.view(info.meta.np_dtype).reshape(info.shape)
     await client.read(target.name, out, worker=target.worker, step=target.step)
     return data
 

@@ -229,11 +229,11 @@ class AsyncClient:
         again until the step is reached or the daemon reports an error.
         """
         try:
-            conn = await self._connection(node)
-            reply = await conn.request(header, payload, sink)
-            while reply.header.status == Status.NOT_READY:
+            while True:
                 conn = await self._connection(node)
                 reply = await conn.request(header, payload, sink)
+                if reply.header.status != Status.NOT_READY:
+                    break
         except StreamTimeout as exc:
             raise DaemonTimeout(node.name, str(node.address), self.timeout) from exc
         except StreamClosed as exc:

@@ -57,8 +57,7 @@ class Worker:
             world_size=self.world_size,
             timeout=mode.worker_timeout,
         )
-        self.names: list[str] = []
-        self._keys: list[str] = []
+        self.tensors: dict[str, str] = {}  # parameter key -> tensor name, set by init
         self.contributors = mode.contributors(self.rank)
 
     def tensor(self, key: str) -> str:
@@ -66,8 +65,7 @@ class Worker:
 
     def init(self, params: Mapping[str, Any]) -> None:
         """Rank 0 stores the initial parameters (in the model's mode); all wait for it."""
-        self.names = [self.tensor(k) for k in params]
-        self._keys = list(params)
+        self.tensors = {k: self.tensor(k) for k in params}
         if self.rank == 0:
             for key, value in params.items():
                 self.client.write(self.tensor(key), np.asarray(value), mode=self.mode, replace=True)
@@ -75,8 +73,8 @@ class Worker:
 
     def pull(self, step: int) -> dict[str, np.ndarray]:
         """The parameters this worker trains step ``step`` on (waits as the mode says)."""
-        got = self.client.read_many(self.names, worker=self.rank, step=step)
-        return {k: got[n] for k, n in zip(self._keys, self.names, strict=True)}
+        got = self.client.read_many(self.tensors.values(), worker=self.rank, step=step)
+        return {k: got[n] for k, n in self.tensors.items()}
 
     def push(self, grads: Mapping[str, Any], step: int, lr: float) -> None:
         """This worker's gradients for ``step``: parameters move by ``-lr`` times their mean."""

@@ -7,6 +7,7 @@ cluster in $IRDMA_CONFIG, runs one scenario and prints one JSON line.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -43,8 +44,6 @@ def train(client: Client, model: str, mode: Mode, steps: int, die_at: int | None
     for step in range(steps):
         if ident.rank == die_at and step == die_at:
             sys.stdout.flush()
-            import os
-
             os._exit(3)
         w.push({k: gradient(ident.rank, step, k) for k in SHAPES}, step, LR)
         w.pull(step + 1)
