@@ -9,7 +9,9 @@ revalidated when a daemon says the layout changed or the tensor is gone.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import random
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -22,6 +24,7 @@ import trio
 
 from .cluster import ClusterConfig, Node, load_config
 from .errors import (
+    FAILOVER_STATUSES,
     ClientClosed,
     DaemonError,
     DaemonTimeout,
@@ -169,6 +172,14 @@ class AsyncClient:
         self._conns: dict[str, Connection] = {}
         self._connecting: dict[str, trio.Lock] = defaultdict(trio.Lock)
         self._meta: dict[str, TensorMeta] = {}
+        # With replicas: the highest version of each (key, shard) this client
+        # saw acknowledged or read, so no replica serves it anything older.
+        self._seen: dict[tuple[int, int], int] = {}
+        # The replica that last accepted updates for a replica set (by the
+        # name of its preferred primary), and replicas that failed recently.
+        self._primary_hint: dict[str, Node] = {}
+        self._failed_at: dict[str, float] = {}
+        self._spread = random.randrange(1 << 16)
         self._nursery: trio.Nursery | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._closed = False
@@ -272,8 +283,95 @@ class AsyncClient:
         return results
 
     def _nodes_holding(self, meta: TensorMeta) -> list[Node]:
-        names = {self.config.primary_for(meta.key, s).name for s in range(meta.num_shards)}
+        names = {
+            n.name for s in range(meta.num_shards) for n in self.config.replicas_for(meta.key, s)
+        }
         return [n for n in self.config.nodes if n.name in names]
+
+    @property
+    def replicated(self) -> bool:
+        return self.config.replicas > 1
+
+    def _candidates(self, key: int, shard: int, update: bool) -> list[Node]:
+        """The shard's replicas in the order to try them.
+
+        Updates start at the replica that last took updates for this replica
+        set (the primary); reads are spread over the replicas, skipping those
+        that failed in the last few seconds.
+        """
+        replicas = list(self.config.replicas_for(key, shard))
+        if update:
+            hint = self._primary_hint.get(replicas[0].name)
+            start = replicas.index(hint) if hint in replicas else 0
+        else:
+            self._spread += 1
+            start = self._spread % len(replicas)
+        order = replicas[start:] + replicas[:start]
+        now = trio.current_time()
+        recent = 2 * self.config.failure_timeout + self.timeout
+        healthy = [n for n in order if now - self._failed_at.get(n.name, -1e9) > recent]
+        return healthy + [n for n in order if n not in healthy]
+
+    async def _on_replicas(
+        self,
+        key: int,
+        shard: int,
+        header: Header,
+        payload: Sequence[Buffer] = (),
+        sink: Sink | None = None,
+        *,
+        update: bool,
+        track: bool = True,
+    ) -> Reply:
+        """A request for one shard, failing over to its other replicas.
+
+        ``track``: the reply's version is the shard's (not a stat's sum), so
+        remember it for read-your-writes.
+
+        Safe to repeat: reads always; updates because they carry a txn the
+        daemons remember, so a retried update is applied once. Gives up after
+        the client timeout plus two failure timeouts (time for the cluster
+        to notice a dead primary) with the last error.
+        """
+        if not self.replicated:
+            return await self._request(self.config.primary_for(key, shard), header, payload, sink)
+        candidates = self._candidates(key, shard, update)
+        deadline = trio.current_time() + self.timeout + 2 * self.config.failure_timeout
+        attempt = 0
+        while True:
+            node = candidates[attempt % len(candidates)]
+            if track and not update:
+                header = _with_version(header, self._seen.get((key, shard), 0))
+            try:
+                reply = await self._request(node, header, payload, sink)
+            except DaemonUnavailable as exc:
+                self._failed_at[node.name] = trio.current_time()
+                last: Exception = exc
+            except DaemonError as exc:
+                if exc.status not in FAILOVER_STATUSES:
+                    raise
+                last = exc
+            else:
+                if track:
+                    self._saw(key, shard, reply.header.version, update)
+                if update:
+                    self._primary_hint[candidates[0].name] = node
+                    self._failed_at.pop(node.name, None)
+                return reply
+            attempt += 1
+            if trio.current_time() >= deadline:
+                raise last
+            if attempt % len(candidates) == 0:
+                # A whole round failed: give the cluster time to fail over.
+                await trio.sleep(min(0.1 * (attempt // len(candidates)), 0.5))
+
+    def _saw(self, key: int, shard: int, version: int, update: bool) -> None:
+        if update:
+            self._seen[(key, shard)] = max(version, self._seen.get((key, shard), 0))
+        else:
+            # A read is answered below what this client saw only by the
+            # primary itself (the tensor was recreated): follow it.
+            self._seen[(key, shard)] = version
 
     # -- metadata ---------------------------------------------------------
 
@@ -321,7 +419,12 @@ class AsyncClient:
         results: list[dict[str, Any]] = []
 
         async def create_on(node: Node) -> None:
-            reply = await self._request(node, header, [body])
+            try:
+                reply = await self._request(node, header, [body])
+            except DaemonUnavailable:
+                if not self.replicated:
+                    raise
+                return  # it gets the tensor from a replica when it is back
             info = decode_json(reply.data)
             if info.get("created"):
                 created_on.append(node)
@@ -329,6 +432,8 @@ class AsyncClient:
 
         try:
             await self._gather(partial(create_on, n) for n in nodes)
+            if self.replicated and not results:
+                raise DaemonUnavailable("cluster", "", "no replica of the tensor answered")
         except BaseException:
             # All or nothing: remove what this call created.
             with trio.CancelScope(shield=True):
@@ -337,6 +442,8 @@ class AsyncClient:
                         await self._request(node, Header(op=Op.DELETE, key=meta.key))
             raise
         self._meta[name] = meta
+        for index in range(meta.num_shards):
+            self._seen.pop((meta.key, index), None)
         return self._info_from([r for r in results if r], meta)
 
     def _info_from(
@@ -350,7 +457,7 @@ class AsyncClient:
             nbytes=meta.nbytes,
             shard_size=meta.shard_size,
             num_shards=meta.num_shards,
-            version=sum(int(r.get("version", 0)) for r in records),
+            version=_merged_version(records),
             mtime=max((float(r.get("mtime", 0.0)) for r in records), default=0.0),
             ctime=min((float(r.get("ctime", 0.0)) for r in records), default=0.0),
             options=meta.options,
@@ -360,21 +467,30 @@ class AsyncClient:
         """Metadata and version of a tensor; raises TensorNotFound."""
         validate_name(name)
         key = tensor_key(name)
-        first = self.config.primary_for(key, 0)
         try:
-            reply = await self._request(first, Header(op=Op.STAT, key=key))
+            reply = await self._on_replicas(
+                key, 0, Header(op=Op.STAT, key=key), update=False, track=False
+            )
         except TensorNotFound:
             self._meta.pop(name, None)
             raise TensorNotFound(f"no tensor named {name!r}") from None
         rec = decode_json(reply.data)
         meta = TensorMeta.from_dict(rec["meta"])
-        others = [n for n in self._nodes_holding(meta) if n.name != first.name]
+        others = [n for n in self._nodes_holding(meta) if n.name != rec.get("node")]
 
         async def stat_on(node: Node) -> dict[str, Any]:
-            r = await self._request(node, Header(op=Op.STAT, key=key))
+            try:
+                r = await self._request(node, Header(op=Op.STAT, key=key))
+            except (DaemonUnavailable, TensorNotFound) as exc:
+                if not self.replicated:
+                    raise
+                if isinstance(exc, TensorNotFound):
+                    return {}
+                return {}
             return decode_json(r.data)
 
         records = [rec, *await self._gather(partial(stat_on, n) for n in others)]
+        records = [r for r in records if r]
         self._meta[name] = meta
         return self._info_from(records, meta)
 
@@ -386,7 +502,12 @@ class AsyncClient:
 
         async def list_on(node: Node) -> list[dict[str, Any]]:
             hdr = Header(op=Op.LIST, length=len(raw))
-            r = await self._request(node, hdr, [raw])
+            try:
+                r = await self._request(node, hdr, [raw])
+            except DaemonUnavailable:
+                if not self.replicated:
+                    raise
+                return []  # its replicas answer for it
             return decode_json(r.data)
 
         per_node = await self._gather(partial(list_on, n) for n in self.config.nodes)
@@ -407,9 +528,14 @@ class AsyncClient:
                 await self._request(node, Header(op=Op.DELETE, key=key))
             except TensorNotFound:
                 return False
+            except DaemonUnavailable:
+                if not self.replicated:
+                    raise
+                return False  # it learns of the delete from a replica when it is back
             return True
 
         found = await self._gather(partial(delete_on, n) for n in self.config.nodes)
+        self._seen = {k: v for k, v in self._seen.items() if k[0] != key}
         if not any(found):
             raise TensorNotFound(f"no tensor named {name!r}")
 
@@ -451,8 +577,9 @@ class AsyncClient:
         pieces = shard_pieces(meta, offset, len(buf))
         code = meta.dtype_code
 
+        update = op != Op.READ
+
         async def one(p: _Piece) -> int:
-            node = self.config.primary_for(meta.key, p.shard)
             view = buf[p.buf_offset : p.buf_offset + p.length]
             header = Header(
                 op=op,
@@ -466,11 +593,14 @@ class AsyncClient:
                 dtype=code,
                 worker=wid,
                 clock=step,
+                txn=_new_txn() if update and self.replicated else 0,
             )
             if op == Op.READ:
-                reply = await self._request(node, header, sink=IntoSink(view, progress))
+                reply = await self._on_replicas(
+                    meta.key, p.shard, header, sink=IntoSink(view, progress), update=False
+                )
             else:
-                reply = await self._request(node, header, [view])
+                reply = await self._on_replicas(meta.key, p.shard, header, [view], update=True)
                 if progress is not None:
                     progress(p.length)
             return reply.header.version
@@ -623,14 +753,17 @@ class AsyncClient:
     ) -> None:
         """Send many tensors' shards as batch frames, one stream of frames per daemon."""
         per_node: dict[str, list[tuple[BatchEntry, memoryview]]] = defaultdict(list)
+        update = op != Op.READ_BATCH
         for meta, buf in items:
             for p in shard_pieces(meta, 0, len(buf)):
-                node = self.config.primary_for(meta.key, p.shard)
+                node = self._candidates(meta.key, p.shard, update)[0]
                 entry = BatchEntry(
                     meta.key,
                     p.shard,
                     p.shard_offset,
                     p.length,
+                    # For reads: the least version a replica may answer with.
+                    version=0 if update else self._seen.get((meta.key, p.shard), 0),
                     alpha=alpha,
                     dtype=meta.dtype_code,
                 )
@@ -656,23 +789,80 @@ class AsyncClient:
         entries = [e for e, _ in chunk]
         views = [v for _, v in chunk]
         head = pack_entries(entries)
-        if op == Op.READ_BATCH:
-            sink = BatchReadSink(views)
-            hdr = Header(op=op, shard=len(entries), length=len(head), worker=wid, clock=step)
-            await self._request(node, hdr, [head], sink)
-            answers = sink.entries
-        else:
-            length = len(head) + sum(len(v) for v in views)
-            hdr = Header(op=op, shard=len(entries), length=length, worker=wid, clock=step)
-            reply = await self._request(node, hdr, [head, *views])
-            answers = unpack_entries(reply.data, len(entries))
-        for a in answers:
-            if a.status != Status.OK:
-                if a.status in (Status.NOT_FOUND, Status.STALE_LAYOUT):
-                    self._meta.pop(names.get(a.key, ""), None)
-                raise error_for_status(
-                    a.status, f"{node.name}: {names.get(a.key, hex(a.key))!r} shard {a.shard}"
+        # Entry i of an update batch is update txn + i, on retries too.
+        txn = _new_txn() if op != Op.READ_BATCH and self.replicated else 0
+        try:
+            if op == Op.READ_BATCH:
+                sink = BatchReadSink(views)
+                hdr = Header(op=op, shard=len(entries), length=len(head), worker=wid, clock=step)
+                await self._request(node, hdr, [head], sink)
+                answers = sink.entries
+            else:
+                length = len(head) + sum(len(v) for v in views)
+                hdr = Header(
+                    op=op, shard=len(entries), length=length, worker=wid, clock=step, txn=txn
                 )
+                reply = await self._request(node, hdr, [head, *views])
+                answers = unpack_entries(reply.data, len(entries))
+        except (DaemonUnavailable, DaemonError) as exc:
+            if not self.replicated or (
+                isinstance(exc, DaemonError) and exc.status not in FAILOVER_STATUSES
+            ):
+                raise
+            if isinstance(exc, DaemonUnavailable):
+                self._failed_at[node.name] = trio.current_time()
+            answers = [
+                BatchEntry(e.key, e.shard, e.offset, 0, status=Status.NOT_OWNER) for e in entries
+            ]
+        redo = []
+        for i, a in enumerate(answers):
+            if a.status == Status.OK:
+                if self.replicated:
+                    self._saw(a.key, a.shard, a.version, op != Op.READ_BATCH)
+                continue
+            if self.replicated and a.status in FAILOVER_STATUSES:
+                redo.append(i)
+                continue
+            if a.status in (Status.NOT_FOUND, Status.STALE_LAYOUT):
+                self._meta.pop(names.get(a.key, ""), None)
+            raise error_for_status(
+                a.status, f"{node.name}: {names.get(a.key, hex(a.key))!r} shard {a.shard}"
+            )
+        if redo:
+            # Those entries go one by one, failing over to other replicas.
+            await self._gather(
+                partial(self._redo_entry, op, entries[i], views[i], wid, step, txn, i) for i in redo
+            )
+
+    async def _redo_entry(
+        self,
+        op: Op,
+        e: BatchEntry,
+        view: memoryview,
+        wid: int,
+        step: int,
+        txn: int,
+        index: int,
+    ) -> None:
+        single = {Op.READ_BATCH: Op.READ, Op.WRITE_BATCH: Op.WRITE}.get(op, Op.ACCUMULATE)
+        update = single != Op.READ
+        header = Header(
+            op=single,
+            key=e.key,
+            shard=e.shard,
+            offset=e.offset,
+            size=e.length,
+            length=e.length if update else 0,
+            alpha=e.alpha,
+            dtype=e.dtype,
+            worker=wid,
+            clock=step,
+            txn=(txn + index) % (1 << 64) if txn else 0,
+        )
+        if update:
+            await self._on_replicas(e.key, e.shard, header, [view], update=True)
+        else:
+            await self._on_replicas(e.key, e.shard, header, sink=IntoSink(view), update=False)
 
     async def read_many(
         self,
@@ -731,6 +921,30 @@ class AsyncClient:
             _check_delta(metas[n], a)
         items = [(metas[n], _byte_view(a)) for n, a in arrs.items()]
         await self._batch(Op.ACCUMULATE_BATCH, items, alpha, worker, step)
+
+
+def _new_txn() -> int:
+    """A fresh update id (random: unique across clients without coordination)."""
+    return random.getrandbits(64) or 1
+
+
+def _with_version(header: Header, version: int) -> Header:
+    if header.version == version:
+        return header
+    return dataclasses.replace(header, version=version)
+
+
+def _merged_version(records: list[dict[str, Any]]) -> int:
+    """A tensor's version: the sum over its shards of the newest replica's version."""
+    shards: dict[str, int] = {}
+    plain = 0
+    for r in records:
+        if "shards" in r:
+            for index, v in r["shards"].items():
+                shards[index] = max(shards.get(index, 0), int(v))
+        else:
+            plain += int(r.get("version", 0))
+    return sum(shards.values()) + plain
 
 
 def _worker_field(worker: int | None, step: int) -> int:

@@ -5,6 +5,9 @@ Example::
     shard_size = "4MiB"      # bytes per shard (int or "4MiB")
     replicas = 1             # copies of each shard
     timeout = 10.0           # seconds a client waits for a daemon
+    heartbeat = 0.2          # seconds between daemons' heartbeats (replicas > 1)
+    failure_timeout = 1.0    # a daemon silent this long is taken as down
+    snapshot_interval = 60   # seconds between snapshots to data_dir (0: only on stop)
     secret_file = "/etc/irdma/secret"
 
     [[nodes]]
@@ -34,6 +37,9 @@ from .errors import ConfigError
 DEFAULT_CONFIG_PATH = Path("/etc/irdma/cluster.toml")
 DEFAULT_SHARD_SIZE = 4 << 20
 DEFAULT_TIMEOUT = 10.0
+DEFAULT_HEARTBEAT = 0.2
+DEFAULT_FAILURE_TIMEOUT = 1.0
+DEFAULT_SNAPSHOT_INTERVAL = 60.0
 SCHEMES = ("tcp",)
 PLACEMENT_CACHE = 1 << 16
 _UNITS = {
@@ -112,6 +118,9 @@ class ClusterConfig:
     shard_size: int = DEFAULT_SHARD_SIZE
     replicas: int = 1
     timeout: float = DEFAULT_TIMEOUT
+    heartbeat: float = DEFAULT_HEARTBEAT
+    failure_timeout: float = DEFAULT_FAILURE_TIMEOUT
+    snapshot_interval: float = DEFAULT_SNAPSHOT_INTERVAL
     secret_file: Path | None = None
     path: Path | None = None
     _by_name: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
@@ -143,7 +152,17 @@ class ClusterConfig:
         return found
 
     def primary_for(self, key: int, shard: int) -> Node:
+        """The shard's preferred primary (the acting one may differ while it is down)."""
         return self.replicas_for(key, shard)[0]
+
+    def holds(self, node: str, key: int, shard: int) -> bool:
+        """Whether ``node`` keeps a copy of the shard."""
+        return any(n.name == node for n in self.replicas_for(key, shard))
+
+    @property
+    def quorum(self) -> int:
+        """Daemons (counting oneself) a daemon must reach to accept updates, with replicas."""
+        return len(self.nodes) // 2 + 1
 
 
 def _weight(node_name: str, key: int, shard: int) -> int:
@@ -189,7 +208,16 @@ def load_config(path: str | os.PathLike[str] | None = None) -> ClusterConfig:
     return parse_config(raw, p)
 
 
-_TOP_KEYS = {"nodes", "shard_size", "replicas", "timeout", "secret_file"}
+_TOP_KEYS = {
+    "nodes",
+    "shard_size",
+    "replicas",
+    "timeout",
+    "heartbeat",
+    "failure_timeout",
+    "snapshot_interval",
+    "secret_file",
+}
 _NODE_KEYS = {"name", "address", "data_dir", "arena_size"}
 
 
@@ -253,9 +281,17 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig
         raise fail("replicas", f"{replicas!r} must be a positive integer")
     if replicas > len(nodes):
         raise fail("replicas", f"{replicas} replicas need at least {replicas} nodes")
-    timeout = raw.get("timeout", DEFAULT_TIMEOUT)
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
-        raise fail("timeout", f"{timeout!r} must be a positive number of seconds")
+    timeout = _seconds(raw, "timeout", DEFAULT_TIMEOUT, fail)
+    heartbeat = _seconds(raw, "heartbeat", DEFAULT_HEARTBEAT, fail)
+    failure_timeout = _seconds(raw, "failure_timeout", DEFAULT_FAILURE_TIMEOUT, fail)
+    if failure_timeout < 2 * heartbeat:
+        raise fail(
+            "failure_timeout",
+            f"{failure_timeout} s must be at least two heartbeats ({2 * heartbeat} s)",
+        )
+    snapshot_interval = _seconds(
+        raw, "snapshot_interval", DEFAULT_SNAPSHOT_INTERVAL, fail, zero_ok=True
+    )
     secret = raw.get("secret_file")
     if secret is not None and not isinstance(secret, str):
         raise fail("secret_file", "must be a path string")
@@ -263,10 +299,24 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig
         nodes=tuple(nodes),
         shard_size=shard_size,
         replicas=replicas,
-        timeout=float(timeout),
+        timeout=timeout,
+        heartbeat=heartbeat,
+        failure_timeout=failure_timeout,
+        snapshot_interval=snapshot_interval,
         secret_file=_resolve(Path(secret), path) if secret else None,
         path=path,
     )
+
+
+def _seconds(
+    raw: dict[str, Any], key: str, default: float, fail: Any, *, zero_ok: bool = False
+) -> float:
+    value = raw.get(key, default)
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not (value >= 0 if zero_ok else value > 0) or value != value:
+        what = "a non-negative" if zero_ok else "a positive"
+        raise fail(key, f"{value!r} must be {what} number of seconds")
+    return float(value)
 
 
 def _resolve(p: Path, config_path: Path | None) -> Path:
@@ -281,9 +331,15 @@ def render_config(
     shard_size: int = DEFAULT_SHARD_SIZE,
     replicas: int = 1,
     timeout: float = DEFAULT_TIMEOUT,
+    extra: dict[str, float] | None = None,
 ) -> str:
-    """TOML text for a cluster of (name, address, data_dir, arena_size) nodes."""
-    lines = [f"shard_size = {shard_size}", f"replicas = {replicas}", f"timeout = {timeout}", ""]
+    """TOML text for a cluster of (name, address, data_dir, arena_size) nodes.
+
+    ``extra`` adds top-level numeric keys (heartbeat, failure_timeout, ...).
+    """
+    lines = [f"shard_size = {shard_size}", f"replicas = {replicas}", f"timeout = {timeout}"]
+    lines += [f"{k} = {v}" for k, v in (extra or {}).items()]
+    lines.append("")
     for name, address, data_dir, arena in nodes:
         lines += [
             "[[nodes]]",

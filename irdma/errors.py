@@ -123,6 +123,30 @@ class StepMismatch(DaemonError, ValueError):
     status = Status.BAD_STEP
 
 
+class NotOwner(DaemonError):
+    """The daemon does not hold the shard, or is not its primary now (ask another replica)."""
+
+    status = Status.NOT_OWNER
+
+
+class Recovering(DaemonError):
+    """The daemon is catching up from its replicas and does not serve the shard yet."""
+
+    status = Status.RECOVERING
+
+
+class NoQuorum(DaemonError):
+    """The daemon cannot reach a majority of the cluster, so it refuses updates."""
+
+    status = Status.NO_QUORUM
+
+
+class Behind(DaemonError):
+    """A backup has not yet received an update this client saw acknowledged."""
+
+    status = Status.BEHIND
+
+
 _BY_STATUS: dict[int, type[DaemonError]] = {
     Status.BAD_FRAME: BadRequest,
     Status.BAD_OP: BadRequest,
@@ -140,7 +164,17 @@ _BY_STATUS: dict[int, type[DaemonError]] = {
     Status.WORKER_LOST: WorkerLost,
     Status.EVICTED: WorkerEvicted,
     Status.BAD_STEP: StepMismatch,
+    Status.NOT_OWNER: NotOwner,
+    Status.RECOVERING: Recovering,
+    Status.NO_QUORUM: NoQuorum,
+    Status.BEHIND: Behind,
 }
+
+# Statuses that mean "this replica cannot do it now, another one may": a
+# client with replicas tries the next one.
+FAILOVER_STATUSES = frozenset(
+    {Status.NOT_OWNER, Status.RECOVERING, Status.NO_QUORUM, Status.BEHIND}
+)
 
 
 def error_for_status(status: int, message: str) -> DaemonError:

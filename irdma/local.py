@@ -50,6 +50,7 @@ def write_config(
     host: str = "127.0.0.1",
     ports: list[int] | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    extra: dict[str, float] | None = None,
 ) -> Path:
     """Write ``directory/cluster.toml`` for ``nodes`` daemons on ``host``; return its path."""
     if nodes < 1:
@@ -63,7 +64,9 @@ def write_config(
     ]
     path = directory / "cluster.toml"
     path.write_text(
-        render_config(entries, shard_size=shard_size, replicas=replicas, timeout=timeout)
+        render_config(
+            entries, shard_size=shard_size, replicas=replicas, timeout=timeout, extra=extra
+        )
     )
     load_config(path)  # validate what we wrote
     return path

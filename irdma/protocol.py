@@ -1,6 +1,6 @@
 """The irdma wire format, in one place and without any I/O (sans-IO, as h11).
 
-Every message is one fixed 96-byte little-endian header, optionally followed
+Every message is one fixed 104-byte little-endian header, optionally followed
 by a payload of ``header.length`` bytes. Requests and responses share the
 header; a response has ``FLAG_RESPONSE`` set, echoes the request id, and
 carries a status. Transports only move these bytes; parsing and validation
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 MAGIC = b"IRDM"
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 # magic, protocol version, op, flags, status, dtype, shard (or entry count),
 # request id, tensor key, offset, size (bytes of tensor data the op covers),
@@ -31,10 +31,13 @@ PROTOCOL_VERSION = 2
 # 0 means unchecked), worker (the rank of the training worker sending it, or
 # NO_WORKER), 4 reserved bytes, clock (the worker's training step: an
 # accumulate is its gradient for that step, a read waits until the tensor's
-# training mode lets that step proceed).
-HEADER = struct.Struct("<4sBBHHHIQQQQQQdQIIQ")
+# training mode lets that step proceed), txn (the client's id of one logical
+# update, the same on every retry, so a retried update is applied once; 0 for
+# none). In a read, version is the least version the client will accept (a
+# replica behind it answers BEHIND).
+HEADER = struct.Struct("<4sBBHHHIQQQQQQdQIIQQ")
 HEADER_SIZE = HEADER.size
-assert HEADER_SIZE == 96
+assert HEADER_SIZE == 104
 NO_WORKER = 0xFFFFFFFF
 # Where the request id sits, so a connection can stamp it into a packed header.
 REQUEST_ID = struct.Struct("<Q")
@@ -72,6 +75,16 @@ class Op(enum.IntEnum):
     # Client to daemon, no answer: the payload of a pinned response has been
     # taken out of the socket, so the daemon may reuse the memory it came from.
     RELEASE = 12
+    # Daemon to daemon (replication): a heartbeat carrying the sender's state.
+    PING = 13
+    # Primary to backup: a whole shard (with the tensor's metadata) replacing
+    # the backup's copy, when the backup is behind or missed updates.
+    SYNC = 14
+    # Recovering daemon to a peer: which shards (and versions) the peer holds
+    # that the asker is a replica of.
+    CATCHUP = 15
+    # Recovering daemon to a peer: push these shards to me (as SYNC frames).
+    SYNC_REQUEST = 16
 
 
 BATCH_OPS = frozenset({Op.READ_BATCH, Op.WRITE_BATCH, Op.ACCUMULATE_BATCH})
@@ -89,6 +102,10 @@ class Flag(enum.IntFlag):
     REPLACE = 4
     # CREATE: fail if the tensor exists at all.
     EXCLUSIVE = 8
+    # WRITE / ACCUMULATE from a shard's primary to a backup: ``version`` is the
+    # version the update produces; the backup applies it only on top of the
+    # version before it.
+    REPLICA = 16
 
 
 class Status(enum.IntEnum):
@@ -119,6 +136,16 @@ class Status(enum.IntEnum):
     # An accumulate for a step the tensor is not at (already applied, ahead,
     # or pushed twice).
     BAD_STEP = 18
+    # The daemon is catching up after a restart or partition and does not
+    # serve this shard yet: ask another replica.
+    RECOVERING = 19
+    # The daemon cannot reach a majority of the cluster (the minority side of
+    # a partition): it refuses updates rather than letting replicas diverge.
+    NO_QUORUM = 20
+    # A backup that has not yet received an update the client saw
+    # acknowledged (or a forwarded update not on top of its version): ask
+    # the primary (which re-sends the whole shard).
+    BEHIND = 21
 
 
 # Stored dtypes. Always little-endian on the wire and in the arena.
@@ -210,6 +237,7 @@ class Header:
     proto: int = PROTOCOL_VERSION
     worker: int = NO_WORKER
     clock: int = 0
+    txn: int = 0
 
     @property
     def is_response(self) -> bool:
@@ -240,6 +268,7 @@ class Header:
             self.worker,
             0,
             self.clock,
+            self.txn,
         )
 
     def response(
@@ -268,6 +297,7 @@ class Header:
             self.proto,
             self.worker,
             self.clock,
+            self.txn,
         )
 
 
@@ -276,7 +306,7 @@ def pack_header(**fields: Any) -> bytes:
 
 
 def unpack_header(data: bytes | bytearray | memoryview) -> Header:
-    """Parse a 96-byte header; raises ProtocolError for a bad magic (garbage).
+    """Parse a 104-byte header; raises ProtocolError for a bad magic (garbage).
 
     Only the framing is checked here; op, version and field values are
     checked by whoever handles the frame, so they can answer with a status.
@@ -302,6 +332,7 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
         worker,
         _reserved,
         clock,
+        txn,
     ) = HEADER.unpack(data)
     if magic != MAGIC:
         raise ProtocolError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
@@ -322,6 +353,7 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
         proto=proto,
         worker=worker,
         clock=clock,
+        txn=txn,
     )
 
 

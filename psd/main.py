@@ -13,7 +13,9 @@ from irdma.cluster import ClusterConfig, Node, load_config
 from irdma.errors import ConfigError
 
 from .arena import Arena
+from .replication import Replicator
 from .server import Server
+from .snapshot import SnapshotError, load_snapshot, write_snapshot
 from .store import Store
 
 log = logging.getLogger("psd")
@@ -24,23 +26,74 @@ def build_store(config: ClusterConfig, node: Node) -> Store:
     arena = Arena(node.arena_size, name=f"irdma-arena-{node.name}")
 
     def owns(key: int, shard: int) -> bool:
-        return config.primary_for(key, shard).name == node.name
+        return config.holds(node.name, key, shard)
 
-    return Store(arena, owns)
+    return Store(arena, owns, replicated=config.replicas > 1)
+
+
+def restore(store: Store, node: Node) -> None:
+    """Load the node's last snapshot; a bad one is set aside and the replicas fill in."""
+    try:
+        info = load_snapshot(store, node.data_dir)
+    except SnapshotError as exc:
+        log.error("%s: %s; starting without it (replicas supply the shards)", node.name, exc)
+        return
+    if info is None:
+        log.info("%s: no snapshot in %s; starting empty", node.name, node.data_dir)
+    else:
+        log.info(
+            "%s: loaded snapshot %d (%d tensors, %d shards, %d bytes) from %s",
+            node.name,
+            info.seq,
+            info.tensors,
+            info.shards,
+            info.nbytes,
+            info.path,
+        )
+
+
+async def snapshot(store: Store, node: Node) -> bool:
+    try:
+        info = await write_snapshot(store, node.data_dir)
+    except SnapshotError as exc:
+        log.error("%s: snapshot failed, the previous one is kept: %s", node.name, exc)
+        return False
+    log.info(
+        "%s: snapshot %d written (%d shards, %d bytes)",
+        node.name,
+        info.seq,
+        info.shards,
+        info.nbytes,
+    )
+    return True
+
+
+async def periodic_snapshots(config: ClusterConfig, store: Store, node: Node) -> None:
+    if config.snapshot_interval <= 0:
+        return
+    while True:
+        await trio.sleep(config.snapshot_interval)
+        await snapshot(store, node)
 
 
 async def run_daemon(config: ClusterConfig, node: Node, store: Store) -> None:
-    """Serve until SIGTERM or SIGINT, then stop cleanly."""
-    server = Server(config, node, store)
+    """Serve until SIGTERM or SIGINT, then write a final snapshot and stop."""
+    replicator = Replicator(config, node, store)
+    server = Server(config, node, store, replicator)
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 await nursery.start(server.serve)
+                await nursery.start(replicator.run)
+                nursery.start_soon(periodic_snapshots, config, store, node)
                 print(f"psd {node.name} ready on {node.address}", file=sys.stderr, flush=True)
                 async for signum in signals:
                     log.info("%s: %s received, stopping", node.name, signal.Signals(signum).name)
                     nursery.cancel_scope.cancel()
                     break
+            # Serving has stopped, so the image is final.
+            with trio.CancelScope(shield=True):
+                await snapshot(store, node)
     finally:
         store.arena.close()
     log.info("%s stopped", node.name)
@@ -62,17 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config)
         node = config.node(args.node)
-        if config.replicas > 1:
-            raise ConfigError(
-                f"{config.path}: replicas: {config.replicas} copies requested, but this "
-                "version of psd keeps one copy of each shard (replication is not available "
-                "yet); set replicas = 1"
-            )
     except ConfigError as exc:
         print(f"psd: {exc}", file=sys.stderr)
         return 2
     try:
         store = build_store(config, node)
+        restore(store, node)
     except OSError as exc:
         print(
             f"psd: {node.name}: cannot reserve an arena of {node.arena_size} bytes: "

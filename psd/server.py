@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import ClassVar
 
+import numpy as np
 import trio
 
 from irdma.cluster import ClusterConfig, Node
@@ -46,6 +47,7 @@ from irdma.transport.base import StreamBroken, StreamClosed, acquire_soon
 from irdma.transport.tcp import FramedSocket, to_stdlib
 
 from .arena import Block
+from .replication import Replicator
 from .store import Store, StoreError, Update
 
 log = logging.getLogger("psd")
@@ -85,10 +87,18 @@ class _Conn:
 class Server:
     """Serves one node's store on its configured TCP address."""
 
-    def __init__(self, config: ClusterConfig, node: Node, store: Store) -> None:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        node: Node,
+        store: Store,
+        replicator: Replicator | None = None,
+    ) -> None:
         self.config = config
         self.node = node
         self.store = store
+        self.replicator = replicator or Replicator(config, node, store)
+        self.membership = self.replicator.membership
         self.max_payload = max_payload_for(config)
         self.listen_port = node.address.port
         self.poll = min(MAX_POLL, config.timeout / 4)
@@ -204,6 +214,51 @@ class Server:
             await self._error(conn, header, exc.status, exc.message)
         return True
 
+    # -- replication gates ----------------------------------------------------
+
+    def _check_ready(self) -> None:
+        """Client data requests need a daemon that is current and in the majority."""
+        m = self.membership
+        if not m.replicated:
+            return
+        if not m.ready:
+            raise StoreError(
+                Status.RECOVERING,
+                f"{self.node.name} is catching up from its replicas; ask another replica",
+            )
+        if not m.has_quorum():
+            raise StoreError(
+                Status.NO_QUORUM,
+                f"{self.node.name} cannot reach a majority of the cluster "
+                f"({self.config.quorum} of {len(self.config.nodes)} daemons)",
+            )
+
+    def _check_primary(self, key: int, shard: int) -> None:
+        """Updates are applied by the shard's acting primary only."""
+        self._check_ready()
+        if not self.membership.replicated:
+            return
+        primary = self.membership.acting_primary(key, shard)
+        if primary is None or primary.name != self.node.name:
+            where = primary.name if primary is not None else "none ready"
+            raise StoreError(
+                Status.NOT_OWNER,
+                f"{self.node.name} is not the primary of shard {shard} (primary: {where})",
+            )
+
+    def _check_fresh(self, version: int, have: int, index: int) -> None:
+        if version > have:
+            raise StoreError(
+                Status.BEHIND,
+                f"{self.node.name} has shard {index} at version {have}, the client saw "
+                f"{version} acknowledged",
+            )
+
+    def _forward(self) -> list:
+        """Queue what was just applied for the backups (call with no await in between)."""
+        commits = self.store.take_commits()
+        return self.replicator.forward(commits) if commits else []
+
     async def _payload_json(self, conn: _Conn, header: Header, limit: int = MAX_META_PAYLOAD):
         if header.length > limit:
             await conn.stream.drain(header.length)
@@ -230,6 +285,8 @@ class Server:
             "arena_used": self.store.arena.used,
             "tensors": len(self.store.tensors),
             "max_payload": self.max_payload,
+            "ready": self.membership.ready,
+            "view": self.membership.describe(),
         }
         await self._reply(conn, header, [encode_json(info)])
 
@@ -257,9 +314,8 @@ class Server:
     async def _stat(self, conn: _Conn, header: Header) -> None:
         await self._no_payload(conn, header)
         tensor = self.store.get(header.key)
-        await self._reply(
-            conn, header, [encode_json(self.store.info(tensor))], version=tensor.version
-        )
+        info = self.store.info(tensor) | {"node": self.node.name}
+        await self._reply(conn, header, [encode_json(info)], version=tensor.version)
 
     async def _list(self, conn: _Conn, header: Header) -> None:
         if header.length > MAX_NAME_BYTES:
@@ -277,6 +333,7 @@ class Server:
 
     async def _read(self, conn: _Conn, header: Header) -> None:
         await self._no_payload(conn, header)
+        self._check_ready()
         if header.worker != NO_WORKER and self.store.waits_for(
             header.key, header.shard, header.worker, header.clock, header.layout
         ):
@@ -339,6 +396,7 @@ class Server:
         for key, ss in shards.items():
             for s in ss:
                 lost = self.store.expire(key, s, worker, clock)
+                self._forward()  # a step applied without the evicted workers
                 if lost:
                     log.warning(
                         "%s: evicted silent worker(s) %s from tensor %s",
@@ -352,6 +410,7 @@ class Server:
         shard, view = self.store.read_view(
             header.key, header.shard, header.offset, header.size, header.layout, header.dtype
         )
+        self._check_fresh(header.version, shard.version, shard.index)
         block = self.store.pin(shard.block)
         if header.size >= ZERO_COPY_MIN and header.request_id not in conn.pins:
             # The kernel keeps referring to these pages until the client has
@@ -387,7 +446,10 @@ class Server:
                 Status.BAD_FRAME,
                 f"payload is {header.length} bytes but the op covers {header.size}",
             )
+        replica = bool(header.flags & Flag.REPLICA)
         try:
+            if not replica:
+                self._check_primary(header.key, header.shard)
             update = self.store.begin_update(
                 Op(header.op),
                 header.key,
@@ -406,7 +468,27 @@ class Server:
         except BaseException:
             self.store.abort(update)
             raise
+        update.txn = header.txn
+        if replica:
+            version = self.store.commit_replica(update, header.version)
+            await self._reply(conn, header, [], version=version)
+            return
+        # The connection was idle while the payload came in: check again.
+        try:
+            self._check_primary(header.key, header.shard)
+        except StoreError:
+            self.store.abort(update)
+            raise
+        done = self.store.applied(update)
+        if done is not None:
+            # A retry of an update applied before: do not apply it twice,
+            # but answer only once the backups surely have it too.
+            self.store.abort(update)
+            await self.replicator.flush()
+            await self._reply(conn, header, [], version=done)
+            return
         version = self.store.push(update, header.worker, header.clock)
+        await self.replicator.wait(self._forward())
         await self._reply(conn, header, [], version=version)
 
     async def _batch_entries(self, conn: _Conn, header: Header) -> list[BatchEntry]:
@@ -423,6 +505,7 @@ class Server:
         if header.length != len(entries) * ENTRY_SIZE:
             await conn.stream.drain(header.length - len(entries) * ENTRY_SIZE)
             raise StoreError(Status.BAD_FRAME, "a read batch carries only its entries")
+        self._check_ready()
         if header.worker != NO_WORKER:
             # One training step for the whole batch: wait on the entries that
             # wait (all belong to tensors of one model, pulled together).
@@ -458,6 +541,9 @@ class Server:
                 except StoreError as exc:
                     answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=exc.status))
                     continue
+                if e.version > shard.version:  # the client saw a newer one acknowledged
+                    answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=Status.BEHIND))
+                    continue
                 total += e.length
                 if total > self.max_payload:
                     raise StoreError(
@@ -484,6 +570,7 @@ class Server:
         try:
             for e in entries:
                 try:
+                    self._check_primary(e.key, e.shard)
                     upd = self.store.begin_update(
                         op, e.key, e.shard, e.offset, e.length, alpha=e.alpha, dtype=e.dtype
                     )
@@ -499,17 +586,64 @@ class Server:
                     self.store.abort(u)
             raise
         answers = []
-        for e, u in zip(entries, updates, strict=True):
+        retried = False
+        for i, (e, u) in enumerate(zip(entries, updates, strict=True)):
             if isinstance(u, StoreError):
                 answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=u.status))
                 continue
+            # Entry i of a batch has update id txn + i (the same on a retry).
+            u.txn = (header.txn + i) % (1 << 64) if header.txn else 0
             try:
-                version = self.store.push(u, header.worker, header.clock)
+                self._check_primary(e.key, e.shard)
+                done = self.store.applied(u)
+                if done is not None:
+                    self.store.abort(u)
+                    retried = True
+                    version = done
+                else:
+                    version = self.store.push(u, header.worker, header.clock)
             except StoreError as exc:
+                self.store.abort(u)
                 answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=exc.status))
                 continue
             answers.append(BatchEntry(e.key, e.shard, e.offset, e.length, version))
+        await self.replicator.wait(self._forward())
+        if retried:
+            await self.replicator.flush()
         await self._reply(conn, header, [pack_entries(answers)])
+
+    # -- replication ops ------------------------------------------------------
+
+    async def _ping(self, conn: _Conn, header: Header) -> None:
+        body = await self._payload_json(conn, header)
+        answer = await self.replicator.received_ping(body)
+        await self._reply(conn, header, [answer])
+
+    async def _catchup(self, conn: _Conn, header: Header) -> None:
+        body = await self._payload_json(conn, header)
+        await self._reply(conn, header, [self.replicator.catchup_answer(body)])
+
+    async def _sync_request(self, conn: _Conn, header: Header) -> None:
+        body = await self._payload_json(conn, header)
+        await self.replicator.serve_sync_request(body)
+        await self._reply(conn, header, [])
+
+    async def _sync(self, conn: _Conn, header: Header) -> None:
+        if header.offset > MAX_META_PAYLOAD or header.offset + header.size != header.length:
+            await conn.stream.drain(header.length)
+            raise StoreError(Status.BAD_FRAME, "shard copy: lengths do not add up")
+        staging = self.store.reserve(header.length)
+        try:
+            if staging is None:  # arena full: the copy waits in process memory
+                buf = np.empty(header.length, dtype=np.uint8)
+            else:
+                buf = self.store.arena.view(staging, 0, header.length)
+            await conn.stream.recv_exactly_into(buf)
+            self.replicator.install(header, memoryview(buf))
+        finally:
+            if staging is not None:
+                self.store.arena.free(staging)
+        await self._reply(conn, header, [], version=header.version)
 
     _handlers: ClassVar[dict[Op, Callable[..., Awaitable[None]]]] = {
         Op.HELLO: _hello,
@@ -524,6 +658,10 @@ class Server:
         Op.WRITE_BATCH: _update_batch,
         Op.ACCUMULATE_BATCH: _update_batch,
         Op.RELEASE: _release,
+        Op.PING: _ping,
+        Op.CATCHUP: _catchup,
+        Op.SYNC_REQUEST: _sync_request,
+        Op.SYNC: _sync,
     }
 
 

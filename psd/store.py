@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,11 @@ from .arena import Arena, ArenaFullError, Block
 from .coordination import Coordinator
 from .errors import StoreError
 
+# Recent update ids remembered per shard, so a client retrying an update
+# (after a timeout or a failover) has it applied once. Retries come within a
+# client timeout, so a bounded window suffices.
+RECENT_TXNS = 1024
+
 
 @dataclass(eq=False, slots=True)
 class Shard:
@@ -36,6 +42,30 @@ class Shard:
     block: Block
     version: int = 0
     mtime: float = 0.0
+    # txn -> the version its update produced (insertion order = age).
+    recent: dict[int, int] = field(default_factory=dict)
+
+    def remember(self, txn: int, version: int) -> None:
+        if txn:
+            self.recent[txn] = version
+            if len(self.recent) > RECENT_TXNS:
+                del self.recent[next(iter(self.recent))]
+
+
+@dataclass(eq=False, slots=True)
+class Commit:
+    """An update applied here that a shard's backups must apply too, in this order."""
+
+    key: int
+    shard: int
+    op: Op
+    offset: int
+    alpha: float
+    layout: int
+    dtype: int
+    payload: np.ndarray  # the update's bytes as received (before any scaling)
+    txn: int
+    version: int  # the version the update produced
 
 
 @dataclass(eq=False, slots=True)
@@ -69,6 +99,8 @@ class Update:
     staging: Block | None  # in the arena, or None when ``heap`` is used
     heap: np.ndarray | None
     buffer: np.ndarray  # uint8, exactly ``size`` bytes, where the payload goes
+    txn: int = 0  # the client's update id (0: none)
+    replicate: bool = True  # False for updates a backup receives from its primary
 
 
 def accumulate_into(target: np.ndarray, delta: np.ndarray, alpha: float) -> None:
@@ -127,11 +159,17 @@ class Store:
         arena: Arena,
         owns: Callable[[int, int], bool],
         clock: Callable[[], float] = time.monotonic,
+        *,
+        replicated: bool = False,
     ) -> None:
         self.arena = arena
         self.owns = owns
         self.clock = clock
         self.tensors: dict[int, Tensor] = {}
+        # With replicas, every update applied here as a primary is recorded
+        # for the replicator, which forwards it to the backups in this order.
+        self.replicated = replicated
+        self.commits: list[Commit] = []
         # Called after anything a waiting read may depend on changed (a
         # training step applied, a worker evicted, a tensor gone).
         self.on_change: Callable[[], None] = _nothing
@@ -157,6 +195,13 @@ class Store:
             return self.arena.alloc(nbytes)
         except ArenaFullError as exc:
             raise StoreError(Status.NO_SPACE, f"arena full: {what}: {exc}") from None
+
+    def reserve(self, nbytes: int) -> Block | None:
+        """A staging block for incoming bytes, or None when the arena has no room."""
+        try:
+            return self.arena.alloc(nbytes)
+        except ArenaFullError:
+            return None
 
     # -- metadata ops -------------------------------------------------------
 
@@ -378,6 +423,9 @@ class Store:
                 Status.NOT_FOUND,
                 f"tensor {update.tensor.meta.name!r} was deleted or replaced during the update",
             )
+        # Backups apply the update as received (accumulate scales the delta
+        # in place), so keep a copy of it for them first.
+        payload = update.buffer.copy() if self.replicated and update.replicate else None
         try:
             if update.op == Op.WRITE:
                 self._commit_write(update)
@@ -387,7 +435,95 @@ class Store:
             self.abort(update)  # frees staging unless it became the shard's block
         shard.version += 1
         shard.mtime = time.time()
+        shard.remember(update.txn, shard.version)
+        if payload is not None:
+            meta = update.tensor.meta
+            self.commits.append(
+                Commit(
+                    meta.key,
+                    shard.index,
+                    update.op,
+                    update.offset,
+                    update.alpha,
+                    meta.layout,
+                    meta.dtype_code,
+                    payload,
+                    update.txn,
+                    shard.version,
+                )
+            )
         return shard.version
+
+    def take_commits(self) -> list[Commit]:
+        """The updates applied since the last call, oldest first."""
+        out, self.commits = self.commits, []
+        return out
+
+    # -- replication ---------------------------------------------------------
+
+    def applied(self, update: Update) -> int | None:
+        """The version a retried update (same txn) already produced here, or None."""
+        if not update.txn:
+            return None
+        return update.shard.recent.get(update.txn)
+
+    def commit_replica(self, update: Update, version: int) -> int:
+        """Apply an update forwarded by the shard's primary, which gave it ``version``.
+
+        It must sit on top of this copy's version; otherwise this copy missed
+        updates (BEHIND) and the primary sends the whole shard instead.
+        """
+        update.replicate = False
+        if update.shard.version != version - 1:
+            have = update.shard.version
+            self.abort(update)
+            raise StoreError(
+                Status.BEHIND,
+                f"shard {update.shard.index} of {update.tensor.meta.name!r} is at version "
+                f"{have}, the update is for {version - 1}",
+            )
+        return self.commit(update)
+
+    def install_shard(
+        self, meta: TensorMeta, index: int, version: int, data: np.ndarray, txns: dict[int, int]
+    ) -> Shard:
+        """Replace this copy of a shard with the primary's (creating the tensor if needed)."""
+        tensor = self.tensors.get(meta.key)
+        if tensor is None or not tensor.meta.same_layout(meta) or tensor.meta.name != meta.name:
+            tensor, _ = self.create(meta, replace=True)
+        shard = tensor.shards.get(index)
+        if shard is None:
+            raise StoreError(
+                Status.NOT_OWNER, f"shard {index} of {meta.name!r} is not placed on this daemon"
+            )
+        if data.nbytes != shard.nbytes:
+            raise StoreError(
+                Status.BAD_ARGUMENT,
+                f"shard {index} of {meta.name!r} is {shard.nbytes} bytes, got {data.nbytes}",
+            )
+        if shard.block.pins:
+            block = self._alloc(shard.nbytes, f"copy of shard {index} of {meta.name!r}")
+            self.arena.view(block, 0, shard.nbytes)[:] = data
+            self._swap(shard, block)
+        else:
+            self.arena.view(shard.block, 0, shard.nbytes)[:] = data
+        shard.version = version
+        shard.mtime = time.time()
+        shard.recent = dict(txns)
+        return shard
+
+    def drop_shard(self, key: int, index: int) -> None:
+        """Forget a local shard the cluster no longer has (deleted while this daemon was away)."""
+        tensor = self.tensors.get(key)
+        if tensor is None or index not in tensor.shards:
+            return
+        self._retire(tensor.shards.pop(index).block)
+        if not tensor.shards:
+            self.delete(key)
+
+    def checksum(self, shard: Shard) -> int:
+        """CRC-32 of a shard's bytes: tells two copies at one version apart."""
+        return zlib.crc32(self.arena.view(shard.block, 0, shard.nbytes))
 
     def _whole_shard(self, update: Update) -> bool:
         return update.offset == 0 and update.size == update.shard.nbytes

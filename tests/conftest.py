@@ -18,6 +18,7 @@ import pytest
 from irdma import Client
 from irdma.cluster import ClusterConfig, load_config
 from irdma.local import write_config
+from irdma.protocol import HEADER_SIZE, Header, Op, decode_json, unpack_header
 
 READY_TIMEOUT = 20.0
 
@@ -36,7 +37,7 @@ class Cluster:
     def names(self) -> list[str]:
         return [n.name for n in self.config.nodes]
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, *, wait: bool = True) -> None:
         log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115 (closed with the process)
         proc = subprocess.Popen(
             [
@@ -54,7 +55,23 @@ class Cluster:
         )
         log.close()
         self.procs[name] = proc
+        if wait:
+            self.wait_serving(name)
+
+    def wait_serving(self, name: str) -> None:
+        """Wait until the daemon listens and, with replicas, has caught up (HELLO says ready)."""
         self.wait_ready(name)
+        if self.config.replicas == 1:
+            return
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.procs[name].poll() is not None:
+                raise RuntimeError(f"psd {name} exited: {self.log(name)}")
+            with contextlib.suppress(Exception):
+                if hello(self.config, name).get("ready"):
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"psd {name} did not catch up in {READY_TIMEOUT} s: {self.log(name)}")
 
     def wait_ready(self, name: str) -> None:
         node = self.config.node(name)
@@ -111,6 +128,26 @@ class Cluster:
                 proc.wait(10)
 
 
+def hello(config: ClusterConfig, name: str) -> dict:
+    """One daemon's HELLO answer, over a raw socket (no client machinery)."""
+    node = config.node(name)
+    with socket.create_connection((node.address.host, node.address.port), 2.0) as s:
+        s.sendall(Header(op=Op.HELLO).pack())
+        head = _recv_exactly(s, HEADER_SIZE)
+        header = unpack_header(head)
+        return decode_json(_recv_exactly(s, header.length))
+
+
+def _recv_exactly(s: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("daemon closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
 def make_cluster(
     directory: Path,
     nodes: int = 3,
@@ -118,14 +155,24 @@ def make_cluster(
     arena_size: int = 64 << 20,
     shard_size: int = 64 << 10,
     timeout: float = 10.0,
+    replicas: int = 1,
+    extra: dict[str, float] | None = None,
 ) -> Cluster:
     path = write_config(
-        directory, nodes, arena_size=arena_size, shard_size=shard_size, timeout=timeout
+        directory,
+        nodes,
+        arena_size=arena_size,
+        shard_size=shard_size,
+        timeout=timeout,
+        replicas=replicas,
+        extra=extra,
     )
     cluster = Cluster(directory, path, load_config(path))
     try:
         for name in cluster.names:
-            cluster.start(name)
+            cluster.start(name, wait=replicas == 1)
+        for name in cluster.names:
+            cluster.wait_serving(name)
     except BaseException:
         cluster.close()
         raise

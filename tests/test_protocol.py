@@ -81,9 +81,9 @@ entries = st.builds(
 
 
 def test_struct_sizes() -> None:
-    assert HEADER_SIZE == 96
+    assert HEADER_SIZE == 104
     assert ENTRY_SIZE == 48
-    assert len(Header(op=Op.HELLO).pack()) == 96
+    assert len(Header(op=Op.HELLO).pack()) == 104
     assert len(BatchEntry(key=1).pack()) == 48
 
 

@@ -1,0 +1,166 @@
+"""Which daemons this one believes are up and ready, from heartbeats (no I/O here).
+
+The rules that keep replicas from diverging, all local to one daemon:
+
+- A peer is *up* while it was heard from (a heartbeat, its answer, or any
+  replication message) within ``failure_timeout``.
+- This daemon has *quorum* while it heard from a majority of the cluster
+  (itself included) within half of ``failure_timeout``. Peers declare it down
+  only after the full ``failure_timeout``, so a daemon cut off from the
+  majority stops accepting updates before another replica takes its shards
+  over.
+- A daemon that went longer than ``failure_timeout - heartbeat`` without
+  quorum (cut off by a partition, stopped with SIGSTOP, or just started) may
+  have been declared down, and others may have applied updates it missed. It
+  is *not ready* until it has caught up from its replicas; until then it
+  serves no client reads or updates.
+- The *acting primary* of a shard is the first of its replicas (in placement
+  order) that is up and ready.
+
+With one copy per shard (``replicas = 1``) none of this applies: the daemon
+is always ready and the only holder of its shards.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from irdma.cluster import ClusterConfig, Node
+
+
+@dataclass(slots=True)
+class PeerState:
+    last_heard: float | None = None
+    ready: bool = False
+
+
+class Membership:
+    """This daemon's view of the cluster."""
+
+    def __init__(
+        self, config: ClusterConfig, me: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.config = config
+        self.me = me
+        self.clock = clock
+        self.replicated = config.replicas > 1
+        self.peers = {n.name: PeerState() for n in config.nodes if n.name != me}
+        self.ready = not self.replicated
+        self.lease = config.failure_timeout / 2
+        # Longest time without quorum before this daemon assumes it was
+        # declared down (it last spoke to peers up to a heartbeat earlier).
+        self.grace = config.failure_timeout - config.heartbeat
+        self._last_quorum = clock()
+        # Set when this daemon must catch up again (callback for the replicator).
+        self.on_lost: Callable[[], None] = _nothing
+        # Called when a peer comes up or goes down (forward queues react).
+        self.on_change: Callable[[], None] = _nothing
+
+    # -- observations -------------------------------------------------------
+
+    def observe(self, now: float | None = None) -> None:
+        """Check for lost quorum; called on every heartbeat tick and before every decision.
+
+        Called before any new heartbeat is recorded, so a daemon resumed after
+        SIGSTOP notices the gap before the first message after it counts.
+        """
+        if not self.replicated:
+            return
+        now = self.clock() if now is None else now
+        if self._has_quorum(now):
+            self._last_quorum = now
+        elif now - self._last_quorum > self.grace and self.ready:
+            self.ready = False
+            self.on_lost()
+
+    def heard(self, peer: str, ready: bool | None = None, now: float | None = None) -> None:
+        """A message from ``peer`` arrived (``ready``: the state it reported, if any)."""
+        state = self.peers.get(peer)
+        if state is None:
+            return
+        now = self.clock() if now is None else now
+        self.observe(now)
+        was_up = self.up(peer, now)
+        was_ready = state.ready
+        state.last_heard = now
+        if ready is not None:
+            state.ready = ready
+        elif not was_up:
+            state.ready = False  # back from down: not serving until it says so
+        if not was_up or was_ready != state.ready:
+            self.on_change()
+        self.observe(now)
+
+    def became_ready(self) -> None:
+        self.ready = True
+        self._last_quorum = self.clock()
+
+    # -- questions ------------------------------------------------------------
+
+    def up(self, name: str, now: float | None = None) -> bool:
+        if name == self.me:
+            return True
+        state = self.peers.get(name)
+        if state is None or state.last_heard is None:
+            return False
+        now = self.clock() if now is None else now
+        return now - state.last_heard < self.config.failure_timeout
+
+    def peer_ready(self, name: str, now: float | None = None) -> bool:
+        if name == self.me:
+            return self.ready
+        return self.up(name, now) and self.peers[name].ready
+
+    def _has_quorum(self, now: float) -> bool:
+        heard = 1 + sum(
+            1
+            for s in self.peers.values()
+            if s.last_heard is not None and now - s.last_heard < self.lease
+        )
+        return heard >= self.config.quorum
+
+    def has_quorum(self, now: float | None = None) -> bool:
+        """Whether this daemon may accept updates (always, with one copy per shard)."""
+        if not self.replicated:
+            return True
+        now = self.clock() if now is None else now
+        self.observe(now)
+        return self._has_quorum(now)
+
+    def acting_primary(self, key: int, shard: int, now: float | None = None) -> Node | None:
+        """The replica that applies updates to the shard now, as this daemon sees it."""
+        now = self.clock() if now is None else now
+        for node in self.config.replicas_for(key, shard):
+            if self.peer_ready(node.name, now):
+                return node
+        return None
+
+    def backups(self, key: int, shard: int, now: float | None = None) -> list[str]:
+        """The shard's other replicas that are up (ready or catching up): updates go to them."""
+        now = self.clock() if now is None else now
+        return [
+            n.name
+            for n in self.config.replicas_for(key, shard)
+            if n.name != self.me and self.up(n.name, now)
+        ]
+
+    def up_peers(self, now: float | None = None) -> list[str]:
+        now = self.clock() if now is None else now
+        return [p for p in self.peers if self.up(p, now)]
+
+    def describe(self, now: float | None = None) -> dict[str, str]:
+        """Each node's state as seen from here: ready, catching-up or down."""
+        now = self.clock() if now is None else now
+        out = {self.me: "ready" if self.ready else "catching-up"}
+        for p in self.peers:
+            if not self.up(p, now):
+                out[p] = "down"
+            else:
+                out[p] = "ready" if self.peers[p].ready else "catching-up"
+        return out
+
+
+def _nothing() -> None:
+    pass

@@ -1,0 +1,538 @@
+"""Keeping a daemon's shards identical on their replicas: heartbeats, forwarding, catch-up.
+
+- **Heartbeats.** Every ``heartbeat`` seconds the daemon pings each peer and
+  records who answered (``Membership``).
+- **Forwarding.** An update applied here as a shard's primary is queued,
+  in the order it was applied, for every backup of the shard that is up; one
+  task per peer sends the queue in order over one connection, so backups
+  apply the same updates in the same order (byte-identical copies). A backup
+  that missed updates answers BEHIND and is sent the whole shard instead.
+  The client's update is acknowledged once every backup that is up has it.
+- **Catching up.** A daemon that starts, or that was cut off long enough to
+  have been declared down, asks its peers which shards they hold (versions
+  and checksums), has the current copy of each of its shards pushed to it,
+  and only then announces itself ready; each peer first sends it everything
+  it queued for it, so no update falls between the copy and the handoff.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import trio
+
+from irdma.cluster import ClusterConfig, Node
+from irdma.protocol import Flag, Header, Op, Status, TensorMeta, decode_json, encode_json
+from irdma.transport.base import StreamBroken, StreamClosed
+from irdma.transport.tcp import TcpConnection
+
+from .errors import StoreError
+from .membership import Membership
+from .store import Commit, Store
+
+log = logging.getLogger("psd")
+
+# How long a catch-up waits between attempts when it cannot decide yet
+# (no quorum, or a replica it needs is down).
+RETRY_PAUSE = 0.2
+
+
+@dataclass(eq=False)
+class Item:
+    """One message queued for a peer: a forwarded update, or a whole shard."""
+
+    key: int
+    shard: int
+    commit: Commit | None  # None: send the whole shard (SYNC)
+    done: trio.Event = field(default_factory=trio.Event)
+
+
+class PeerError(Exception):
+    """A peer could not be reached or refused a replication message."""
+
+
+class Peer:
+    """The link to one other daemon: a connection and the queue of what it must receive."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.queue: deque[Item] = deque()
+        self.wake = trio.Event()
+        self.conn: TcpConnection | None = None
+        self.lock = trio.Lock()  # one connect at a time
+
+    def put(self, item: Item) -> Item:
+        self.queue.append(item)
+        self.wake.set()
+        return item
+
+    def skip_all(self) -> None:
+        """The peer is down: what was queued for it is not waited for (it catches up later)."""
+        while self.queue:
+            self.queue.popleft().done.set()
+
+
+class Replicator:
+    """Runs the heartbeats and the forward queues of one daemon."""
+
+    def __init__(self, config: ClusterConfig, node: Node, store: Store) -> None:
+        self.config = config
+        self.node = node
+        self.store = store
+        self.membership = Membership(config, node.name)
+        self.peers = {n.name: Peer(n) for n in config.nodes if n.name != node.name}
+        self._nursery: trio.Nursery | None = None
+        self._lost = trio.Event()
+        self.membership.on_lost = self._on_lost
+        self.membership.on_change = self._on_change
+        self.recovered = trio.Event()  # set the first time this daemon is ready
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.replicas > 1
+
+    def _on_lost(self) -> None:
+        log.warning(
+            "%s: no contact with a majority for %.1f s; catching up before serving again",
+            self.node.name,
+            self.membership.grace,
+        )
+        self._lost.set()
+
+    def _on_change(self) -> None:
+        # A peer that went down no longer holds up acknowledgements.
+        for name, peer in self.peers.items():
+            if not self.membership.up(name):
+                peer.skip_all()
+
+    # -- running ------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Heartbeats, forward queues and catch-up, until cancelled."""
+        if not self.enabled:
+            self.recovered.set()
+            task_status.started()
+            await trio.sleep_forever()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for peer in self.peers.values():
+                nursery.start_soon(self._heartbeats, peer)
+                nursery.start_soon(self._sender, peer)
+            nursery.start_soon(self._tick)
+            nursery.start_soon(self._recovery_loop)
+            task_status.started()
+
+    async def _tick(self) -> None:
+        while True:
+            self.membership.observe()
+            self._on_change()
+            await trio.sleep(self.config.heartbeat / 2)
+
+    async def _recovery_loop(self) -> None:
+        while True:
+            await self._catch_up()
+            self.recovered.set()
+            await self._lost.wait()
+            self._lost = trio.Event()
+
+    # -- connections -------------------------------------------------------------
+
+    async def _conn(self, peer: Peer) -> TcpConnection:
+        assert self._nursery is not None
+        if peer.conn is not None and not peer.conn.broken:
+            return peer.conn
+        async with peer.lock:
+            if peer.conn is None or peer.conn.broken:
+                addr = peer.node.address
+                peer.conn = await TcpConnection.open(
+                    addr.host,
+                    addr.port,
+                    self._nursery,
+                    peer=f"{peer.node.name} ({addr})",
+                    timeout=self.config.failure_timeout,
+                )
+            return peer.conn
+
+    async def request(
+        self, peer: Peer, header: Header, payload: Iterable[Any] = (), *, timeout: float
+    ) -> tuple[Header, bytes]:
+        """One request to a peer; raises PeerError when it fails or times out."""
+        with trio.move_on_after(timeout) as scope:
+            try:
+                conn = await self._conn(peer)
+                reply = await conn.request(header, list(payload))
+            except (StreamBroken, StreamClosed, OSError) as exc:
+                raise PeerError(f"{peer.node.name}: {exc}") from None
+        if scope.cancelled_caught:
+            if peer.conn is not None:
+                await peer.conn.aclose()  # a late answer must not be taken for the next one
+                peer.conn = None
+            raise PeerError(f"{peer.node.name}: no answer within {timeout:g} s")
+        return reply.header, reply.data
+
+    # -- heartbeats -----------------------------------------------------------
+
+    def ping_body(self, handoff: bool = False) -> bytes:
+        self.membership.observe()  # a daemon resumed after a pause says so at once
+        return encode_json(
+            {"node": self.node.name, "ready": self.membership.ready, "handoff": handoff}
+        )
+
+    async def received_ping(self, body: Any) -> bytes:
+        """A peer's heartbeat arrived; return the answer (this daemon's state).
+
+        A handoff (the peer caught up and takes its shards back) is answered
+        only after everything queued for the peer was delivered, so the peer
+        starts serving with every update this daemon applied for it.
+        """
+        if not isinstance(body, dict) or body.get("node") not in self.peers:
+            raise StoreError(Status.BAD_ARGUMENT, "heartbeat from an unknown node")
+        name = body["node"]
+        self.membership.heard(name, bool(body.get("ready")))
+        if body.get("handoff"):
+            await self.drain(name)
+        return self.ping_body()
+
+    async def _heartbeats(self, peer: Peer) -> None:
+        interval = self.config.heartbeat
+        while True:
+            started = trio.current_time()
+            await self._ping(peer)
+            await trio.sleep_until(started + interval)
+
+    async def _ping(self, peer: Peer, timeout: float | None = None, handoff: bool = False) -> bool:
+        body = self.ping_body(handoff)
+        try:
+            header, data = await self.request(
+                peer,
+                Header(op=Op.PING, length=len(body)),
+                [body],
+                timeout=timeout or self.config.failure_timeout,
+            )
+        except PeerError:
+            return False
+        if header.status != Status.OK:
+            return False
+        reply = decode_json(data)
+        self.membership.heard(peer.node.name, bool(reply.get("ready")))
+        return True
+
+    # -- forwarding -------------------------------------------------------------
+
+    def forward(self, commits: list[Commit]) -> list[Item]:
+        """Queue updates just applied here for the shards' backups; call with no await since."""
+        items = []
+        for c in commits:
+            for name in self.membership.backups(c.key, c.shard):
+                items.append(self.peers[name].put(Item(c.key, c.shard, c)))
+        return items
+
+    def sync_to(self, peer_name: str, shards: Iterable[tuple[int, int]]) -> list[Item]:
+        """Queue whole shards for a peer (after anything queued for it before)."""
+        peer = self.peers[peer_name]
+        return [peer.put(Item(key, index, None)) for key, index in shards]
+
+    async def wait(self, items: list[Item]) -> None:
+        for item in items:
+            await item.done.wait()
+
+    async def drain(self, peer_name: str) -> None:
+        """Wait until everything queued for a peer so far was delivered (or it went down)."""
+        peer = self.peers.get(peer_name)
+        if peer is not None and peer.queue:
+            await peer.queue[-1].done.wait()
+
+    async def flush(self) -> None:
+        for name in self.peers:
+            await self.drain(name)
+
+    async def _sender(self, peer: Peer) -> None:
+        while True:
+            while not peer.queue:
+                peer.wake = trio.Event()
+                await peer.wake.wait()
+            item = peer.queue[0]
+            try:
+                await self._deliver(peer, item)
+            except PeerError as exc:
+                # Keep trying while the peer is up; once it is down the
+                # queue is dropped (it catches up when it returns).
+                if self.membership.up(peer.node.name):
+                    log.info(
+                        "%s: forwarding to %s failed (%s); retrying",
+                        self.node.name,
+                        peer.node.name,
+                        exc,
+                    )
+                    await trio.sleep(self.config.heartbeat / 2)
+                    continue
+            if peer.queue and peer.queue[0] is item:
+                peer.queue.popleft()
+            item.done.set()
+
+    async def _deliver(self, peer: Peer, item: Item) -> None:
+        if item.commit is not None:
+            status = await self._send_update(peer, item.commit)
+            if status == Status.OK:
+                return
+            # The backup missed updates, or lacks the tensor: send the shard.
+        await self._send_shard(peer, item.key, item.shard)
+
+    async def _send_update(self, peer: Peer, c: Commit) -> int:
+        header = Header(
+            op=c.op,
+            key=c.key,
+            shard=c.shard,
+            offset=c.offset,
+            size=c.payload.nbytes,
+            length=c.payload.nbytes,
+            alpha=c.alpha,
+            layout=c.layout,
+            dtype=c.dtype,
+            version=c.version,
+            flags=Flag.REPLICA,
+            txn=c.txn,
+        )
+        reply, _ = await self.request(peer, header, [c.payload], timeout=self._budget(c.payload))
+        return reply.status
+
+    async def _send_shard(self, peer: Peer, key: int, index: int) -> None:
+        tensor = self.store.tensors.get(key)
+        shard = tensor.shards.get(index) if tensor is not None else None
+        if tensor is None or shard is None:
+            return  # deleted here meanwhile: nothing to send
+        block = self.store.pin(shard.block)
+        try:
+            body = encode_json(
+                {
+                    "meta": tensor.meta.to_dict(),
+                    "version": shard.version,
+                    "txns": [[t, v] for t, v in shard.recent.items()],
+                }
+            )
+            data = self.store.arena.view(block, 0, shard.nbytes)
+            header = Header(
+                op=Op.SYNC,
+                key=key,
+                shard=index,
+                offset=len(body),
+                size=shard.nbytes,
+                length=len(body) + shard.nbytes,
+                version=shard.version,
+            )
+            reply, text = await self.request(peer, header, [body, data], timeout=self._budget(data))
+        finally:
+            self.store.unpin(block)
+        if reply.status != Status.OK:
+            raise PeerError(
+                f"{peer.node.name} refused shard {index} of {tensor.meta.name!r}: "
+                f"{Status(reply.status).name}: {text.decode(errors='replace')}"
+            )
+
+    def _budget(self, data: np.ndarray | memoryview) -> float:
+        # A peer that is up answers within the failure timeout, plus the time
+        # the bytes take at a modest 100 MB/s.
+        return self.config.failure_timeout + memoryview(data).nbytes / 100e6
+
+    # -- serving peers' catch-up ---------------------------------------------
+
+    def catchup_answer(self, body: Any) -> bytes:
+        """What a catching-up peer needs to know: are we ready, and what do we hold for it."""
+        asker = body.get("node") if isinstance(body, dict) else None
+        if asker not in self.peers:
+            raise StoreError(Status.BAD_ARGUMENT, f"catch-up from unknown node {asker!r}")
+        # From now on updates are forwarded to it, so nothing falls between
+        # this answer and the copies it asks for.
+        self.membership.heard(asker)
+        self._on_change()
+        return encode_json({"ready": self.membership.ready, "shards": self.holdings_for(asker)})
+
+    def holdings_for(self, asker: str) -> list[list[int]]:
+        """[key, shard, version, crc] of every local shard ``asker`` is a replica of."""
+        out = []
+        for key, tensor in self.store.tensors.items():
+            for index, shard in tensor.shards.items():
+                if self.config.holds(asker, key, index):
+                    out.append([key, index, shard.version, self.store.checksum(shard)])
+        return out
+
+    # -- catching up ----------------------------------------------------------------
+
+    async def _catch_up(self) -> None:
+        """Become current for every local shard, then announce readiness."""
+        me = self.node.name
+        announced = False
+        while True:
+            if not self.membership.has_quorum():
+                announced = announced or _say(
+                    "%s: waiting for a majority of daemons before catching up", me
+                )
+                await trio.sleep(RETRY_PAUSE)
+                continue
+            plan = await self._plan()
+            if plan is None:
+                await trio.sleep(RETRY_PAUSE)
+                continue
+            fetch, drop = plan
+            try:
+                for source, shards in fetch.items():
+                    await self._fetch(source, shards)
+            except PeerError as exc:
+                log.info("%s: catching up from a peer failed (%s); again", me, exc)
+                await trio.sleep(RETRY_PAUSE)
+                continue
+            for key, index in drop:
+                self.store.drop_shard(key, index)
+            if await self._handoff():
+                break
+            await trio.sleep(RETRY_PAUSE)
+        copied = sum(len(s) for s in fetch.values())
+        log.info(
+            "%s: caught up (%d shard(s) copied from replicas, %d dropped); ready",
+            me,
+            copied,
+            len(drop),
+        )
+
+    async def _plan(self) -> tuple[dict[str, list[tuple[int, int]]], list[tuple[int, int]]] | None:
+        """Which shards to copy from which peer, and which to drop; None if undecidable now."""
+        me = self.node.name
+        reports: dict[str, tuple[bool, dict[tuple[int, int], tuple[int, int]]]] = {}
+
+        async def ask(name: str) -> None:
+            body = encode_json({"node": me})
+            try:
+                header, data = await self.request(
+                    self.peers[name],
+                    Header(op=Op.CATCHUP, length=len(body)),
+                    [body],
+                    timeout=self.config.failure_timeout + 30.0,
+                )
+            except PeerError:
+                return
+            if header.status != Status.OK:
+                return
+            rec = decode_json(data)
+            held = {(k, s): (v, c) for k, s, v, c in rec["shards"]}
+            reports[name] = (bool(rec["ready"]), held)
+
+        async with trio.open_nursery() as nursery:
+            for name in self.membership.up_peers():
+                nursery.start_soon(ask, name)
+        mine = {
+            (key, index): (shard.version, self.store.checksum(shard))
+            for key, tensor in self.store.tensors.items()
+            for index, shard in tensor.shards.items()
+        }
+        wanted = set(mine)
+        for _, held in reports.values():
+            wanted |= set(held)
+        fetch: dict[str, list[tuple[int, int]]] = {}
+        drop: list[tuple[int, int]] = []
+        for key, index in sorted(wanted):
+            others = [n.name for n in self.config.replicas_for(key, index) if n.name != me]
+            ready = [n for n in others if n in reports and reports[n][0]]
+            if ready:
+                # A ready replica is current by construction: take its copy.
+                src = ready[0]
+                theirs = reports[src][1].get((key, index))
+                if theirs is None:
+                    if (key, index) in mine:
+                        drop.append((key, index))
+                    continue
+            else:
+                # Nobody is serving the shard (the whole cluster is starting):
+                # the highest version among all its replicas wins.
+                if any(n not in reports for n in others):
+                    log.info(
+                        "%s: shard %d of tensor %#x waits for replica(s) %s to decide "
+                        "which copy is current",
+                        me,
+                        index,
+                        key,
+                        ", ".join(n for n in others if n not in reports),
+                    )
+                    return None
+                candidates = [(me, mine.get((key, index)))] + [
+                    (n, reports[n][1].get((key, index))) for n in others
+                ]
+                best = max(
+                    (c for c in candidates if c[1] is not None),
+                    key=lambda c: c[1][0],  # type: ignore[index]
+                )
+                src, theirs = best
+            if src != me and mine.get((key, index)) != theirs:
+                fetch.setdefault(src, []).append((key, index))
+        return fetch, drop
+
+    async def _fetch(self, source: str, shards: list[tuple[int, int]]) -> None:
+        body = encode_json({"node": self.node.name, "shards": [list(s) for s in shards]})
+        total = sum(
+            self.store.tensors[k].shards[s].nbytes
+            for k, s in shards
+            if k in self.store.tensors and s in self.store.tensors[k].shards
+        )
+        header, data = await self.request(
+            self.peers[source],
+            Header(op=Op.SYNC_REQUEST, length=len(body)),
+            [body],
+            timeout=self.config.failure_timeout + 30.0 + max(total, len(shards) << 22) / 100e6,
+        )
+        if header.status != Status.OK:
+            raise PeerError(f"{source}: {data.decode(errors='replace')}")
+
+    async def _handoff(self) -> bool:
+        """Tell every peer this daemon is ready; each first delivers what it queued for it."""
+        self.membership.ready = True  # what the handoff pings report
+        ok = True
+
+        async def tell(name: str) -> None:
+            nonlocal ok
+            timeout = self.config.failure_timeout + 30.0
+            if not await self._ping(self.peers[name], timeout=timeout, handoff=True):
+                ok = ok and not self.membership.up(name)
+
+        async with trio.open_nursery() as nursery:
+            for name in self.membership.up_peers():
+                nursery.start_soon(tell, name)
+        if not ok:
+            self.membership.ready = False
+            return False
+        self.membership.became_ready()
+        return True
+
+    # -- helpers for the server -----------------------------------------------------
+
+    async def serve_sync_request(self, body: Any) -> None:
+        """Push the shards a catching-up peer asked for, and wait until it has them."""
+        try:
+            asker = body["node"]
+            shards = [(int(k), int(s)) for k, s in body["shards"]]
+        except (KeyError, TypeError, ValueError):
+            raise StoreError(Status.BAD_ARGUMENT, "bad sync request") from None
+        if asker not in self.peers:
+            raise StoreError(Status.BAD_ARGUMENT, f"unknown node {asker!r}")
+        self.membership.heard(asker)
+        await self.wait(self.sync_to(asker, shards))
+
+    def install(self, header: Header, payload: memoryview) -> None:
+        """Apply a SYNC frame: replace the local copy of a shard with the primary's."""
+        meta_len = header.offset
+        try:
+            rec = decode_json(payload[:meta_len])
+            meta = TensorMeta.from_dict(rec["meta"])
+            txns = {int(t): int(v) for t, v in rec.get("txns", [])}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreError(Status.BAD_ARGUMENT, f"bad shard copy: {exc}") from None
+        data = np.frombuffer(payload[meta_len:], dtype=np.uint8)
+        self.store.install_shard(meta, header.shard, header.version, data, txns)
+
+
+def _say(fmt: str, *args: Any) -> bool:
+    log.info(fmt, *args)
+    return True
