@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(python3 python3-venv python3-dev gcc pkg-config iperf3 procps
+APT_PACKAGES=(python3 python3-venv python3-dev gcc pkg-config iperf3 procps iproute2
               fuse3 libfuse3-dev attr rsync)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -338,6 +338,7 @@ class AsyncClient:
         candidates = self._candidates(key, shard, update)
         deadline = trio.current_time() + self.timeout + 2 * self.config.failure_timeout
         attempt = 0
+        last: Exception | None = None
         while True:
             node = candidates[attempt % len(candidates)]
             if track and not update:
@@ -346,7 +347,8 @@ class AsyncClient:
                 reply = await self._request(node, header, payload, sink)
             except DaemonUnavailable as exc:
                 self._failed_at[node.name] = trio.current_time()
-                last: Exception = exc
+                # A daemon's own refusal says more than another's silence.
+                last = exc if not isinstance(last, DaemonError) else last
             except DaemonError as exc:
                 if exc.status not in FAILOVER_STATUSES:
                     raise
@@ -360,6 +362,7 @@ class AsyncClient:
                 return reply
             attempt += 1
             if trio.current_time() >= deadline:
+                assert last is not None
                 raise last
             if attempt % len(candidates) == 0:
                 # A whole round failed: give the cluster time to fail over.

@@ -1,0 +1,194 @@
+"""Client processes for the replication tests (run inside a network namespace).
+
+``accumulate``: a stream of accumulates for ``--seconds``; each adds a
+distinct whole number, so a lost or doubled update shows in the sum. Prints
+one JSON line: the acknowledged sum, the ack times and any failures.
+
+``replicas``: every replica's copy of every shard of a tensor, read from
+each daemon directly (no failover), as sha256 digests with versions.
+
+``training``: a read / accumulate loop checking every read against the
+expected value (for shaped, lossy links).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+
+import numpy as np
+import trio
+
+from irdma import Client
+from irdma.client import AsyncClient
+from irdma.errors import IrdmaError
+from irdma.protocol import Header, Op, tensor_key
+from irdma.sinks import IntoSink
+
+
+def accumulate(args: argparse.Namespace) -> None:
+    acked = 0.0
+    times: list[float] = []
+    failures: list[str] = []
+    with Client(args.config) as client:
+        info = client.stat(args.tensor)
+        ones = np.ones(info.shape, dtype=info.dtype)
+        end = time.monotonic() + args.seconds
+        i = 0
+        while time.monotonic() < end:
+            value = float(args.base + i)
+            i += 1
+            try:
+                client.accumulate(args.tensor, ones, alpha=value)
+            except IrdmaError as exc:
+                failures.append(f"{type(exc).__name__}: {exc}")
+                continue
+            acked += value
+            times.append(time.monotonic())
+    print(json.dumps({"acked": acked, "count": len(times), "times": times, "failures": failures}))
+
+
+async def _replicas(args: argparse.Namespace) -> dict[str, dict[str, list]]:
+    out: dict[str, dict[str, list]] = {}
+    async with AsyncClient(args.config) as client:
+        info = await client.stat(args.tensor)
+        meta = info.meta
+        key = tensor_key(args.tensor)
+        for index in range(meta.num_shards):
+            _, nbytes = meta.shard_span(index)
+            copies: dict[str, list] = {}
+            for node in client.config.replicas_for(key, index):
+                buf = bytearray(nbytes)
+                header = Header(op=Op.READ, key=key, shard=index, size=nbytes)
+                try:
+                    reply = await client._request(node, header, sink=IntoSink(memoryview(buf)))
+                except IrdmaError as exc:
+                    copies[node.name] = ["error", f"{type(exc).__name__}: {exc}"]
+                    continue
+                copies[node.name] = [reply.header.version, hashlib.sha256(buf).hexdigest()]
+            out[str(index)] = copies
+    return out
+
+
+def replicas(args: argparse.Namespace) -> None:
+    print(json.dumps(trio.run(_replicas, args)))
+
+
+def training(args: argparse.Namespace) -> None:
+    """Pull, check, push: the loop a worker runs, with exact expected values."""
+    errors: list[str] = []
+    with Client(args.config) as client:
+        info = client.stat(args.tensor)
+        expected = client.read(args.tensor)
+        delta = np.ones(info.shape, dtype=info.dtype)
+        for step in range(args.steps):
+            got = client.read(args.tensor)
+            if not np.array_equal(got, expected):
+                errors.append(f"step {step}: read differs from the expected value")
+                expected = got
+            client.accumulate(args.tensor, delta, alpha=0.5)
+            expected = expected + 0.5
+        final = client.read(args.tensor)
+        if not np.array_equal(final, expected):
+            errors.append("final read differs from the expected value")
+    print(json.dumps({"steps": args.steps, "errors": errors}))
+
+
+def wait_ready(args: argparse.Namespace) -> None:
+    """Wait until every named daemon answers HELLO and says it is ready (caught up)."""
+    from irdma.cluster import load_config
+
+    config = load_config(args.config)
+    names = args.nodes.split(",") if args.nodes else [n.name for n in config.nodes]
+    deadline = time.monotonic() + args.timeout
+    last: dict[str, str] = {}
+
+    async def check(client: AsyncClient, name: str) -> bool:
+        try:
+            info = await client.hello(config.node(name))
+        except IrdmaError as exc:
+            last[name] = str(exc)
+            return False
+        last[name] = json.dumps(info.get("view"))
+        return bool(info.get("ready"))
+
+    async def run() -> bool:
+        async with AsyncClient(config, timeout=1.0) as client:
+            while time.monotonic() < deadline:
+                if all([await check(client, n) for n in names]):
+                    return True
+                await trio.sleep(0.05)
+        return False
+
+    if not trio.run(run):
+        print(json.dumps({"ready": False, "last": last}))
+        sys.exit(1)
+    print(json.dumps({"ready": True}))
+
+
+def try_write(args: argparse.Namespace) -> None:
+    """Accumulate ones ``--times`` times; print what happened (for a partition's sides)."""
+    with Client(args.config, timeout=args.timeout) as client:
+        try:
+            info = client.stat(args.tensor)
+            for _ in range(args.times):
+                client.accumulate(args.tensor, np.ones(info.shape, dtype=info.dtype))
+        except IrdmaError as exc:
+            print(json.dumps({"ok": False, "error": type(exc).__name__, "message": str(exc)}))
+            return
+    print(json.dumps({"ok": True}))
+
+
+def write(args: argparse.Namespace) -> None:
+    with Client(args.config) as client:
+        client.write(args.tensor, np.full(args.count, args.value, dtype=np.float64))
+    print(json.dumps({"ok": True}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("accumulate")
+    a.add_argument("--config", required=True)
+    a.add_argument("--tensor", required=True)
+    a.add_argument("--seconds", type=float, required=True)
+    a.add_argument("--base", type=int, required=True)
+    r = sub.add_parser("replicas")
+    r.add_argument("--config", required=True)
+    r.add_argument("--tensor", required=True)
+    t = sub.add_parser("training")
+    t.add_argument("--config", required=True)
+    t.add_argument("--tensor", required=True)
+    t.add_argument("--steps", type=int, required=True)
+    w = sub.add_parser("wait-ready")
+    w.add_argument("--config", required=True)
+    w.add_argument("--nodes", default="")
+    w.add_argument("--timeout", type=float, default=30.0)
+    tw = sub.add_parser("try-write")
+    tw.add_argument("--config", required=True)
+    tw.add_argument("--tensor", required=True)
+    tw.add_argument("--timeout", type=float, default=2.0)
+    tw.add_argument("--times", type=int, default=1)
+    wr = sub.add_parser("write")
+    wr.add_argument("--config", required=True)
+    wr.add_argument("--tensor", required=True)
+    wr.add_argument("--count", type=int, required=True)
+    wr.add_argument("--value", type=float, required=True)
+    args = parser.parse_args()
+    commands = {
+        "accumulate": accumulate,
+        "replicas": replicas,
+        "training": training,
+        "wait-ready": wait_ready,
+        "try-write": try_write,
+        "write": write,
+    }
+    commands[args.cmd](args)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,311 @@
+"""Replication, failover, rejoin and snapshots with each daemon on a host of its own.
+
+Every host is a network namespace (``tests/netns.py``): four daemons with
+two copies of each shard, and the clients on a fifth host. Faults are real:
+``kill -9``, SIGSTOP, a host cut off from the switch, shaped lossy links,
+a corrupt snapshot file. Every scenario checks exact data: sums of the
+acknowledged updates, and sha256 digests of every replica's copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from irdma.cluster import ClusterConfig, load_config, render_config
+from irdma.protocol import tensor_key
+
+from .netns import NetnsUnavailable, Network, netns_problem
+
+if (_problem := netns_problem()) is not None:
+    pytest.skip(f"network namespaces unavailable: {_problem}", allow_module_level=True)
+
+WORKERS = str(Path(__file__).with_name("replication_workers.py"))
+HOSTS = ["h1", "h2", "h3", "h4"]
+PORT = 7400
+SHAPE = (40000,)  # float64: 5 shards of 64 KiB over the 4 hosts
+
+
+@dataclass
+class NetCluster:
+    """psd daemons, one per namespace host, and a client host to run workers on."""
+
+    net: Network
+    dir: Path
+    config_path: Path
+    config: ClusterConfig
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def start(self, name: str) -> None:
+        self.procs[name] = self.net.run(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "irdma_psd.main",
+                "--config",
+                str(self.config_path),
+                "--node",
+                name,
+            ],
+            log=self.dir / f"{name}.log",
+        )
+
+    def log(self, name: str) -> str:
+        path = self.dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {n}\n{self.log(n)[-4000:]}" for n in self.procs)
+
+    def worker(self, *args: str, host: str = "client", timeout: float = 120) -> dict:
+        """Run a replication_workers command on a host; its JSON answer."""
+        argv = [sys.executable, WORKERS, args[0], "--config", str(self.config_path), *args[1:]]
+        try:
+            out = self.net.check_output(host, argv, timeout=timeout)
+        except subprocess.CalledProcessError as exc:
+            raise AssertionError(f"{args[0]} failed: {exc}\n{self.logs()}") from None
+        return json.loads(out.strip().splitlines()[-1])
+
+    def spawn(self, *args: str) -> subprocess.Popen:
+        argv = [sys.executable, WORKERS, args[0], "--config", str(self.config_path), *args[1:]]
+        return self.net.run("client", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def wait_ready(self, nodes: list[str] | None = None, timeout: float = 40) -> None:
+        args = ["wait-ready", "--timeout", str(timeout)]
+        if nodes:
+            args += ["--nodes", ",".join(nodes)]
+        self.worker(*args, timeout=timeout + 30)
+
+    def stop(self, name: str) -> None:
+        proc = self.procs[name]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+
+    def kill(self, name: str) -> None:
+        proc = self.procs[name]
+        proc.kill()
+        proc.wait(10)
+
+    def copies(self, tensor: str) -> dict[str, dict[str, list]]:
+        return self.worker("replicas", "--tensor", tensor)
+
+    def primary(self, tensor: str, shard: int = 0) -> str:
+        return self.config.primary_for(tensor_key(tensor), shard).name
+
+
+def digest(value: float, shape: tuple[int, ...] = SHAPE, index: int = 0) -> str:
+    """sha256 of shard ``index`` of a float64 tensor filled with ``value``."""
+    data = np.full(shape, value, dtype=np.float64).reshape(-1).view(np.uint8)
+    return hashlib.sha256(data[index * 65536 : (index + 1) * 65536]).hexdigest()
+
+
+def build(tmp_path: Path, **extra: float) -> Iterator[NetCluster]:
+    try:
+        net = Network([*HOSTS, "client"])
+    except NetnsUnavailable as exc:
+        pytest.skip(f"network namespaces unavailable: {exc}")
+    try:
+        nodes = [(h, f"tcp://{net.address(h)}:{PORT}", str(tmp_path / h), 64 << 20) for h in HOSTS]
+        settings = {"heartbeat": 0.2, "failure_timeout": 1.0} | extra
+        timeout = settings.pop("timeout", 3.0)
+        path = tmp_path / "cluster.toml"
+        path.write_text(
+            render_config(nodes, shard_size=64 << 10, replicas=2, timeout=timeout, extra=settings)
+        )
+        cluster = NetCluster(net, tmp_path, path, load_config(path))
+        for h in HOSTS:
+            cluster.start(h)
+        cluster.wait_ready()
+        yield cluster
+    finally:
+        net.close()
+
+
+@pytest.fixture
+def netcluster(tmp_path: Path) -> Iterator[NetCluster]:
+    yield from build(tmp_path)
+
+
+def run_stream(c: NetCluster, tensor: str, seconds: float, fault) -> tuple[float, list[dict]]:
+    """Three clients accumulate for ``seconds`` while ``fault()`` runs; (acked sum, results)."""
+    c.worker("write", "--tensor", tensor, "--count", str(SHAPE[0]), "--value", "0")
+    procs = [
+        c.spawn(
+            "accumulate",
+            "--tensor",
+            tensor,
+            "--seconds",
+            str(seconds),
+            "--base",
+            str(1 + k * 1_000_000),
+        )
+        for k in range(3)
+    ]
+    try:
+        fault()
+        results = []
+        for p in procs:
+            out, err = p.communicate(timeout=seconds + 60)
+            assert p.returncode == 0, f"worker failed: {err.decode()}\n{c.logs()}"
+            results.append(json.loads(out.decode().strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r in results:
+        assert r["failures"] == [], f"{r['failures'][:3]}\n{c.logs()}"
+    return sum(r["acked"] for r in results), results
+
+
+def resumed_after(results: list[dict], at: float) -> float:
+    """Seconds from ``at`` until every client had an update acknowledged again."""
+    return max(min(t for t in r["times"] if t > at) - at for r in results)
+
+
+def assert_copies(copies: dict, value: float, *, live: set[str], both: bool = True) -> None:
+    """Every live replica of every shard holds exactly ``value`` everywhere."""
+    for index, per_node in copies.items():
+        want = digest(value, index=int(index))
+        seen = {n: v for n, v in per_node.items() if n in live}
+        assert seen, f"shard {index}: no live replica answered: {per_node}"
+        if both:
+            assert len(seen) == len(per_node), f"shard {index}: a replica is missing: {per_node}"
+        for node, (version, sha) in seen.items():
+            assert sha == want, f"shard {index} on {node} (version {version}) differs"
+        versions = {v for v, _ in seen.values()}
+        assert len(versions) == 1, f"shard {index}: replicas at versions {seen}"
+
+
+@pytest.mark.timeout(180)
+def test_kill_9_primary_loses_and_doubles_nothing(netcluster: NetCluster) -> None:
+    c = netcluster
+    victim = c.primary("s1/t")
+    killed_at: list[float] = []
+
+    def fault() -> None:
+        time.sleep(3)
+        killed_at.append(time.monotonic())
+        c.kill(victim)
+
+    total, results = run_stream(c, "s1/t", 8, fault)
+    live = set(HOSTS) - {victim}
+    assert_copies(c.copies("s1/t"), total, live=live, both=False)
+    resumed = resumed_after(results, killed_at[0])
+    print(f"writes resumed {resumed:.2f} s after kill -9 of {victim} (target 2 s)")
+    # Rejoin: the restarted daemon catches up to the same bytes.
+    c.start(victim)
+    c.wait_ready()
+    assert_copies(c.copies("s1/t"), total, live=set(HOSTS))
+    assert "caught up" in c.log(victim)
+
+
+@pytest.mark.timeout(180)
+def test_sigstop_daemon_fails_over_then_rejoins(netcluster: NetCluster) -> None:
+    c = netcluster
+    victim = c.primary("s2/t")
+
+    def fault() -> None:
+        time.sleep(2)
+        os.kill(c.procs[victim].pid, signal.SIGSTOP)
+        time.sleep(4)
+        os.kill(c.procs[victim].pid, signal.SIGCONT)
+
+    total, _ = run_stream(c, "s2/t", 9, fault)
+    c.wait_ready()
+    assert_copies(c.copies("s2/t"), total, live=set(HOSTS))
+    assert "catching up before serving again" in c.log(victim), c.log(victim)
+
+
+@pytest.mark.timeout(180)
+def test_partitioned_host_refuses_writes_and_converges(netcluster: NetCluster) -> None:
+    c = netcluster
+    victim = c.primary("s3/t")
+    c.worker("write", "--tensor", "s3/t", "--count", str(SHAPE[0]), "--value", "1")
+    c.net.partition(victim)
+    try:
+        time.sleep(2 * c.config.failure_timeout)
+        # The minority side: a client next to the cut-off daemon cannot write.
+        alone = c.worker("try-write", "--tensor", "s3/t", host=victim)
+        assert not alone["ok"] and alone["error"] in ("NoQuorum", "Recovering"), alone
+        # The majority side goes on.
+        majority = c.worker("try-write", "--tensor", "s3/t", "--times", "5", "--timeout", "5")
+        assert majority["ok"], majority
+    finally:
+        c.net.heal(victim)
+    c.wait_ready()
+    assert_copies(c.copies("s3/t"), 6.0, live=set(HOSTS))
+    print(f"minority side answered: {alone['error']}: {alone['message'][:200]}")
+
+
+@pytest.mark.timeout(180)
+def test_restart_of_every_daemon_keeps_every_byte(netcluster: NetCluster) -> None:
+    c = netcluster
+    for i in range(3):
+        c.worker("write", "--tensor", f"s4/t{i}", "--count", str(SHAPE[0]), "--value", str(i + 0.5))
+    before = {i: c.copies(f"s4/t{i}") for i in range(3)}
+    for h in HOSTS:
+        c.stop(h)
+    for h in HOSTS:
+        assert "snapshot 1 written" in c.log(h) or "snapshot" in c.log(h)
+        c.start(h)
+    c.wait_ready()
+    for i in range(3):
+        assert c.copies(f"s4/t{i}") == before[i]
+        assert_copies(before[i], i + 0.5, live=set(HOSTS))
+
+
+@pytest.mark.timeout(180)
+def test_corrupt_snapshot_is_refused_and_replaced_from_a_replica(
+    netcluster: NetCluster,
+) -> None:
+    c = netcluster
+    c.worker("write", "--tensor", "s5/t", "--count", str(SHAPE[0]), "--value", "7")
+    victim = c.primary("s5/t")
+    c.stop(victim)
+    snap = c.dir / victim / "snapshot.irdma"
+    raw = bytearray(snap.read_bytes())
+    raw[len(raw) // 3] ^= 0xFF  # inside the shard data
+    snap.write_bytes(bytes(raw))
+    c.start(victim)
+    c.wait_ready()
+    log = c.log(victim)
+    assert "checksum mismatch" in log, log
+    kept = list((c.dir / victim).glob("snapshot.irdma.corrupt-*"))
+    assert len(kept) == 1 and kept[0].read_bytes() == bytes(raw)
+    assert_copies(c.copies("s5/t"), 7.0, live=set(HOSTS))
+
+
+@pytest.fixture
+def lossy_cluster(tmp_path: Path) -> Iterator[NetCluster]:
+    # 100 ms each way on every host link: 400 ms host-to-host round trips,
+    # so failure detection is set well above them.
+    yield from build(tmp_path, heartbeat=0.5, failure_timeout=5.0, timeout=15.0)
+
+
+@pytest.mark.timeout(300)
+def test_training_loop_over_delayed_lossy_links(lossy_cluster: NetCluster) -> None:
+    c = lossy_cluster
+    c.worker("write", "--tensor", "s6/t", "--count", "4000", "--value", "0")
+    for h in [*HOSTS, "client"]:
+        c.net.shape(h, delay_ms=100, loss_pct=1)
+    try:
+        out = c.worker("training", "--tensor", "s6/t", "--steps", "6", timeout=240)
+    finally:
+        for h in [*HOSTS, "client"]:
+            with contextlib.suppress(Exception):
+                c.net.shape(h)
+    assert out["errors"] == [], out
