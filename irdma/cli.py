@@ -191,19 +191,22 @@ async def cmd_status(client: AsyncClient, args: argparse.Namespace) -> int:
                 "tensors": hello["tensors"],
                 "arena_used": hello["arena_used"],
                 "arena_size": hello["arena_size"],
+                # With replicas: False while it catches up from its peers.
+                "ready": hello.get("ready", True),
             }
         rows.append(row)
     down = [r for r in rows if not r["up"]]
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        print(f"{'NODE':<12} {'ADDRESS':<26} {'STATE':<6} {'TENSORS':>7}  ARENA USED")
+        print(f"{'NODE':<12} {'ADDRESS':<26} {'STATE':<8} {'TENSORS':>7}  ARENA USED")
         for r in rows:
             if r["up"]:
                 use = f"{_human(r['arena_used'])} / {_human(r['arena_size'])}"
-                print(f"{r['node']:<12} {r['address']:<26} {'up':<6} {r['tensors']:>7}  {use}")
+                state = "up" if r["ready"] else "syncing"
+                print(f"{r['node']:<12} {r['address']:<26} {state:<8} {r['tensors']:>7}  {use}")
             else:
-                print(f"{r['node']:<12} {r['address']:<26} {'DOWN':<6} {'-':>7}  {r['error']}")
+                print(f"{r['node']:<12} {r['address']:<26} {'DOWN':<8} {'-':>7}  {r['error']}")
     return 1 if down else 0
 
 

@@ -77,7 +77,10 @@ def psd_command(config_path: Path, node: str) -> list[str]:
 
 
 async def wait_ready(config: ClusterConfig, procs: dict[str, trio.Process]) -> None:
-    """Wait until every daemon answers HELLO; raise if one exits or time runs out."""
+    """Wait until every daemon answers HELLO as ready; raise if one exits or time runs out.
+
+    With replicas, a daemon is ready once it has caught up from its peers.
+    """
     with trio.move_on_after(READY_TIMEOUT) as scope:
         async with AsyncClient(config, timeout=1.0) as client:
             for node in config.nodes:
@@ -89,10 +92,11 @@ async def wait_ready(config: ClusterConfig, procs: dict[str, trio.Process]) -> N
                             "before it was ready (see its log above)"
                         )
                     try:
-                        await client.hello(node)
-                        break
+                        if (await client.hello(node)).get("ready", True):
+                            break
                     except IrdmaError:
-                        await trio.sleep(0.05)
+                        pass
+                    await trio.sleep(0.05)
     if scope.cancelled_caught:
         raise IrdmaError(f"daemons did not answer within {READY_TIMEOUT:g} s")
 
@@ -153,11 +157,6 @@ async def run_local(config_path: Path) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.replicas != 1:
-        raise ConfigError(
-            f"--replicas {args.replicas}: this version keeps one copy of each shard "
-            "(replication is not available yet); use --replicas 1"
-        )
     path = write_config(
         Path(args.dir).resolve(),
         args.nodes,

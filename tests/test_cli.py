@@ -183,9 +183,11 @@ def test_local_starts_and_stops_cleanly(tmp_path: Path) -> None:
         proc.stdout.close()
 
 
-def test_local_refuses_replicas_until_replication_exists(tmp_path: Path) -> None:
-    proc = irdma(None, "local", "--replicas", "2", "--dir", str(tmp_path), check=False)
-    assert proc.returncode == 2 and "replication is not available" in proc.stderr
+def test_local_refuses_more_replicas_than_nodes(tmp_path: Path) -> None:
+    proc = irdma(
+        None, "local", "--nodes", "2", "--replicas", "3", "--dir", str(tmp_path), check=False
+    )
+    assert proc.returncode == 2 and "3 replicas need at least 3 nodes" in proc.stderr
 
 
 @pytest.mark.parametrize("bad", ["nodes = 3", "[[nodes]]\nname='a'\naddress='tcp://x:1'\n"])
