@@ -3,11 +3,12 @@
 
 Three measurements, all in one run (as root; hosts from ``tests/netns.py``):
 
-1. **Read scaling.** 1, 2 and 4 daemons (one copy per shard), each on a
-   host whose link is shaped to ``--rate`` (tbf, both directions); one client
-   on an unshaped host reads a tensor spread over all of them. Prints the
-   aggregate read rate and its ratio to N x the one-daemon rate (target 0.9).
-   iperf3 through one shaped link gives the link's own limit.
+1. **Read scaling.** 1, 2 and 4 daemons, each on a host whose link is
+   shaped to ``--rate`` (tbf, both directions); one client on an unshaped
+   host reads a tensor spread over all of them, with one copy per shard and
+   with two (reads then spread over both copies). Prints the aggregate read
+   rate and its ratio to N x the one-daemon rate (target 0.9). iperf3
+   through one shaped link gives the link's own limit.
 2. **The cost of R=2.** Write and accumulate throughput of 4 daemons on
    unshaped links with one copy and with two, and the ratio.
 3. **Failover.** A stream of accumulates while the primary of the shard is
@@ -180,23 +181,24 @@ def main() -> None:
         for h in hosts:
             net.shape(h, rate=args.rate)
         results["iperf3_one_link_mbps"] = iperf(net, "h1")
-        scaling: dict[int, float] = {}
-        balance: dict[int, float] = {}
-        for n in (1, 2, 4):
-            c = Cluster(net, hosts[:n], 1, tmp / f"s{n}", shard)
+        scaling: dict[str, float] = {}
+        balance: dict[str, float] = {}
+        for n, r in ((1, 1), (2, 1), (4, 1), (2, 2), (4, 2)):
+            c = Cluster(net, hosts[:n], r, tmp / f"s{n}-{r}", shard)
             try:
-                scaling[n] = c.run("read", size=args.size, rounds=args.rounds)["mbps"]
-                # The daemon with the most shards sets the pace of one read.
+                scaling[f"{n}/{r}"] = c.run("read", size=args.size, rounds=args.rounds)["mbps"]
+                # With one copy, the daemon with the most shards sets the pace.
                 count = parse_size(args.size) // shard
                 per = [0] * n
                 for i in range(count):
                     per[hosts.index(c.config.primary_for(tensor_key("bench/t"), i).name)] += 1
-                balance[n] = (count / n) / max(per)
+                balance[f"{n}/{r}"] = (count / n) / max(per) if r == 1 else 1.0
             finally:
                 c.stop()
+        one = scaling["1/1"]
         results["read_mbps"] = scaling
         results["placement_balance"] = balance
-        results["read_scaling"] = {n: scaling[n] / (n * scaling[1]) for n in scaling}
+        results["read_scaling"] = {k: v / (int(k.split("/")[0]) * one) for k, v in scaling.items()}
         for h in hosts:
             net.shape(h)
         # 2. R=2 against R=1, unshaped
@@ -238,12 +240,13 @@ def main() -> None:
         return
     one = results["iperf3_one_link_mbps"]
     print(f"links shaped to {args.rate}; iperf3 through one link: {one:.0f} MB/s")
-    print(f"{'daemons':>8} {'read MB/s':>10} {'/ (N x one)':>12} {'/ (N x iperf3)':>15} "
-          f"{'placement balance':>18}")  # fmt: skip
-    for n, v in results["read_mbps"].items():
-        bal = results["placement_balance"][n]
-        print(f"{n:>8} {v:>10.0f} {results['read_scaling'][n]:>12.2f} {v / (n * one):>15.2f} "
-              f"{bal:>18.2f}")  # fmt: skip
+    print(f"{'daemons':>8} {'copies':>7} {'read MB/s':>10} {'/ (N x one)':>12} "
+          f"{'/ (N x iperf3)':>15} {'placement balance':>18}")  # fmt: skip
+    for k, v in results["read_mbps"].items():
+        n, r = (int(x) for x in k.split("/"))
+        bal = results["placement_balance"][k]
+        print(f"{n:>8} {r:>7} {v:>10.0f} {results['read_scaling'][k]:>12.2f} "
+              f"{v / (n * one):>15.2f} {bal:>18.2f}")  # fmt: skip
     print(f"\n{'op':>12} {'R=1 MB/s':>10} {'R=2 MB/s':>10} {'R=2 / R=1':>10}")
     for op in results["r1_mbps"]:
         r1, r2 = results["r1_mbps"][op], results["r2_mbps"][op]

@@ -292,12 +292,17 @@ class AsyncClient:
     def replicated(self) -> bool:
         return self.config.replicas > 1
 
-    def _candidates(self, key: int, shard: int, update: bool) -> list[Node]:
+    def _candidates(
+        self, key: int, shard: int, update: bool, load: dict[str, int] | None = None
+    ) -> list[Node]:
         """The shard's replicas in the order to try them.
 
         Updates start at the replica that last took updates for this replica
         set (the primary); reads are spread over the replicas, skipping those
-        that failed in the last few seconds.
+        that failed in the last few seconds. ``load`` (bytes already given to
+        each daemon by the same call) makes a read start at the least loaded
+        replica, so one tensor's shards are spread evenly over the daemons
+        even where placement put more of them on one.
         """
         replicas = list(self.config.replicas_for(key, shard))
         if update:
@@ -310,6 +315,8 @@ class AsyncClient:
         now = trio.current_time()
         recent = 2 * self.config.failure_timeout + self.timeout
         healthy = [n for n in order if now - self._failed_at.get(n.name, -1e9) > recent]
+        if load is not None:
+            healthy.sort(key=lambda n: load.get(n.name, 0))  # stable: ties keep the rotation
         return healthy + [n for n in order if n not in healthy]
 
     async def _on_replicas(
@@ -322,6 +329,7 @@ class AsyncClient:
         *,
         update: bool,
         track: bool = True,
+        candidates: list[Node] | None = None,
     ) -> Reply:
         """A request for one shard, failing over to its other replicas.
 
@@ -335,7 +343,7 @@ class AsyncClient:
         """
         if not self.replicated:
             return await self._request(self.config.primary_for(key, shard), header, payload, sink)
-        candidates = self._candidates(key, shard, update)
+        candidates = candidates or self._candidates(key, shard, update)
         deadline = trio.current_time() + self.timeout + 2 * self.config.failure_timeout
         attempt = 0
         last: Exception | None = None
@@ -581,6 +589,14 @@ class AsyncClient:
         code = meta.dtype_code
 
         update = op != Op.READ
+        # Reads: choose each shard's replica so the bytes spread evenly.
+        choice: dict[int, list[Node]] = {}
+        if not update and self.replicated:
+            load: dict[str, int] = {}
+            for p in pieces:
+                choice[p.shard] = self._candidates(meta.key, p.shard, False, load)
+                first = choice[p.shard][0].name
+                load[first] = load.get(first, 0) + p.length
 
         async def one(p: _Piece) -> int:
             view = buf[p.buf_offset : p.buf_offset + p.length]
@@ -600,7 +616,12 @@ class AsyncClient:
             )
             if op == Op.READ:
                 reply = await self._on_replicas(
-                    meta.key, p.shard, header, sink=IntoSink(view, progress), update=False
+                    meta.key,
+                    p.shard,
+                    header,
+                    sink=IntoSink(view, progress),
+                    update=False,
+                    candidates=choice.get(p.shard),
                 )
             else:
                 reply = await self._on_replicas(meta.key, p.shard, header, [view], update=True)
@@ -757,9 +778,12 @@ class AsyncClient:
         """Send many tensors' shards as batch frames, one stream of frames per daemon."""
         per_node: dict[str, list[tuple[BatchEntry, memoryview]]] = defaultdict(list)
         update = op != Op.READ_BATCH
+        load: dict[str, int] | None = None if update else {}
         for meta, buf in items:
             for p in shard_pieces(meta, 0, len(buf)):
-                node = self._candidates(meta.key, p.shard, update)[0]
+                node = self._candidates(meta.key, p.shard, update, load)[0]
+                if load is not None:
+                    load[node.name] = load.get(node.name, 0) + p.length
                 entry = BatchEntry(
                     meta.key,
                     p.shard,

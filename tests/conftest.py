@@ -17,7 +17,7 @@ import pytest
 
 from irdma import Client
 from irdma.cluster import ClusterConfig, load_config
-from irdma.local import write_config
+from irdma.local import psd_command, write_config
 from irdma.protocol import HEADER_SIZE, Header, Op, decode_json, unpack_header
 
 READY_TIMEOUT = 20.0
@@ -40,15 +40,7 @@ class Cluster:
     def start(self, name: str, *, wait: bool = True) -> None:
         log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115 (closed with the process)
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "irdma_psd.main",
-                "--config",
-                str(self.config_path),
-                "--node",
-                name,
-            ],
+            psd_command(self.config_path, name),
             stdout=log,
             stderr=log,
             stdin=subprocess.DEVNULL,

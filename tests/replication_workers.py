@@ -135,7 +135,11 @@ def try_write(args: argparse.Namespace) -> None:
         try:
             info = client.stat(args.tensor)
             for _ in range(args.times):
-                client.accumulate(args.tensor, np.ones(info.shape, dtype=info.dtype))
+                if args.first is not None:
+                    # Only shard 0, so the answer comes from its replicas alone.
+                    client.write_bytes(args.tensor, 0, np.float64(args.first).tobytes())
+                else:
+                    client.accumulate(args.tensor, np.ones(info.shape, dtype=info.dtype))
         except IrdmaError as exc:
             print(json.dumps({"ok": False, "error": type(exc).__name__, "message": str(exc)}))
             return
@@ -172,6 +176,7 @@ def main() -> None:
     tw.add_argument("--tensor", required=True)
     tw.add_argument("--timeout", type=float, default=2.0)
     tw.add_argument("--times", type=int, default=1)
+    tw.add_argument("--first", type=float, help="write this float64 as element 0 instead")
     wr = sub.add_parser("write")
     wr.add_argument("--config", required=True)
     wr.add_argument("--tensor", required=True)
