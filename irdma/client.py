@@ -492,12 +492,10 @@ class AsyncClient:
         async def stat_on(node: Node) -> dict[str, Any]:
             try:
                 r = await self._request(node, Header(op=Op.STAT, key=key))
-            except (DaemonUnavailable, TensorNotFound) as exc:
+            except (DaemonUnavailable, TensorNotFound):
                 if not self.replicated:
                     raise
-                if isinstance(exc, TensorNotFound):
-                    return {}
-                return {}
+                return {}  # down, or not caught up yet: the other replicas answer
             return decode_json(r.data)
 
         records = [rec, *await self._gather(partial(stat_on, n) for n in others)]

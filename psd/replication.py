@@ -369,9 +369,9 @@ class Replicator:
         announced = False
         while True:
             if not self.membership.has_quorum():
-                announced = announced or _say(
-                    "%s: waiting for a majority of daemons before catching up", me
-                )
+                if not announced:
+                    log.info("%s: waiting for a majority of daemons before catching up", me)
+                    announced = True
                 await trio.sleep(RETRY_PAUSE)
                 continue
             plan = await self._plan()
@@ -531,8 +531,3 @@ class Replicator:
             raise StoreError(Status.BAD_ARGUMENT, f"bad shard copy: {exc}") from None
         data = np.frombuffer(payload[meta_len:], dtype=np.uint8)
         self.store.install_shard(meta, header.shard, header.version, data, txns)
-
-
-def _say(fmt: str, *args: Any) -> bool:
-    log.info(fmt, *args)
-    return True
