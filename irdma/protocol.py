@@ -34,7 +34,9 @@ PROTOCOL_VERSION = 3
 # training mode lets that step proceed), txn (the client's id of one logical
 # update, the same on every retry, so a retried update is applied once; 0 for
 # none). In a read, version is the least version the client will accept (a
-# replica behind it answers BEHIND).
+# replica behind it answers BEHIND). In a REPLICA update and in SYNC, worker is
+# the index of the sending daemon in the cluster's node list (a receiver takes
+# copies only from the daemon it sees as the shard's acting primary).
 HEADER = struct.Struct("<4sBBHHHIQQQQQQdQIIQQ")
 HEADER_SIZE = HEADER.size
 assert HEADER_SIZE == 104

@@ -34,6 +34,9 @@ from irdma.cluster import ClusterConfig, Node
 class PeerState:
     last_heard: float | None = None
     ready: bool = False
+    # (boot, seq) of the newest state the peer reported: a heartbeat built
+    # before a newer one but delivered after it must not undo it.
+    stamp: tuple[int, int] | None = None
 
 
 class Membership:
@@ -75,8 +78,18 @@ class Membership:
             self.ready = False
             self.on_lost()
 
-    def heard(self, peer: str, ready: bool | None = None, now: float | None = None) -> None:
-        """A message from ``peer`` arrived (``ready``: the state it reported, if any)."""
+    def heard(
+        self,
+        peer: str,
+        ready: bool | None = None,
+        now: float | None = None,
+        stamp: tuple[int, int] | None = None,
+    ) -> None:
+        """A message from ``peer`` arrived (``ready``: the state it reported, if any).
+
+        ``stamp`` is (boot, seq) of that report: within one run of the peer
+        (same boot) a report older than one already seen is not believed.
+        """
         state = self.peers.get(peer)
         if state is None:
             return
@@ -85,8 +98,18 @@ class Membership:
         was_up = self.up(peer, now)
         was_ready = state.ready
         state.last_heard = now
+        stale = (
+            stamp is not None
+            and state.stamp is not None
+            and stamp[0] == state.stamp[0]
+            and stamp[1] < state.stamp[1]
+        )
+        if stale:
+            ready = None  # built before a report already seen
         if ready is not None:
             state.ready = ready
+            if stamp is not None:
+                state.stamp = stamp
         elif not was_up:
             state.ready = False  # back from down: not serving until it says so
         if not was_up or was_ready != state.ready:

@@ -13,11 +13,17 @@
   and checksums), has the current copy of each of its shards pushed to it,
   and only then announces itself ready; each peer first sends it everything
   it queued for it, so no update falls between the copy and the handoff.
+- **Whose copies count.** A daemon takes forwarded updates and shard copies
+  only from a peer it sees as up and ready (and never for a shard it is the
+  acting primary of), or, while catching up, from the peer it asked. A
+  primary that was paused or cut off and comes back with stale queued
+  updates is refused, drops them, and catches up like any rejoining daemon.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -50,10 +56,15 @@ class Item:
     shard: int
     commit: Commit | None  # None: send the whole shard (SYNC)
     done: trio.Event = field(default_factory=trio.Event)
+    delivered: bool = False  # done can also mean skipped (the peer went down)
 
 
 class PeerError(Exception):
     """A peer could not be reached or refused a replication message."""
+
+
+class Refused(PeerError):
+    """The peer does not take copies from this daemon (it sees another primary)."""
 
 
 class Peer:
@@ -86,6 +97,15 @@ class Replicator:
         self.store = store
         self.membership = Membership(config, node.name)
         self.peers = {n.name: Peer(n) for n in config.nodes if n.name != node.name}
+        self.names = [n.name for n in config.nodes]
+        self.index = self.names.index(node.name)  # how copies name their sender
+        # Heartbeats carry (boot, seq) so a late one cannot undo a newer state.
+        self._boot = secrets.randbits(63)
+        self._seq = 0
+        # Set during the handoff: pings report ready before this daemon acts on it.
+        self._announcing = False
+        # Peers this daemon asked for shard copies while catching up.
+        self._asked: set[str] = set()
         self._nursery: trio.Nursery | None = None
         self._lost = trio.Event()
         self.membership.on_lost = self._on_lost
@@ -102,6 +122,10 @@ class Replicator:
             self.node.name,
             self.membership.grace,
         )
+        # Whatever was queued while primary is stale now: others may have
+        # taken over. This daemon catches up instead.
+        for peer in self.peers.values():
+            peer.skip_all()
         self._lost.set()
 
     def _on_change(self) -> None:
@@ -179,9 +203,23 @@ class Replicator:
 
     def ping_body(self, handoff: bool = False) -> bytes:
         self.membership.observe()  # a daemon resumed after a pause says so at once
+        self._seq += 1
         return encode_json(
-            {"node": self.node.name, "ready": self.membership.ready, "handoff": handoff}
+            {
+                "node": self.node.name,
+                "ready": self.membership.ready or self._announcing,
+                "handoff": handoff,
+                "boot": self._boot,
+                "seq": self._seq,
+            }
         )
+
+    @staticmethod
+    def _stamp(body: dict) -> tuple[int, int] | None:
+        boot, seq = body.get("boot"), body.get("seq")
+        if isinstance(boot, int) and isinstance(seq, int):
+            return boot, seq
+        return None
 
     async def received_ping(self, body: Any) -> bytes:
         """A peer's heartbeat arrived; return the answer (this daemon's state).
@@ -193,7 +231,7 @@ class Replicator:
         if not isinstance(body, dict) or body.get("node") not in self.peers:
             raise StoreError(Status.BAD_ARGUMENT, "heartbeat from an unknown node")
         name = body["node"]
-        self.membership.heard(name, bool(body.get("ready")))
+        self.membership.heard(name, bool(body.get("ready")), stamp=self._stamp(body))
         if body.get("handoff"):
             await self.drain(name)
         return self.ping_body()
@@ -219,7 +257,10 @@ class Replicator:
         if header.status != Status.OK:
             return False
         reply = decode_json(data)
-        self.membership.heard(peer.node.name, bool(reply.get("ready")))
+        if isinstance(reply, dict):
+            self.membership.heard(
+                peer.node.name, bool(reply.get("ready")), stamp=self._stamp(reply)
+            )
         return True
 
     # -- forwarding -------------------------------------------------------------
@@ -258,7 +299,15 @@ class Replicator:
                 await peer.wake.wait()
             item = peer.queue[0]
             try:
-                await self._deliver(peer, item)
+                if item.commit is not None and not self.membership.ready:
+                    # Applied as primary before this daemon lost its majority:
+                    # another replica may have taken over since. Not sent.
+                    pass
+                else:
+                    await self._deliver(peer, item)
+                    item.delivered = True
+            except Refused as exc:
+                log.warning("%s: %s; dropped", self.node.name, exc)
             except PeerError as exc:
                 # Keep trying while the peer is up; once it is down the
                 # queue is dropped (it catches up when it returns).
@@ -280,6 +329,11 @@ class Replicator:
             status = await self._send_update(peer, item.commit)
             if status == Status.OK:
                 return
+            if status == Status.NOT_OWNER:
+                raise Refused(
+                    f"{peer.node.name} refused an update to shard {item.shard} of tensor "
+                    f"{item.key:#x} (it sees another primary)"
+                )
             # The backup missed updates, or lacks the tensor: send the shard.
         await self._send_shard(peer, item.key, item.shard)
 
@@ -297,6 +351,7 @@ class Replicator:
             version=c.version,
             flags=Flag.REPLICA,
             txn=c.txn,
+            worker=self.index,
         )
         reply, _ = await self.request(peer, header, [c.payload], timeout=self._budget(c.payload))
         return reply.status
@@ -324,12 +379,14 @@ class Replicator:
                 size=shard.nbytes,
                 length=len(body) + shard.nbytes,
                 version=shard.version,
+                worker=self.index,
             )
             reply, text = await self.request(peer, header, [body, data], timeout=self._budget(data))
         finally:
             self.store.unpin(block)
         if reply.status != Status.OK:
-            raise PeerError(
+            error = Refused if reply.status == Status.NOT_OWNER else PeerError
+            raise error(
                 f"{peer.node.name} refused shard {index} of {tensor.meta.name!r}: "
                 f"{Status(reply.status).name}: {text.decode(errors='replace')}"
             )
@@ -477,18 +534,27 @@ class Replicator:
             for k, s in shards
             if k in self.store.tensors and s in self.store.tensors[k].shards
         )
-        header, data = await self.request(
-            self.peers[source],
-            Header(op=Op.SYNC_REQUEST, length=len(body)),
-            [body],
-            timeout=self.config.failure_timeout + 30.0 + max(total, len(shards) << 22) / 100e6,
-        )
+        self._asked.add(source)
+        try:
+            header, data = await self.request(
+                self.peers[source],
+                Header(op=Op.SYNC_REQUEST, length=len(body)),
+                [body],
+                timeout=self.config.failure_timeout + 30.0 + max(total, len(shards) << 22) / 100e6,
+            )
+        finally:
+            self._asked.discard(source)
         if header.status != Status.OK:
             raise PeerError(f"{source}: {data.decode(errors='replace')}")
 
     async def _handoff(self) -> bool:
-        """Tell every peer this daemon is ready; each first delivers what it queued for it."""
-        self.membership.ready = True  # what the handoff pings report
+        """Tell every peer this daemon is ready; each first delivers what it queued for it.
+
+        The pings say "ready", but this daemon acts on it (serves, takes
+        primary role) only once every peer answered: until then the peers'
+        drained queues still come from the primary they had.
+        """
+        self._announcing = True
         ok = True
 
         async def tell(name: str) -> None:
@@ -497,11 +563,13 @@ class Replicator:
             if not await self._ping(self.peers[name], timeout=timeout, handoff=True):
                 ok = ok and not self.membership.up(name)
 
-        async with trio.open_nursery() as nursery:
-            for name in self.membership.up_peers():
-                nursery.start_soon(tell, name)
+        try:
+            async with trio.open_nursery() as nursery:
+                for name in self.membership.up_peers():
+                    nursery.start_soon(tell, name)
+        finally:
+            self._announcing = False
         if not ok:
-            self.membership.ready = False
             return False
         self.membership.became_ready()
         return True
@@ -518,7 +586,46 @@ class Replicator:
         if asker not in self.peers:
             raise StoreError(Status.BAD_ARGUMENT, f"unknown node {asker!r}")
         self.membership.heard(asker)
-        await self.wait(self.sync_to(asker, shards))
+        items = self.sync_to(asker, shards)
+        await self.wait(items)
+        if not all(item.delivered for item in items):
+            raise StoreError(
+                Status.RECOVERING,
+                f"{self.node.name} could not send every shard asked for; ask again",
+            )
+
+    def check_sender(self, header: Header) -> None:
+        """Refuse a forwarded update or shard copy from a daemon that is not in charge of it.
+
+        Taken: from a peer this daemon sees as up and ready, for a shard it
+        is not the acting primary of; and while catching up, from the peer it
+        asked for copies. Anything else is a stale primary's leftover.
+        """
+        m = self.membership
+        sender = self.names[header.worker] if header.worker < len(self.names) else None
+        if sender is None or sender == self.node.name:
+            raise StoreError(Status.BAD_ARGUMENT, f"copy from unknown daemon #{header.worker}")
+        if not self.config.holds(sender, header.key, header.shard):
+            raise StoreError(
+                Status.NOT_OWNER,
+                f"{sender} is not a replica of shard {header.shard} of tensor {header.key:#x}",
+            )
+        if not m.ready:
+            if sender in self._asked or m.peer_ready(sender):
+                return
+            raise StoreError(
+                Status.NOT_OWNER,
+                f"{self.node.name} is catching up and takes copies only from ready replicas, "
+                f"not {sender}",
+            )
+        primary = m.acting_primary(header.key, header.shard)
+        if m.peer_ready(sender) and (primary is None or primary.name != self.node.name):
+            return
+        raise StoreError(
+            Status.NOT_OWNER,
+            f"{self.node.name} takes shard {header.shard} of tensor {header.key:#x} from "
+            f"{primary.name if primary else 'no ready replica'}, not {sender}",
+        )
 
     def install(self, header: Header, payload: memoryview) -> None:
         """Apply a SYNC frame: replace the local copy of a shard with the primary's."""

@@ -141,10 +141,12 @@ class Server:
                 conn = _Conn(stream, nursery)
                 try:
                     await self._serve_requests(conn)
+                except (StreamBroken, StreamClosed) as exc:
+                    # Caught here, before the nursery wraps it in a group: a
+                    # peer that hung up is routine, not an internal error.
+                    log.info("connection from %s ended: %s", peer, exc)
                 finally:
                     nursery.cancel_scope.cancel()  # reads still waiting go with the connection
-        except (StreamBroken, StreamClosed) as exc:
-            log.info("connection from %s ended: %s", peer, exc)
         except Exception:
             log.exception("closing connection from %s after an internal error", peer)
         finally:
@@ -448,7 +450,9 @@ class Server:
             )
         replica = bool(header.flags & Flag.REPLICA)
         try:
-            if not replica:
+            if replica:
+                self.replicator.check_sender(header)
+            else:
                 self._check_primary(header.key, header.shard)
             update = self.store.begin_update(
                 Op(header.op),
@@ -470,6 +474,11 @@ class Server:
             raise
         update.txn = header.txn
         if replica:
+            try:
+                self.replicator.check_sender(header)  # the view may have moved meanwhile
+            except StoreError:
+                self.store.abort(update)
+                raise
             version = self.store.commit_replica(update, header.version)
             await self._reply(conn, header, [], version=version)
             return
@@ -632,6 +641,11 @@ class Server:
         if header.offset > MAX_META_PAYLOAD or header.offset + header.size != header.length:
             await conn.stream.drain(header.length)
             raise StoreError(Status.BAD_FRAME, "shard copy: lengths do not add up")
+        try:
+            self.replicator.check_sender(header)
+        except StoreError:
+            await conn.stream.drain(header.length)
+            raise
         staging = self.store.reserve(header.length)
         try:
             if staging is None:  # arena full: the copy waits in process memory
@@ -639,6 +653,7 @@ class Server:
             else:
                 buf = self.store.arena.view(staging, 0, header.length)
             await conn.stream.recv_exactly_into(buf)
+            self.replicator.check_sender(header)
             self.replicator.install(header, memoryview(buf))
         finally:
             if staging is not None:

@@ -176,7 +176,9 @@ def assert_copies(copies: dict, value: float, *, live: set[str], both: bool = Tr
         if both:
             assert len(seen) == len(per_node), f"shard {index}: a replica is missing: {per_node}"
         for node, (version, sha) in seen.items():
-            assert sha == want, f"shard {index} on {node} (version {version}) differs"
+            assert sha == want, (
+                f"shard {index} on {node} (version {version}) differs; all copies: {copies}"
+            )
         versions = {v for v, _ in seen.values()}
         assert len(versions) == 1, f"shard {index}: replicas at versions {seen}"
 

@@ -1,0 +1,95 @@
+"""psd.membership: the rules that decide who is up, ready and primary (a fake clock, no I/O)."""
+
+from __future__ import annotations
+
+from irdma.cluster import ClusterConfig, load_config
+from irdma.local import write_config
+from irdma.protocol import tensor_key
+from psd.membership import Membership
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def config(tmp_path, nodes: int = 3, replicas: int = 2) -> ClusterConfig:
+    return load_config(write_config(tmp_path, nodes, replicas=replicas))
+
+
+def test_a_peer_is_down_after_failure_timeout_of_silence(tmp_path) -> None:
+    cfg = config(tmp_path)
+    clock = Clock()
+    m = Membership(cfg, "n1", clock)
+    assert not m.up("n2")  # never heard of
+    m.heard("n2", ready=True)
+    clock.now = cfg.failure_timeout - 0.01
+    assert m.up("n2") and m.peer_ready("n2")
+    clock.now = cfg.failure_timeout + 0.01
+    assert not m.up("n2") and not m.peer_ready("n2")
+
+
+def test_quorum_needs_a_majority_heard_within_the_lease(tmp_path) -> None:
+    cfg = config(tmp_path, nodes=5)
+    clock = Clock()
+    m = Membership(cfg, "n1", clock)
+    m.heard("n2")
+    assert not m.has_quorum()  # 2 of 5
+    m.heard("n3")
+    assert m.has_quorum()  # 3 of 5
+    # The lease is shorter than the failure timeout: the cut-off side
+    # stops before the others declare it down.
+    clock.now = m.lease + 0.01
+    assert not m.has_quorum()
+    assert m.up("n2")
+
+
+def test_a_daemon_cut_off_past_the_grace_is_not_ready_and_says_so(tmp_path) -> None:
+    cfg = config(tmp_path)
+    clock = Clock()
+    m = Membership(cfg, "n1", clock)
+    lost: list[float] = []
+    m.on_lost = lambda: lost.append(clock.now)
+    m.heard("n2", ready=True)
+    m.became_ready()
+    clock.now = m.grace + m.lease + 0.01  # e.g. SIGSTOP for that long
+    # The first message after the pause must not hide the pause.
+    m.heard("n2", ready=True)
+    assert not m.ready and lost == [clock.now]
+
+
+def test_acting_primary_is_the_first_ready_replica(tmp_path) -> None:
+    cfg = config(tmp_path)
+    clock = Clock()
+    key = tensor_key("m/w")
+    first, second = (n.name for n in cfg.replicas_for(key, 0))
+    me = next(n.name for n in cfg.nodes if n.name not in (first, second))
+    m = Membership(cfg, me, clock)
+    m.heard(first, ready=True)
+    m.heard(second, ready=True)
+    assert m.acting_primary(key, 0).name == first
+    m.heard(first, ready=False)  # catching up after a pause
+    assert m.acting_primary(key, 0).name == second
+    clock.now = cfg.failure_timeout + 0.01
+    assert m.acting_primary(key, 0) is None
+
+
+def test_a_late_heartbeat_cannot_undo_a_newer_state(tmp_path) -> None:
+    cfg = config(tmp_path)
+    m = Membership(cfg, "n1", Clock())
+    m.heard("n2", ready=True, stamp=(7, 5))  # the handoff: ready
+    m.heard("n2", ready=False, stamp=(7, 4))  # built earlier, delivered later
+    assert m.peer_ready("n2")
+    m.heard("n2", ready=False, stamp=(7, 6))  # a newer report counts
+    assert not m.peer_ready("n2")
+    m.heard("n2", ready=True, stamp=(8, 1))  # restarted: a new boot counts whatever its seq
+    assert m.peer_ready("n2")
+
+
+def test_one_copy_per_shard_needs_no_membership(tmp_path) -> None:
+    cfg = config(tmp_path, replicas=1)
+    m = Membership(cfg, "n1", Clock())
+    assert m.ready and m.has_quorum()
