@@ -64,7 +64,7 @@ from .transport.base import (
     StreamClosed,
     StreamTimeout,
 )
-from .transport.tcp import TcpConnection
+from .transport.select import forced_transport, open_connection
 
 Progress = Callable[[int], None]
 T = TypeVar("T")
@@ -159,6 +159,9 @@ class AsyncClient:
     ``config`` is a ClusterConfig, a path to a cluster TOML file, or None to
     find one via ``$IRDMA_CONFIG`` or ``/etc/irdma/cluster.toml``.
     ``timeout`` bounds how long any one request waits for its daemon.
+    ``transport`` (``auto``, ``tcp`` or ``shm``; default ``$IRDMA_TRANSPORT``,
+    else ``auto``) picks how it reaches daemons: ``auto`` uses shared memory
+    for daemons on this host and TCP for the rest (``irdma.transport.select``).
     """
 
     def __init__(
@@ -166,9 +169,11 @@ class AsyncClient:
         config: ClusterConfig | str | os.PathLike[str] | None = None,
         *,
         timeout: float | None = None,
+        transport: str | None = None,
     ) -> None:
         self.config = config if isinstance(config, ClusterConfig) else load_config(config)
         self.timeout = timeout if timeout is not None else self.config.timeout
+        self.transport = forced_transport(transport)
         self._conns: dict[str, Connection] = {}
         self._connecting: dict[str, trio.Lock] = defaultdict(trio.Lock)
         self._meta: dict[str, TensorMeta] = {}
@@ -215,13 +220,12 @@ class AsyncClient:
         async with self._connecting[node.name]:
             conn = self._conns.get(node.name)
             if conn is None or conn.broken:
-                addr = node.address
-                conn = await TcpConnection.open(
-                    addr.host,
-                    addr.port,
+                conn = await open_connection(
+                    node,
                     self._nursery,
-                    peer=f"{node.name} ({addr})",
+                    forced=self.transport,
                     timeout=self.timeout,
+                    shard_size=self.config.shard_size,
                 )
                 self._conns[node.name] = conn
             return conn
@@ -1034,8 +1038,9 @@ class Client:
         config: ClusterConfig | str | os.PathLike[str] | None = None,
         *,
         timeout: float | None = None,
+        transport: str | None = None,
     ) -> None:
-        self._client = AsyncClient(config, timeout=timeout)
+        self._client = AsyncClient(config, timeout=timeout, transport=transport)
         self.config = self._client.config
         self._ready = threading.Event()
         self._token: trio.lowlevel.TrioToken | None = None

@@ -87,7 +87,19 @@ class Op(enum.IntEnum):
     CATCHUP = 15
     # Recovering daemon to a peer: push these shards to me (as SYNC frames).
     SYNC_REQUEST = 16
+    # Same-host client to daemon, first frame on the daemon's unix socket
+    # (shm transport): JSON {"staging": bytes}, with the client's staging
+    # memfd passed alongside (SCM_RIGHTS). The answer is JSON ATTACH_KEYS with
+    # a read-only fd of the daemon's arena passed alongside.
+    ATTACH = 17
 
+
+# The payload of a MAPPED answer or a STAGED request: one byte offset.
+LOCATION = struct.Struct("<Q")
+# What an ATTACH answer says: the daemon's node name, the host identity
+# (boot id and network namespace: a client elsewhere must not use shm), and
+# the arena's size in bytes.
+ATTACH_KEYS = ("node", "host", "arena_size")
 
 BATCH_OPS = frozenset({Op.READ_BATCH, Op.WRITE_BATCH, Op.ACCUMULATE_BATCH})
 # Ops whose request payload is data the daemon stores (the rest carry JSON or nothing).
@@ -108,6 +120,12 @@ class Flag(enum.IntFlag):
     # version the update produces; the backup applies it only on top of the
     # version before it.
     REPLICA = 16
+    # READ answer on a shm connection: the payload is LOCATION (the data's
+    # byte offset in the daemon's arena, pinned until RELEASE), not the data.
+    MAPPED = 32
+    # WRITE / ACCUMULATE on a shm connection: the payload is LOCATION (where
+    # the data sits in the client's staging memfd), not the data.
+    STAGED = 64
 
 
 class Status(enum.IntEnum):

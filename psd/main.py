@@ -15,6 +15,7 @@ from irdma.errors import ConfigError
 from .arena import Arena
 from .replication import Replicator
 from .server import Server
+from .shm import ShmListener
 from .snapshot import SnapshotError, load_snapshot, write_snapshot
 from .store import Store
 
@@ -84,6 +85,10 @@ async def run_daemon(config: ClusterConfig, node: Node, store: Store) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 await nursery.start(server.serve)
+                try:
+                    await nursery.start(ShmListener(server).serve)
+                except OSError as exc:
+                    log.warning("%s: no shm transport for same-host clients: %s", node.name, exc)
                 await nursery.start(replicator.run)
                 nursery.start_soon(periodic_snapshots, config, store, node)
                 print(f"psd {node.name} ready on {node.address}", file=sys.stderr, flush=True)

@@ -26,6 +26,7 @@ import trio
 from irdma.cluster import ClusterConfig, Node
 from irdma.protocol import (
     ENTRY_SIZE,
+    LOCATION,
     MAX_ERROR_MESSAGE,
     MAX_META_PAYLOAD,
     MAX_NAME_BYTES,
@@ -48,6 +49,7 @@ from irdma.transport.tcp import FramedSocket, to_stdlib
 
 from .arena import Block
 from .replication import Replicator
+from .shm import ShmSession
 from .store import Store, StoreError, Update
 
 log = logging.getLogger("psd")
@@ -74,6 +76,7 @@ class _Conn:
     nursery: trio.Nursery
     pins: dict[int, Block] = field(default_factory=dict)
     send_lock: trio.Lock = field(default_factory=trio.Lock)
+    shm: ShmSession | None = None  # a same-host client attached over the unix socket
 
     async def send(self, buffers: list) -> None:
         """Send whole frames; replies from waiting reads never interleave with others."""
@@ -134,11 +137,13 @@ class Server:
                         continue
                     nursery.start_soon(self.handle_connection, to_stdlib(sock), _peer_name(peer))
 
-    async def handle_connection(self, sock: stdsocket.socket, peer: str) -> None:
+    async def handle_connection(
+        self, sock: stdsocket.socket, peer: str, shm: ShmSession | None = None
+    ) -> None:
         stream = FramedSocket(sock, peer)
         try:
             async with trio.open_nursery() as nursery:
-                conn = _Conn(stream, nursery)
+                conn = _Conn(stream, nursery, shm=shm)
                 try:
                     await self._serve_requests(conn)
                 except (StreamBroken, StreamClosed) as exc:
@@ -414,6 +419,20 @@ class Server:
         )
         self._check_fresh(header.version, shard.version, shard.index)
         block = self.store.pin(shard.block)
+        if (
+            conn.shm is not None
+            and header.size >= ZERO_COPY_MIN
+            and header.request_id not in conn.pins
+        ):
+            # Same host: say where the bytes are; the pin keeps them there
+            # (an update writes a new block) until the client's RELEASE.
+            conn.pins[header.request_id] = block
+            where = LOCATION.pack(block.offset + header.offset)
+            resp = header.response(
+                Status.OK, length=len(where), flags=Flag.PINNED | Flag.MAPPED, version=shard.version
+            )
+            await conn.send([resp.pack(), where])
+            return
         if header.size >= ZERO_COPY_MIN and header.request_id not in conn.pins:
             # The kernel keeps referring to these pages until the client has
             # received them; the pin holds the block until it says RELEASE.
@@ -442,7 +461,8 @@ class Server:
             self.store.unpin(block)
 
     async def _update(self, conn: _Conn, header: Header) -> None:
-        if header.size != header.length:
+        staged = await self._staged_location(conn, header)
+        if staged is None and header.size != header.length:
             await conn.stream.drain(header.length)
             raise StoreError(
                 Status.BAD_FRAME,
@@ -465,10 +485,15 @@ class Server:
                 dtype=header.dtype,
             )
         except StoreError:
-            await conn.stream.drain(header.length)
+            if staged is None:
+                await conn.stream.drain(header.length)
             raise
         try:
-            await conn.stream.recv_exactly_into(update.buffer)
+            if staged is None:
+                await conn.stream.recv_exactly_into(update.buffer)
+            else:
+                assert conn.shm is not None
+                conn.shm.read_staged(staged, header.size, update.buffer)
         except BaseException:
             self.store.abort(update)
             raise
@@ -499,6 +524,21 @@ class Server:
         version = self.store.push(update, header.worker, header.clock)
         await self.replicator.wait(self._forward())
         await self._reply(conn, header, [], version=version)
+
+    async def _staged_location(self, conn: _Conn, header: Header) -> int | None:
+        """Where a STAGED update's data sits in the client's staging memory (None: inline)."""
+        if not header.flags & Flag.STAGED:
+            return None
+        if conn.shm is None or header.length != LOCATION.size:
+            await conn.stream.drain(header.length)
+            raise StoreError(
+                Status.BAD_FRAME,
+                "STAGED data needs a shm connection and an 8-byte location"
+                if conn.shm is None
+                else f"STAGED location is {header.length} bytes, not {LOCATION.size}",
+            )
+        (offset,) = LOCATION.unpack(await conn.stream.recv_bytes(LOCATION.size))
+        return offset
 
     async def _batch_entries(self, conn: _Conn, header: Header) -> list[BatchEntry]:
         need = header.count * ENTRY_SIZE

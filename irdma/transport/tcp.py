@@ -56,7 +56,8 @@ PINNED = int(Flag.PINNED)
 
 
 def tune_socket(sock: stdsocket.socket | trio.socket.SocketType) -> None:
-    sock.setsockopt(stdsocket.IPPROTO_TCP, stdsocket.TCP_NODELAY, 1)
+    if sock.family in (stdsocket.AF_INET, stdsocket.AF_INET6):
+        sock.setsockopt(stdsocket.IPPROTO_TCP, stdsocket.TCP_NODELAY, 1)
 
 
 def to_stdlib(sock: trio.socket.SocketType) -> stdsocket.socket:
@@ -319,7 +320,7 @@ class TcpConnection(Connection):
                     f"{self.stream.peer} answered unknown request {header.request_id}"
                 )
             if header.status == Status.OK and pending.sink is not None:
-                await pending.sink.receive(self.stream, header)
+                await self._receive(header, pending.sink)
                 pending.reply = Reply(header)
             else:
                 sink = BytesSink()
@@ -329,6 +330,10 @@ class TcpConnection(Connection):
                 self._releases.append(header.request_id)
                 self._release_wakeup.set()
             pending.event.set()
+
+    async def _receive(self, header: Header, sink: Sink) -> None:
+        """Hand a successful answer's payload to its sink (other transports place it elsewhere)."""
+        await sink.receive(self.stream, header)
 
     async def _watchdog(self) -> None:
         """Fail the connection when outstanding requests see no answer for ``timeout``.

@@ -1,0 +1,308 @@
+"""Shared-memory transport for a client on the same host as a daemon.
+
+Control messages use the TCP transport's framing over the daemon's unix
+socket (``<data_dir>/psd.sock``, mode 0660: only the daemon's user and group,
+and root, may connect). The first frame, ATTACH, passes file descriptors
+both ways (SCM_RIGHTS): the client's staging memfd to the daemon, and a
+read-only descriptor of the daemon's arena memfd to the client. No path to
+either memory is ever visible to other users.
+
+- **Reads** of at least 256 KiB (the daemon's zero-copy size) are answered
+  MAPPED: the daemon pins the shard's block (an update then writes a new
+  block instead: the pinned bytes stay as they were, so a read is never
+  torn), replies with its offset in the arena, and the client copies the
+  bytes out of its read-only mapping of the arena, then sends RELEASE.
+  Smaller reads come inline over the socket (one round trip, no RELEASE).
+- **Writes and accumulates** of at least ``INLINE_MAX`` bytes are copied
+  into the client's staging memory; the request names the offset (STAGED)
+  and the daemon copies them from its mapping of it into its arena.
+
+Copies go through mappings: memcpy runs at about 2.5 times the speed of
+``preadv`` from a memfd on these machines (10 against 4 GB/s).
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import dataclasses
+import mmap
+import os
+import socket as stdsocket
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import trio
+
+from ..extents import Allocator, ArenaFullError
+from ..protocol import (
+    ATTACH_KEYS,
+    HEADER_SIZE,
+    LOCATION,
+    Flag,
+    Header,
+    Op,
+    ProtocolError,
+    Status,
+    decode_json,
+    encode_json,
+    unpack_header,
+)
+from .base import Buffer, Reply, Sink, StreamBroken
+from .tcp import FramedSocket, TcpConnection, to_stdlib
+
+SOCKET_NAME = "psd.sock"
+# Writes below this go inline: a copy into staging would not pay for itself.
+INLINE_MAX = 64 << 10
+STAGING_MIN = 16 << 20
+STAGING_ALIGN = 64
+MAPPED = int(Flag.MAPPED)
+STAGEABLE = frozenset({Op.WRITE, Op.ACCUMULATE})
+# sun_path holds 108 bytes; longer paths are reached through /proc/self/fd.
+SUN_PATH_MAX = 100
+
+
+class ShmUnavailable(Exception):
+    """The daemon cannot be reached over shared memory (another host, no socket, refused)."""
+
+
+def socket_path(data_dir: Path) -> Path:
+    return Path(data_dir) / SOCKET_NAME
+
+
+def host_identity() -> str:
+    """This host and network namespace: a daemon must match it to be 'on the same host'.
+
+    Network namespaces stand in for hosts in tests and containers; a client
+    in another one reaches the daemon over the network, as a remote one would.
+    """
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return f"{boot}/{os.stat('/proc/self/ns/net').st_ino}"
+
+
+@contextlib.contextmanager
+def short_address(path: Path):  # type: ignore[no-untyped-def]
+    """A sun_path for ``path``, through an O_PATH descriptor of its directory if too long."""
+    text = os.fsencode(path)
+    if len(text) < SUN_PATH_MAX:
+        yield str(path)
+        return
+    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/{path.name}"
+    finally:
+        os.close(fd)
+
+
+async def send_fds_frame(sock: trio.socket.SocketType, frame: bytes, fds: list[int]) -> None:
+    """Send a small frame with descriptors attached to its first byte."""
+    anc = [(stdsocket.SOL_SOCKET, stdsocket.SCM_RIGHTS, array.array("i", fds))]
+    sent = await sock.sendmsg([frame], anc)
+    while sent < len(frame):
+        sent += await sock.send(frame[sent:])
+
+
+async def recv_fds_frame(
+    sock: trio.socket.SocketType, max_length: int = 1 << 16
+) -> tuple[Header, bytes, list[int]]:
+    """Receive one frame and the descriptors that came with it."""
+    fds: list[int] = []
+    buf = bytearray()
+    want = HEADER_SIZE
+    header: Header | None = None
+    while len(buf) < want:
+        data, anc, _, _ = await sock.recvmsg(want - len(buf), stdsocket.CMSG_SPACE(4 * 4))
+        for level, kind, payload in anc:
+            if level == stdsocket.SOL_SOCKET and kind == stdsocket.SCM_RIGHTS:
+                n = len(payload) - len(payload) % 4
+                fds.extend(array.array("i", payload[:n]))
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            raise StreamBroken("closed during the shm handshake")
+        buf += data
+        if header is None and len(buf) >= HEADER_SIZE:
+            header = unpack_header(bytes(buf[:HEADER_SIZE]))
+            if header.length > max_length:
+                for fd in fds:
+                    os.close(fd)
+                raise ProtocolError(f"handshake frame of {header.length} bytes")
+            want = HEADER_SIZE + header.length
+    assert header is not None
+    return header, bytes(buf[HEADER_SIZE:]), fds
+
+
+def map_shared(fd: int, size: int, *, writable: bool) -> tuple[mmap.mmap, np.ndarray]:
+    """Map a memfd shared; return the mapping and a uint8 view of it."""
+    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+    return mapping, np.frombuffer(mapping, dtype=np.uint8)
+
+
+class _ArenaRegion:
+    """A ByteStream that yields bytes of the mapped arena (for a MAPPED answer)."""
+
+    __slots__ = ("arena", "offset")
+
+    def __init__(self, arena: np.ndarray, offset: int) -> None:
+        self.arena = arena
+        self.offset = offset
+
+    async def recv_exactly_into(self, view: memoryview | bytearray) -> None:
+        dest = np.frombuffer(view, dtype=np.uint8)
+        end = self.offset + len(dest)
+        if end > len(self.arena):
+            raise ProtocolError("MAPPED answer points past the end of the arena")
+        np.copyto(dest, self.arena[self.offset : end])
+        self.offset = end
+
+    async def drain(self, nbytes: int) -> None:
+        self.offset += nbytes
+
+
+class ShmConnection(TcpConnection):
+    """A connection to a same-host daemon: the TCP framing over its unix socket,
+    with bulk data through shared memory."""
+
+    def __init__(
+        self,
+        stream: FramedSocket,
+        timeout: float,
+        arena_fd: int,
+        arena_size: int,
+        staging_fd: int,
+        staging_size: int,
+    ) -> None:
+        super().__init__(stream, timeout)
+        self._arena_map, self.arena = map_shared(arena_fd, arena_size, writable=False)
+        self._staging_map, self.staging_view = map_shared(staging_fd, staging_size, writable=True)
+        self.staging = Allocator(staging_size, STAGING_ALIGN)
+        self._staging_freed = trio.Event()
+        # Bytes moved through shared memory rather than the socket.
+        self.mapped_bytes = 0
+        self.staged_bytes = 0
+
+    @classmethod
+    async def attach(
+        cls,
+        path: Path,
+        nursery: trio.Nursery,
+        peer: str = "",
+        timeout: float = 10.0,
+        staging_size: int = STAGING_MIN,
+        node: str | None = None,
+    ) -> ShmConnection:
+        """Connect to the daemon's unix socket and exchange the memory descriptors.
+
+        Raises ShmUnavailable when there is no daemon socket at ``path``, the
+        daemon refuses, runs on another host or network namespace, or is not
+        ``node``.
+        """
+        peer = peer or str(path)
+        sock = trio.socket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM)
+        staging_fd = -1
+        arena_fd = -1
+        try:
+            with trio.move_on_after(timeout) as scope:
+                try:
+                    with short_address(path) as address:
+                        await sock.connect(address)
+                except OSError as exc:
+                    raise ShmUnavailable(
+                        f"no daemon socket at {path}: {exc.strerror or exc}"
+                    ) from None
+                staging_fd = os.memfd_create("irdma-staging", os.MFD_CLOEXEC)
+                os.ftruncate(staging_fd, staging_size)
+                body = encode_json({"staging": staging_size})
+                frame = Header(op=Op.ATTACH, length=len(body)).pack() + body
+                await send_fds_frame(sock, frame, [staging_fd])
+                header, data, fds = await recv_fds_frame(sock)
+            if scope.cancelled_caught:
+                raise ShmUnavailable(f"{peer}: no answer to ATTACH within {timeout:g} s")
+            arena_fd = fds[0] if fds else -1
+            for extra in fds[1:]:
+                os.close(extra)
+            if header.status != Status.OK:
+                raise ShmUnavailable(f"{peer} refused: {data.decode(errors='replace')}")
+            answer = decode_json(data)
+            if not isinstance(answer, dict) or any(k not in answer for k in ATTACH_KEYS):
+                raise ShmUnavailable(f"{peer}: malformed ATTACH answer")
+            if node is not None and answer["node"] != node:
+                raise ShmUnavailable(f"{path} is the socket of {answer['node']}, not {node}")
+            if answer["host"] != host_identity():
+                raise ShmUnavailable(f"{peer} runs on another host or network namespace")
+            if arena_fd < 0:
+                raise ShmUnavailable(f"{peer} sent no arena descriptor")
+            if os.fstat(arena_fd).st_size < int(answer["arena_size"]):
+                # Mapping past a file's end faults (SIGBUS) on access.
+                raise ShmUnavailable(f"{peer}: arena descriptor is smaller than announced")
+            conn = cls(
+                FramedSocket(to_stdlib(sock), peer),
+                timeout,
+                arena_fd,
+                int(answer["arena_size"]),
+                staging_fd,
+                staging_size,
+            )
+        except BaseException:
+            sock.close()
+            raise
+        finally:
+            # Mapped (or failed): the descriptors are no longer needed.
+            for fd in (staging_fd, arena_fd):
+                if fd >= 0:
+                    os.close(fd)
+        nursery.start_soon(conn._run)
+        return conn
+
+    async def _receive(self, header: Header, sink: Sink) -> None:
+        if header.flags & MAPPED:
+            loc = bytearray(LOCATION.size)
+            if header.length != LOCATION.size:
+                raise ProtocolError(f"MAPPED answer of {header.length} bytes")
+            await self.stream.recv_exactly_into(loc)
+            (offset,) = LOCATION.unpack(loc)
+            data_header = dataclasses.replace(header, length=header.size)
+            await sink.receive(_ArenaRegion(self.arena, offset), data_header)
+            self.mapped_bytes += header.size
+            return
+        await sink.receive(self.stream, header)
+
+    async def request(
+        self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
+    ) -> Reply:
+        if header.op not in STAGEABLE or header.length < INLINE_MAX:
+            return await super().request(header, payload, sink)
+        n = header.length
+        offset = await self._stage(n)
+        try:
+            pos = offset
+            for buf in payload:
+                src = np.frombuffer(buf, dtype=np.uint8)
+                np.copyto(self.staging_view[pos : pos + len(src)], src)
+                pos += len(src)
+            self.staged_bytes += n
+            staged = dataclasses.replace(
+                header, flags=header.flags | Flag.STAGED, length=LOCATION.size
+            )
+            return await super().request(staged, [LOCATION.pack(offset)], sink)
+        finally:
+            self.staging.free(offset, n)
+            # Wake every waiter; each tries again, and waits on the next event.
+            self._staging_freed.set()
+            self._staging_freed = trio.Event()
+
+    async def _stage(self, nbytes: int) -> int:
+        """Room for ``nbytes`` in staging; waits while other requests hold it."""
+        if nbytes > self.staging.capacity:
+            raise StreamBroken(
+                f"{nbytes} bytes do not fit the {self.staging.capacity}-byte staging area"
+            )
+        while True:
+            try:
+                return self.staging.alloc(nbytes)
+            except ArenaFullError:
+                if self.broken:
+                    raise StreamBroken(f"connection to {self.stream.peer} failed") from None
+                await self._staging_freed.wait()

@@ -1,0 +1,202 @@
+"""The daemon's side of the shm transport: its unix socket and the ATTACH handshake.
+
+The socket is ``<data_dir>/psd.sock`` with mode 0660, so only the daemon's
+user and group (and root) can connect; the peer's credentials are checked
+again (SO_PEERCRED) before anything is sent. An attached client gets a
+read-only descriptor of the arena; the daemon keeps the client's staging
+descriptor for the connection's life. After the handshake the connection is
+served like a TCP one (``Server.handle_connection``) with the session
+attached, which turns large reads into MAPPED answers and accepts STAGED
+writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket as stdsocket
+import stat
+import struct
+from typing import TYPE_CHECKING
+
+import numpy as np
+import trio
+
+from irdma.protocol import Header, Op, ProtocolError, Status, decode_json, encode_json
+from irdma.transport.base import StreamBroken
+from irdma.transport.shm import (
+    host_identity,
+    map_shared,
+    recv_fds_frame,
+    send_fds_frame,
+    short_address,
+    socket_path,
+)
+from irdma.transport.tcp import to_stdlib
+
+from .errors import StoreError
+
+if TYPE_CHECKING:
+    from .server import Server
+
+log = logging.getLogger("psd")
+
+SOCKET_MODE = 0o660
+_PEERCRED = struct.Struct("3i")  # pid, uid, gid
+
+
+class ShmSession:
+    """What the daemon keeps for one attached client: a read-only mapping of its staging memory."""
+
+    def __init__(self, staging_fd: int, staging_size: int, peer: str) -> None:
+        self.staging_size = staging_size
+        self.peer = peer
+        self._map, self.staging = map_shared(staging_fd, staging_size, writable=False)
+
+    def read_staged(self, offset: int, size: int, into: np.ndarray) -> None:
+        """Copy ``size`` bytes at ``offset`` of the client's staging memory into ``into``."""
+        if offset + size > self.staging_size:
+            raise StoreError(
+                Status.OUT_OF_RANGE,
+                f"staged data [{offset}, {offset + size}) is outside the "
+                f"{self.staging_size}-byte staging area",
+            )
+        np.copyto(into[:size], self.staging[offset : offset + size])
+
+    def close(self) -> None:
+        self.staging = None  # type: ignore[assignment]
+        with contextlib.suppress(BufferError):  # a view still alive keeps it mapped
+            self._map.close()
+
+
+def authorised(uid: int, gid: int) -> bool:
+    """Root, the daemon's own user, or its group (what the socket's mode lets in)."""
+    return uid in (0, os.geteuid()) or gid == os.getegid()
+
+
+class ShmListener:
+    """Accepts same-host clients on the daemon's unix socket."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.path = socket_path(server.node.data_dir)
+        self.timeout = server.config.timeout
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listener = trio.socket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM)
+        with listener:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._remove_stale()
+            with short_address(self.path) as address:
+                await listener.bind(address)
+                os.chmod(address, SOCKET_MODE)
+            listener.listen(128)
+            log.info("%s: same-host clients attach at %s", self.server.node.name, self.path)
+            task_status.started()
+            try:
+                async with trio.open_nursery() as nursery:
+                    while True:
+                        try:
+                            sock, _ = await listener.accept()
+                        except OSError as exc:
+                            log.warning("shm accept failed: %s", exc)
+                            await trio.sleep(0.1)
+                            continue
+                        nursery.start_soon(self._attach_then_serve, sock)
+            finally:
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
+
+    def _remove_stale(self) -> None:
+        """A socket left by an earlier run of this daemon is removed; any other file is not."""
+        try:
+            mode = self.path.lstat().st_mode
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(mode):
+            raise OSError(f"{self.path} exists and is not a socket; remove it or move data_dir")
+        self.path.unlink()
+
+    async def _attach_then_serve(self, sock: trio.socket.SocketType) -> None:
+        session: ShmSession | None = None
+        try:
+            raw = sock.getsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_PEERCRED, _PEERCRED.size)
+            pid, uid, gid = _PEERCRED.unpack(raw)
+            peer = f"pid {pid} (uid {uid})"
+            with trio.move_on_after(self.timeout):
+                session = await self._handshake(sock, peer, uid, gid)
+            if session is None:
+                return
+            stream = to_stdlib(sock)
+            await self.server.handle_connection(stream, f"shm {peer}", shm=session)
+        except (OSError, StreamBroken, ProtocolError) as exc:
+            log.info("shm client dropped during attach: %s", exc)
+        finally:
+            if session is not None:
+                session.close()
+            sock.close()
+
+    async def _handshake(
+        self, sock: trio.socket.SocketType, peer: str, uid: int, gid: int
+    ) -> ShmSession | None:
+        header, body, fds = await recv_fds_frame(sock)
+        staging_fd = fds[0] if fds else -1
+        for extra in fds[1:]:
+            os.close(extra)
+        try:
+            problem = self._check(header, body, staging_fd, uid, gid)
+        except BaseException:
+            if staging_fd >= 0:
+                os.close(staging_fd)
+            raise
+        if problem is not None:
+            if staging_fd >= 0:
+                os.close(staging_fd)
+            log.warning("%s: refused shm client %s: %s", self.server.node.name, peer, problem)
+            msg = problem.encode()
+            await sock.send(header.response(Status.BAD_ARGUMENT, length=len(msg)).pack() + msg)
+            return None
+        size = int(decode_json(body)["staging"])
+        try:
+            session = ShmSession(staging_fd, size, peer)
+        finally:
+            os.close(staging_fd)  # the mapping keeps the memory
+        store = self.server.store
+        answer = encode_json(
+            {
+                "node": self.server.node.name,
+                "host": host_identity(),
+                "arena_size": store.arena.capacity,
+            }
+        )
+        # A read-only open of the arena: the client can copy out, never write.
+        arena_ro = os.open(f"/proc/self/fd/{store.arena.fd}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            frame = header.response(Status.OK, length=len(answer)).pack() + answer
+            await send_fds_frame(sock, frame, [arena_ro])
+        except BaseException:
+            session.close()
+            raise
+        finally:
+            os.close(arena_ro)
+        return session
+
+    @staticmethod
+    def _check(header: Header, body: bytes, staging_fd: int, uid: int, gid: int) -> str | None:
+        if not authorised(uid, gid):
+            return f"uid {uid} is not the daemon's user or group"
+        if header.op != Op.ATTACH:
+            return f"expected ATTACH first, got op {header.op}"
+        try:
+            size = decode_json(body)["staging"]
+        except (ProtocolError, KeyError, TypeError):
+            return "ATTACH body must be JSON with 'staging'"
+        if not isinstance(size, int) or size <= 0:
+            return "staging size must be a positive integer"
+        if staging_fd < 0:
+            return "no staging descriptor came with ATTACH"
+        st = os.fstat(staging_fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < size:
+            return f"staging descriptor is not a file of at least {size} bytes"
+        return None
