@@ -111,7 +111,11 @@ class FramedSocket:
                     # For a large payload, be woken only once a good part of
                     # it has arrived: fewer wakeups, larger copies.
                     want = min(n - got, LOWAT_MAX)
-                    if want >= LOWAT_MIN and want != lowat:
+                    if want < LOWAT_MIN:
+                        # Never wait for more than is still to come: a low
+                        # mark left from earlier in the payload deadlocks.
+                        want = 1
+                    if want != lowat:
                         self.sock.setsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_RCVLOWAT, want)
                         lowat = want
                     self._ops = 0
