@@ -1,0 +1,957 @@
+#!/usr/bin/env python3
+"""irdma against the machine's limits and against its peers: one run, one table.
+
+    python bench/compare.py [--sizes 4KiB,1MiB,64MiB,256MiB] [--rounds 5] [--procs 2,4]
+                            [--only limits,redis,irdma,mpi,gloo,group]
+                            [--json bench/results/compare.json] [--png bench/results/compare.png]
+
+Install the peers first with ``sudo bench/setup.sh``; a peer that is missing
+gets one row saying how to install it and the rest still runs.
+
+Everything runs on loopback and is started here, then stopped, even on Ctrl-C:
+an iperf3 server, ``irdma local`` (3 daemons), a redis-server, ``mpirun`` and
+torch.distributed (Gloo) processes. Measured, at each size:
+
+- limits: iperf3, one stream (the link); ``np.copyto`` into a touched array (memory)
+- irdma read / write / accumulate, one client per transport, forced with
+  ``IRDMA_TRANSPORT=tcp|shm`` in a subprocess (a transport the client cannot
+  give makes its rows "n/a (<error>)")
+- Redis GET / SET (redis-py, hiredis when installed)
+- MPI (OpenMPI + mpi4py) Bcast / Gather / Allreduce, Gloo broadcast / allreduce,
+  and irdma's own Group broadcast / gather / allreduce, with each of --procs processes
+
+Time per op is the median over --rounds of (round time / ops in the round);
+small sizes run many ops per round. For collectives a round's time is the
+slowest member's, each round starting at a barrier. GB/s = size / time per op
+(10^9 B/s; for collectives, size is one member's buffer). ``ratio`` is irdma's
+GB/s over the reference named beside it (> 1: irdma is faster): tcp against
+iperf3, shm against the numpy copy, sizes up to 64 KiB against Redis GET (read)
+or SET (write, accumulate), collectives against Gloo and MPI with the same op
+and process count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SCRIPT = Path(__file__).resolve()
+DEFAULT_SIZES = "4KiB,1MiB,64MiB,256MiB"
+RESULTS = SCRIPT.parent / "results"
+NODES = 3
+# Sizes up to this are latency-bound: compared with Redis, not with the link.
+LATENCY_MAX = 64 << 10
+# The cluster's shard size (irdma's default): the unit of a transport's copies.
+SHARD_BYTES = 4 << 20
+SHARD_ELEMENTS = SHARD_BYTES // 4
+# Small sizes run several ops per round so one round is long enough to time.
+ROUND_BYTES = 16 << 20
+MAX_OPS_PER_ROUND = 200
+SETUP_HINT = "or run bench/setup.sh as root"
+INSTALL = {
+    "iperf3": f"apt-get install iperf3 ({SETUP_HINT})",
+    "redis-server": f"apt-get install redis-server ({SETUP_HINT})",
+    "redis": f"pip install redis hiredis ({SETUP_HINT})",
+    "mpirun": f"apt-get install openmpi-bin libopenmpi-dev ({SETUP_HINT})",
+    "mpi4py": f"pip install mpi4py ({SETUP_HINT})",
+    "torch": "pip install torch (the CPU build; deploy/setup.sh does it)",
+    "matplotlib": f"pip install matplotlib ({SETUP_HINT})",
+}
+PEERS = ("limits", "redis", "irdma", "mpi", "gloo", "group")
+COLLECTIVES = ("broadcast", "gather", "allreduce")
+
+
+@dataclass
+class Row:
+    """One line of the table: a measurement, or a note saying why there is none."""
+
+    system: str
+    op: str
+    size: int  # bytes per op (per member for collectives); 0: not size-bound (iperf3)
+    procs: int = 1
+    seconds: float | None = None  # median time per op
+    gbps: float | None = None
+    note: str = ""
+    detail: str = ""  # which library or connection classes served it (JSON only)
+    refs: list[dict[str, Any]] = field(default_factory=list)  # [{"ref": label, "ratio": x}]
+
+
+# -- timing (used by every worker alike) -----------------------------------------------
+
+
+def ops_per_round(size: int) -> int:
+    return max(1, min(MAX_OPS_PER_ROUND, ROUND_BYTES // max(1, size)))
+
+
+def timed_rounds(fn: Callable[[], Any], sync: Callable[[], Any], size: int, rounds: int) -> list:
+    """Seconds per op of each round; one warm-up op first, ``sync`` before each round."""
+    fn()
+    n = ops_per_round(size)
+    times = []
+    for _ in range(rounds):
+        sync()
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        times.append((time.perf_counter() - t) / n)
+    return times
+
+
+async def timed_rounds_async(fn: Callable[[], Awaitable[Any]], size: int, rounds: int) -> list:
+    await fn()
+    n = ops_per_round(size)
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(n):
+            await fn()
+        times.append((time.perf_counter() - t) / n)
+    return times
+
+
+def nothing() -> None:
+    """The sync step of a single process: none needed."""
+
+
+def result(op: str, size: int, seconds: list[float]) -> dict[str, Any]:
+    return {"op": op, "size": size, "seconds": seconds}
+
+
+def float_array(size: int, value: float | None = None) -> np.ndarray:
+    n = size // 4
+    if value is None:
+        return np.random.default_rng(1).random(n, dtype=np.float32)
+    return np.full(n, value, dtype=np.float32)
+
+
+def error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+# -- workers: each runs in its own process and reports JSON ----------------------------
+
+
+def irdma_worker(args: argparse.Namespace) -> dict[str, Any]:
+    """read / write / accumulate with one AsyncClient (transport from $IRDMA_TRANSPORT)."""
+    import trio
+
+    return trio.run(irdma_p2p, Path(args.config), args.sizes, args.rounds)
+
+
+async def irdma_p2p(config: Path, sizes: list[int], rounds: int) -> dict[str, Any]:
+    from irdma.client import AsyncClient
+
+    results = []
+    baseline = private_bytes()
+    extra = 0  # the client's own memory beyond the two arrays it was given
+    async with AsyncClient(config, timeout=300) as client:
+        for size in sizes:
+            name = f"_compare/{os.getpid()}/{size}"
+            data, out = float_array(size), np.empty(size // 4, dtype=np.float32)
+            ops = {
+                "write": partial(client.write, name, data),  # the first write creates it
+                "read": partial(client.read, name, out=out),
+                "accumulate": partial(client.accumulate, name, data),
+            }
+            try:
+                for op, fn in ops.items():
+                    results.append(result(op, size, await timed_rounds_async(fn, size, rounds)))
+                    if op == "read" and not np.array_equal(out, data):
+                        raise AssertionError(f"read back other bytes than written ({size} B)")
+                    extra = max(extra, private_bytes() - baseline - data.nbytes - out.nbytes)
+            finally:
+                with contextlib.suppress(Exception):
+                    await client.delete(name)
+        # Which connection classes served us: tells whether the transport was honoured.
+        kinds = sorted({type(c).__name__ for c in getattr(client, "_conns", {}).values()})
+    memory = {"extra_bytes": extra, "largest_tensor": max(sizes)}
+    return {"results": results, "connections": kinds, "memory": memory}
+
+
+def private_bytes(pid: int | str = "self") -> int:
+    """Resident memory of a process's own (anonymous) pages, not shared mappings."""
+    return status_kib(pid, "RssAnon") << 10
+
+
+def status_kib(pid: int | str, field_name: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def mpi_worker(args: argparse.Namespace) -> dict[str, Any]:
+    """Bcast / Gather / Allreduce with mpi4py's buffer methods (run under mpirun)."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, n = comm.Get_rank(), comm.Get_size()
+    args.rank = rank
+    results = []
+    for size in args.sizes:
+        buf, total = float_array(size, rank + 1), np.empty(size // 4, dtype=np.float32)
+        # The root's receive buffer only while gathering: at 256 MiB x 4 it is 1 GiB.
+        recv = np.empty(n * buf.size, dtype=np.float32) if rank == 0 else None
+        ops = {
+            "broadcast": partial(comm.Bcast, buf, root=0),
+            "gather": partial(comm.Gather, buf, recv, root=0),
+            "allreduce": partial(comm.Allreduce, buf, total, op=MPI.SUM),
+        }
+        for op, fn in ops.items():
+            results.append(result(op, size, timed_rounds(fn, comm.Barrier, size, args.rounds)))
+        del ops, recv
+    # The version string ends in a NUL and goes on with build details.
+    library = MPI.Get_library_version().split(",")[0].strip("\0 \n")
+    return {"results": results, "library": library}
+
+
+def gloo_worker(args: argparse.Namespace) -> dict[str, Any]:
+    """broadcast / all_reduce with torch.distributed's Gloo backend on CPU."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{args.port}",
+        rank=args.rank,
+        world_size=args.world,
+        timeout=datetime.timedelta(seconds=args.worker_timeout),
+    )
+    try:
+        results = []
+        for size in args.sizes:
+            # all_reduce works in place: zeros stay zeros instead of growing to inf.
+            ops = {
+                "broadcast": partial(dist.broadcast, torch.from_numpy(float_array(size, 1)), 0),
+                "allreduce": partial(dist.all_reduce, torch.zeros(size // 4)),
+            }
+            for op, fn in ops.items():
+                results.append(result(op, size, timed_rounds(fn, dist.barrier, size, args.rounds)))
+    finally:
+        dist.destroy_process_group()
+    return {"results": results, "library": f"torch {torch.__version__}"}
+
+
+def group_worker(args: argparse.Namespace) -> dict[str, Any]:
+    """irdma's Group broadcast / gather / allreduce, one Client per process."""
+    from irdma.client import Client
+    from irdma.collectives import Group
+
+    results = []
+    with Client(Path(args.config), timeout=300) as client:
+        for size in args.sizes:
+            arr = float_array(size, args.rank + 1)
+            for op in COLLECTIVES:
+                # A new group per op and size, closed after, so the daemons hold
+                # at most one collective's tensors at a time.
+                group = Group(
+                    client,
+                    f"{args.group_name}-{op}-{size}",
+                    rank=args.rank,
+                    world_size=args.world,
+                    timeout=args.worker_timeout,
+                )
+                fn = partial(getattr(group, op), arr)
+                try:
+                    times = timed_rounds(fn, group.barrier, size, args.rounds)
+                    results.append(result(op, size, times))
+                finally:
+                    group.close()
+        inner = getattr(client, "_client", None)
+        kinds = sorted({type(c).__name__ for c in getattr(inner, "_conns", {}).values()})
+    return {"results": results, "connections": kinds}
+
+
+WORKERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+    "irdma_worker": irdma_worker,
+    "mpi_worker": mpi_worker,
+    "gloo_worker": gloo_worker,
+    "group_worker": group_worker,
+}
+
+
+def run_worker(args: argparse.Namespace, kind: str) -> int:
+    """Run one worker; its JSON (or {"error": ...}) goes to stdout or to --out/<rank>.json."""
+    try:
+        report = WORKERS[kind](args)
+        code = 0
+    except Exception as exc:
+        report, code = {"error": error_text(exc)}, 1
+    text = json.dumps(report)
+    if args.out:
+        Path(args.out, f"{args.rank}.json").write_text(text)
+    else:
+        print(text, flush=True)
+    return code
+
+
+# -- starting and stopping what the run needs ------------------------------------------
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+    """Stop ``proc`` politely, then for sure."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def start(stack: contextlib.ExitStack, cmd: list[str], **kwargs: Any) -> subprocess.Popen:
+    """Popen whose stop is registered on ``stack`` before anything else can fail."""
+    kwargs.setdefault("stdout", subprocess.DEVNULL)
+    kwargs.setdefault("stderr", subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, **kwargs)
+    stack.callback(stop, proc)
+    return proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{proc.args[0]} is not listening on port {port}")
+
+
+def worker_cmd(kind: str, args: argparse.Namespace, **extra: Any) -> list[str]:
+    cmd = [sys.executable, str(SCRIPT), f"--{kind.replace('_', '-')}"]
+    cmd += ["--sizes", ",".join(map(str, args.sizes)), "--rounds", str(args.rounds)]
+    cmd += ["--worker-timeout", str(args.worker_timeout)]
+    for key, value in extra.items():
+        cmd += [f"--{key.replace('_', '-')}", str(value)]
+    return cmd
+
+
+def tail(path: Path) -> str:
+    lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
+    return lines[-1][:200] if lines else ""
+
+
+def run_ranks(
+    cmds: list[list[str]], out: Path, env: dict[str, str], timeout: float, ranks: int = 0
+) -> list[dict[str, Any]]:
+    """Start the commands, wait for all; the reports of ``ranks`` (default: one per
+    command) from ``out``. Raises RuntimeError with the first error a rank reported
+    (or the longest last line of stderr)."""
+    out.mkdir(parents=True, exist_ok=True)
+    procs = []
+    try:
+        for i, cmd in enumerate(cmds):
+            with open(out / f"proc{i}.err", "w") as err:
+                procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err))
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            proc.wait(max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"timed out after {timeout:.0f} s") from None
+    finally:
+        for proc in procs:
+            stop(proc, signal.SIGKILL)
+    return read_reports(out, ranks or len(cmds), procs)
+
+
+def read_reports(out: Path, n: int, procs: list[subprocess.Popen]) -> list[dict[str, Any]]:
+    reports = []
+    for rank in range(n):
+        path = out / f"{rank}.json"
+        report = json.loads(path.read_text()) if path.exists() else {}
+        if "error" in report:
+            raise RuntimeError(f"rank {rank}: {report['error']}")
+        if "results" not in report:
+            errs = [tail(p) for p in sorted(out.glob("proc*.err"))]
+            codes = [p.returncode for p in procs]
+            raise RuntimeError(f"rank {rank} reported nothing (exit {codes}): {max(errs, key=len)}")
+        reports.append(report)
+    return reports
+
+
+def merge_ranks(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per op and size: each round's slowest member, then the median over rounds."""
+    merged = []
+    for entries in zip(*(r["results"] for r in reports), strict=True):
+        rounds = [max(ts) for ts in zip(*(e["seconds"] for e in entries), strict=True)]
+        merged.append({**entries[0], "seconds": rounds})
+    return merged
+
+
+def rows_from(
+    system: str, results: list[dict[str, Any]], procs: int = 1, detail: str = ""
+) -> list[Row]:
+    rows = []
+    for r in results:
+        sec = statistics.median(r["seconds"])
+        gbps = r["size"] / sec / 1e9
+        rows.append(Row(system, r["op"], r["size"], procs, sec, gbps, detail=detail))
+    return rows
+
+
+def detail_of(report: dict[str, Any]) -> str:
+    """What served a worker (library version, connection classes), for the JSON."""
+    return report.get("library") or ", ".join(report.get("connections", []))
+
+
+def missing(system: str, what: str) -> list[Row]:
+    return [Row(system, "*", 0, note=f"not installed: {INSTALL[what]}")]
+
+
+def failed(system: str, exc: BaseException | str, procs: int = 1) -> list[Row]:
+    # Our own RuntimeErrors carry the worker's error already, with its type.
+    text = str(exc) if isinstance(exc, str | RuntimeError) else error_text(exc)
+    return [Row(system, "*", 0, procs, note=f"n/a ({text})")]
+
+
+def has_module(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+# -- the peers, measured from the main process -----------------------------------------
+
+
+def iperf3_round(port: int, seconds: float) -> float:
+    """One iperf3 client run, one stream; receiver GB/s."""
+    out = subprocess.run(
+        ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", str(seconds), "-J"],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 30,
+    )
+    report = json.loads(out.stdout or "{}")
+    if "error" in report or out.returncode:
+        raise RuntimeError(f"iperf3: {report.get('error', out.stderr.strip())}")
+    return report["end"]["sum_received"]["bits_per_second"] / 8e9
+
+
+def measure_iperf3(stack: contextlib.ExitStack, args: argparse.Namespace) -> list[Row]:
+    if not shutil.which("iperf3"):
+        return missing("iperf3", "iperf3")
+    port = free_port()
+    server = start(stack, ["iperf3", "-s", "-p", str(port)])
+    try:
+        wait_port(port, server)
+        rates = [iperf3_round(port, args.iperf_seconds) for _ in range(args.rounds)]
+    except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        return failed("iperf3", exc)
+    finally:
+        stop(server)
+    return [Row("iperf3", "stream", 0, gbps=statistics.median(rates))]
+
+
+def copy_by_shard(dst: np.ndarray, src: np.ndarray) -> None:
+    for start in range(0, len(src), SHARD_ELEMENTS):
+        np.copyto(dst[start : start + SHARD_ELEMENTS], src[start : start + SHARD_ELEMENTS])
+
+
+def measure_numpy(args: argparse.Namespace) -> list[Row]:
+    """One copy of the whole size, and the same bytes copied a shard at a time.
+
+    glibc copies with non-temporal stores only above a threshold (114 MiB
+    on these machines), about twice as fast; a transport that copies shard
+    by shard (shm) gets the speed of the second row at best.
+    """
+    rows = []
+    for size in args.sizes:
+        src = float_array(size)
+        dst = np.zeros_like(src)  # touched, so page faults are not timed
+        times = timed_rounds(partial(np.copyto, dst, src), nothing, size, args.rounds)
+        rows += rows_from("numpy", [result("copy", size, times)])
+        if size > SHARD_BYTES:
+            times = timed_rounds(partial(copy_by_shard, dst, src), nothing, size, args.rounds)
+            rows += rows_from("numpy", [result("copy by shard", size, times)])
+    return rows
+
+
+def measure_redis(stack: contextlib.ExitStack, tmp: Path, args: argparse.Namespace) -> list[Row]:
+    if not shutil.which("redis-server"):
+        return missing("redis", "redis-server")
+    if not has_module("redis"):
+        return missing("redis", "redis")
+    import redis
+
+    port = free_port()
+    cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    cmd += ["--appendonly", "no", "--dir", str(tmp), "--proto-max-bulk-len", "512mb"]
+    server = start(stack, cmd)
+    try:
+        wait_port(port, server)
+        r = redis.Redis(host="127.0.0.1", port=port, socket_timeout=300)
+        results = []
+        for size in args.sizes:
+            value = float_array(size).tobytes()
+            for op, fn in (("SET", partial(r.set, "k", value)), ("GET", partial(r.get, "k"))):
+                results.append(result(op, size, timed_rounds(fn, nothing, size, args.rounds)))
+            if r.get("k") != value:
+                raise AssertionError(f"redis GET returned other bytes ({size} B)")
+            r.delete("k")
+        r.close()
+    except Exception as exc:
+        return failed("redis", exc)
+    finally:
+        stop(server)
+    hiredis = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "no hiredis"
+    return rows_from(f"redis ({hiredis})", results, detail=f"redis-py {redis.__version__}")
+
+
+def start_cluster(stack: contextlib.ExitStack, tmp: Path, args: argparse.Namespace) -> Path:
+    """``irdma local`` with NODES daemons and arenas that hold the largest collective."""
+    biggest = max(args.sizes)
+    # Group.gather keeps two slots of one tensor per member; shards hash unevenly
+    # over the daemons, hence the 1.5.
+    need = biggest * 2 * max(args.procs) if "group" in args.only else biggest
+    arena = f"{int(1.5 * need / NODES) // (1 << 20) + 128}MiB"
+    directory = tmp / "cluster"
+    cmd = [sys.executable, "-m", "irdma.cli", "local", "--nodes", str(NODES)]
+    cmd += ["--dir", str(directory), "--arena", arena]
+    proc = start(stack, cmd, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().strip() if proc.stdout else ""
+    if not line:
+        raise RuntimeError(f"irdma local did not start (exit {proc.poll()})")
+    return Path(line)
+
+
+def transport_env(transport: str) -> dict[str, str]:
+    return {**os.environ, "IRDMA_TRANSPORT": transport}
+
+
+def check_transport(transport: str, kinds: list[str]) -> None:
+    # A client that ignores IRDMA_TRANSPORT would silently measure tcp as shm.
+    if transport == "shm" and kinds and all(k.lower().startswith("tcp") for k in kinds):
+        raise RuntimeError(f"IRDMA_TRANSPORT=shm was not honoured: connections were {kinds}")
+
+
+def measure_irdma(
+    config: Path, transport: str, args: argparse.Namespace, memory: list[dict[str, Any]]
+) -> list[Row]:
+    system = f"irdma {transport}"
+    try:
+        out = subprocess.run(
+            worker_cmd("irdma_worker", args, config=config),
+            env=transport_env(transport),
+            capture_output=True,
+            text=True,
+            timeout=args.worker_timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return failed(system, f"timed out after {args.worker_timeout:.0f} s")
+    lines = out.stdout.strip().splitlines()
+    try:
+        report = json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        report = {}
+    if "results" not in report:
+        stderr = out.stderr.strip().splitlines()
+        return failed(system, report.get("error") or (stderr[-1] if stderr else "no output"))
+    try:
+        check_transport(transport, report.get("connections", []))
+    except RuntimeError as exc:
+        return failed(system, str(exc))
+    if mem := report.get("memory"):
+        memory.append(
+            {
+                "what": f"{system} client, beyond its arrays",
+                "bytes": mem["extra_bytes"],
+                "limit": mem["largest_tensor"],
+                "limit_is": "one copy of the largest tensor",
+            }
+        )
+    return rows_from(system, report["results"], detail=detail_of(report))
+
+
+def daemon_memory(config: Path) -> list[dict[str, Any]]:
+    """Each daemon's peak resident size (VmHWM) against its arena plus 10%."""
+    from irdma.cluster import load_config
+
+    out = []
+    cfg = load_config(config)
+    for node in cfg.nodes:
+        pids = subprocess.run(
+            ["pgrep", "-f", f"irdma_psd.main --config {config} --node {node.name}$"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        if pids:
+            out.append(
+                {
+                    "what": f"daemon {node.name}, peak resident",
+                    "bytes": status_kib(pids[0], "VmHWM") << 10,
+                    "limit": int(node.arena_size * 1.1),
+                    "limit_is": "arena + 10%",
+                }
+            )
+    return out
+
+
+def measure_mpi(tmp: Path, args: argparse.Namespace) -> list[Row]:
+    if not shutil.which("mpirun"):
+        return missing("mpi", "mpirun")
+    if not has_module("mpi4py"):
+        return missing("mpi", "mpi4py")
+    rows = []
+    for n in args.procs:
+        out = tmp / f"mpi-{n}"
+        # One command: mpirun starts the ranks; --bind-to none as for the other peers.
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
+        cmd += ["-np", str(n), *worker_cmd("mpi_worker", args, out=out)]
+        try:
+            reports = run_ranks([cmd], out, dict(os.environ), args.worker_timeout, ranks=n)
+        except RuntimeError as exc:
+            rows += failed("mpi", exc, n)
+            continue
+        rows += rows_from("mpi", merge_ranks(reports), n, detail_of(reports[0]))
+    return rows
+
+
+def measure_gloo(tmp: Path, args: argparse.Namespace) -> list[Row]:
+    if not has_module("torch"):
+        return missing("gloo", "torch")
+    rows = []
+    # Loopback only; one intra-op thread, since up to 4 ranks share 2 cores and
+    # collectives gain nothing from torch's thread pool.
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    for n in args.procs:
+        out, port = tmp / f"gloo-{n}", free_port()
+        cmds = [
+            worker_cmd("gloo_worker", args, rank=r, world=n, port=port, out=out) for r in range(n)
+        ]
+        try:
+            reports = run_ranks(cmds, out, env, args.worker_timeout)
+        except RuntimeError as exc:
+            rows += failed("gloo", exc, n)
+            continue
+        rows += rows_from("gloo", merge_ranks(reports), n, detail_of(reports[0]))
+    return rows
+
+
+def measure_group(config: Path, tmp: Path, transport: str, args: argparse.Namespace) -> list[Row]:
+    system = f"irdma group {transport}"
+    rows = []
+    for n in args.procs:
+        out = tmp / f"group-{transport}-{n}"
+        name = f"compare-{os.getpid()}-{transport}-{n}"
+        cmds = [
+            worker_cmd(
+                "group_worker", args, config=config, rank=r, world=n, group_name=name, out=out
+            )
+            for r in range(n)
+        ]
+        try:
+            reports = run_ranks(cmds, out, transport_env(transport), args.worker_timeout)
+            check_transport(transport, reports[0].get("connections", []))
+        except RuntimeError as exc:
+            rows += failed(system, exc, n)
+            continue
+        rows += rows_from(system, merge_ranks(reports), n, detail_of(reports[0]))
+    return rows
+
+
+def measure_all(args: argparse.Namespace, memory: list[dict[str, Any]]) -> list[Row]:
+    """Every row of the table; memory figures of the irdma runs go to ``memory``."""
+    rows: list[Row] = []
+    with contextlib.ExitStack() as stack:
+        tmp = Path(tempfile.mkdtemp(prefix="irdma-compare-"))
+        stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+        if "limits" in args.only:
+            rows += measure_iperf3(stack, args) + measure_numpy(args)
+        if "redis" in args.only:
+            rows += measure_redis(stack, tmp, args)
+        if "mpi" in args.only:
+            rows += measure_mpi(tmp, args)
+        if "gloo" in args.only:
+            rows += measure_gloo(tmp, args)
+        if not {"irdma", "group"} & set(args.only):
+            return rows
+        try:
+            config = start_cluster(stack, tmp, args)
+        except (RuntimeError, OSError) as exc:
+            return rows + failed("irdma", exc)
+        if "irdma" in args.only:
+            for transport in args.transports:
+                rows += measure_irdma(config, transport, args, memory)
+        if "group" in args.only:
+            for transport in args.transports:
+                rows += measure_group(config, tmp, transport, args)
+        memory += daemon_memory(config)
+    return rows
+
+
+# -- references and ratios -------------------------------------------------------------
+
+
+def references(row: Row) -> list[tuple[tuple[str, str, int, int], str]]:
+    """The rows ``row`` is compared with: ((system, op, size, procs), label)."""
+    if row.system in ("irdma tcp", "irdma shm"):
+        if row.size <= LATENCY_MAX:
+            op = "GET" if row.op == "read" else "SET"
+            return [(("redis", op, row.size, 1), f"redis {op}")]
+        if row.system == "irdma tcp":
+            return [(("iperf3", "stream", 0, 1), "iperf3")]
+        refs = [(("numpy", "copy", row.size, 1), "numpy copy")]
+        if row.size > SHARD_BYTES:
+            refs.append((("numpy", "copy by shard", row.size, 1), "numpy copy by shard"))
+        return refs
+    if row.system.startswith("irdma group"):
+        peers = ("mpi",) if row.op == "gather" else ("gloo", "mpi")  # Gloo: no gather here
+        return [((peer, row.op, row.size, row.procs), peer) for peer in peers]
+    return []
+
+
+def add_ratios(rows: list[Row]) -> None:
+    # Keyed without the "(hiredis)" detail, so references need not know it.
+    measured = {(r.system.split(" (")[0], r.op, r.size, r.procs): r for r in rows if r.gbps}
+    for row in rows:
+        if not row.gbps:
+            continue
+        for key, label in references(row):
+            ref = measured.get(key)
+            row.refs.append({"ref": label, "ratio": row.gbps / ref.gbps if ref else None})
+
+
+# -- output ----------------------------------------------------------------------------
+
+
+def human_size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+def human_time(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} us"
+    return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.3f} s"
+
+
+def human_ratio(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.2f}" if x >= 0.1 else f"{x:.2g}"  # small ratios keep two digits
+
+
+def table_cells(row: Row) -> list[str]:
+    """The eight columns, or four and a note when there are no figures."""
+    size = human_size(row.size) if row.size else "-"
+    procs = str(row.procs) if row.procs > 1 else "-"
+    if row.note:
+        return [row.system, row.op, size, procs, row.note]
+    refs = "; ".join(r["ref"] for r in row.refs)
+    ratios = "; ".join(human_ratio(r["ratio"]) for r in row.refs)
+    figures = [human_time(row.seconds), f"{row.gbps:.3g}", refs, ratios]
+    return [row.system, row.op, size, procs, *figures]
+
+
+def format_table(rows: list[Row]) -> str:
+    head = ["system", "op", "size", "procs", "time/op", "GB/s", "reference", "ratio"]
+    cells = [table_cells(r) for r in rows]
+    # Notes run past the figures' columns, so only the first four count them.
+    widths = [
+        max([len(h)] + [len(c[i]) for c in cells if i < 4 or len(c) == len(head)])
+        for i, h in enumerate(head)
+    ]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip()]
+    lines.append("-" * len(lines[0]))
+    for c in cells:
+        line = "  ".join(x.ljust(w) for x, w in zip(c, widths, strict=False))
+        lines.append(line.rstrip())
+    return "\n".join(lines)
+
+
+def sort_key(row: Row) -> tuple:
+    """Point-to-point rows as measured; collectives by op, processes, size, system
+    (a collective peer's note first in its section)."""
+    if row.op in COLLECTIVES:
+        return (1, COLLECTIVES.index(row.op), row.procs, row.size)
+    if row.system in ("mpi", "gloo") or row.system.startswith("irdma group"):
+        return (1, -1)
+    return (0,)
+
+
+def write_json(
+    rows: list[Row], path: Path, args: argparse.Namespace, memory: list[dict[str, Any]]
+) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "when": datetime.datetime.now().isoformat(timespec="seconds"),
+        "cores": os.cpu_count(),
+        "nodes": NODES,
+        "rounds": args.rounds,
+        "sizes": args.sizes,
+        "procs": args.procs,
+        "transports": args.transports,
+        "GBps": "size / median time per op, 1e9 bytes/s",
+        "ratio": "irdma GB/s / reference GB/s (> 1: irdma faster)",
+    }
+    body = {"meta": meta, "rows": [asdict(r) for r in rows], "memory": memory}
+    path.write_text(json.dumps(body, indent=2))
+
+
+def grouped_bars(
+    ax: Any, cats: list[str], series: dict[str, dict[str, float]], colors: dict[str, Any]
+) -> None:
+    """One group of bars per category, one bar per series; ``colors`` keeps a
+    series' colour the same in every chart."""
+    if not series:
+        ax.text(0.5, 0.5, "nothing measured", ha="center", transform=ax.transAxes)
+        return
+    width = 0.8 / len(series)
+    for i, (label, values) in enumerate(series.items()):
+        xs = [c + (i - (len(series) - 1) / 2) * width for c in range(len(cats))]
+        color = colors.setdefault(label, f"C{len(colors) % 10}")
+        ax.bar(xs, [values.get(c, 0) for c in cats], width, label=label, color=color)
+    ax.set_xticks(range(len(cats)), cats)
+    ax.set_yscale("log")
+    ax.set_ylabel("GB/s (log)")
+    ax.grid(axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=4)
+
+
+def write_png(rows: list[Row], path: Path, args: argparse.Namespace) -> str:
+    if not has_module("matplotlib"):
+        return f"no chart: {INSTALL['matplotlib']}"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r.gbps]
+    fig, axes = plt.subplots(1 + len(COLLECTIVES), 1, figsize=(13, 18))
+    sizes = [human_size(s) for s in args.sizes]
+    p2p: dict[str, dict[str, float]] = {}
+    for r in ok:
+        if r.op not in COLLECTIVES and r.size:
+            p2p.setdefault(f"{r.system} {r.op}", {})[human_size(r.size)] = r.gbps
+    grouped_bars(axes[0], sizes, p2p, {})
+    for r in ok:
+        if r.system == "iperf3":
+            axes[0].axhline(r.gbps, color="k", linestyle="--", label="iperf3 (link)")
+            axes[0].legend(fontsize=7, ncol=4)
+    axes[0].set_title("point to point (per op)")
+    cats = [f"{s} x{p}" for s in sizes for p in args.procs]
+    colors: dict[str, Any] = {}
+    for ax, op in zip(axes[1:], COLLECTIVES, strict=True):
+        series: dict[str, dict[str, float]] = {}
+        for r in ok:
+            if r.op == op:
+                series.setdefault(r.system, {})[f"{human_size(r.size)} x{r.procs}"] = r.gbps
+        grouped_bars(ax, cats, series, colors)
+        ax.set_title(f"{op} (size per member x processes)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return f"chart: {path}"
+
+
+# -- command line ----------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    from irdma.cluster import parse_size
+
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"default {DEFAULT_SIZES}")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--procs", default="2,4", help="process counts for collectives")
+    ap.add_argument("--transports", default="tcp,shm", help="irdma transports (default tcp,shm)")
+    ap.add_argument("--only", default=",".join(PEERS), help=f"subset of {','.join(PEERS)}")
+    ap.add_argument("--iperf-seconds", type=float, default=2.0)
+    ap.add_argument("--worker-timeout", type=float, default=1800.0)
+    ap.add_argument("--json", type=Path, default=RESULTS / "compare.json")
+    ap.add_argument("--png", type=Path, default=RESULTS / "compare.png")
+    hidden = argparse.SUPPRESS  # the options the script passes to its own workers
+    kinds = ap.add_mutually_exclusive_group()
+    for kind in WORKERS:
+        kinds.add_argument(f"--{kind.replace('_', '-')}", action="store_true", help=hidden)
+    for name, typ in (("config", str), ("out", str), ("group-name", str), ("port", int)):
+        ap.add_argument(f"--{name}", type=typ, help=hidden)
+    ap.add_argument("--rank", type=int, default=0, help=hidden)
+    ap.add_argument("--world", type=int, default=1, help=hidden)
+    args = ap.parse_args(argv)
+    args.sizes = [parse_size(s) for s in args.sizes.split(",") if s]
+    if any(s < 4 or s % 4 for s in args.sizes):
+        ap.error("sizes must be positive multiples of 4 bytes (float32 arrays)")
+    args.procs = [int(p) for p in args.procs.split(",") if p]
+    args.transports = [t for t in args.transports.split(",") if t]
+    args.only = [p for p in args.only.split(",") if p]
+    if unknown := set(args.only) - set(PEERS):
+        ap.error(f"--only: unknown {sorted(unknown)}; choose from {','.join(PEERS)}")
+    return args
+
+
+def on_sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # so the finally blocks stop what was started
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    for kind in WORKERS:
+        if getattr(args, kind):
+            return run_worker(args, kind)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    started = time.monotonic()
+    memory: list[dict[str, Any]] = []
+    try:
+        rows = measure_all(args, memory)
+    except KeyboardInterrupt:
+        print("interrupted; everything started was stopped", file=sys.stderr)
+        return 130
+    add_ratios(rows)
+    rows.sort(key=sort_key)
+    print(
+        f"irdma vs limits and peers, loopback, {os.cpu_count()} cores, {NODES} daemons, "
+        f"median of {args.rounds} rounds, {time.monotonic() - started:.0f} s"
+    )
+    print("GB/s = size / time per op (1e9 B/s); ratio = irdma GB/s / reference GB/s (> 1: faster)")
+    print(
+        f"references: tcp -> iperf3, shm -> numpy copy, <= {human_size(LATENCY_MAX)} -> "
+        "Redis GET (read) / SET (write, accumulate), collectives -> Gloo; MPI"
+    )
+    print(format_table(rows))
+    for m in memory:
+        print(
+            f"memory: {m['what']}: {m['bytes'] / 2**20:.0f} MiB "
+            f"({m['bytes'] / m['limit']:.2f} of {m['limit_is']}, {m['limit'] / 2**20:.0f} MiB)"
+        )
+    write_json(rows, args.json, args, memory)
+    print(f"json: {args.json}; {write_png(rows, args.png, args)}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
