@@ -40,7 +40,9 @@ DEFAULT_TIMEOUT = 10.0
 DEFAULT_HEARTBEAT = 0.2
 DEFAULT_FAILURE_TIMEOUT = 1.0
 DEFAULT_SNAPSHOT_INTERVAL = 60.0
-SCHEMES = ("tcp",)
+# shm: same-host clients must use shared memory; the daemon still listens on
+# TCP at that host and port for remote clients and its peers.
+SCHEMES = ("tcp", "shm")
 PLACEMENT_CACHE = 1 << 16
 _UNITS = {
     "": 1,

@@ -23,6 +23,7 @@ import trio
 
 from irdma import Client
 from irdma.client import AsyncClient
+from irdma.cluster import load_config
 from irdma.errors import ConfigError, DaemonUnavailable
 from irdma.protocol import (
     HEADER_SIZE,
@@ -361,3 +362,23 @@ def test_shm_connection_class_is_what_auto_picks(cluster: Cluster) -> None:
             return type(await c._connection(cluster.config.node("n2")))
 
     assert trio.run(pick) is ShmConnection
+
+
+def test_shm_addresses_ask_for_shared_memory(tmp_path: Path) -> None:
+    base = make_cluster(tmp_path / "first", 1)
+    base.close()  # only its config is needed, rewritten below
+    path = tmp_path / "cluster.toml"
+    path.write_text(base.config_path.read_text().replace("tcp://", "shm://"))
+    c = Cluster(tmp_path, path, load_config(path))
+    try:
+        c.start("n1")
+        assert c.config.node("n1").address.scheme == "shm"
+        x = np.arange(SHARD, dtype=np.float32)
+        with Client(path) as client:  # auto: the address decides
+            client.write("addr/x", x)
+            assert kinds(client) == {"ShmConnection"}
+        with Client(path, transport="tcp") as client:  # forcing still wins (debugging)
+            assert np.array_equal(client.read("addr/x"), x)
+            assert kinds(client) == {"TcpConnection"}
+    finally:
+        c.close()
