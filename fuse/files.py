@@ -115,10 +115,14 @@ class FileBuffer:
     128 KiB write here, against 18 us into preallocated memory.)
     """
 
-    def __init__(self, initial: bytes | bytearray | memoryview | np.ndarray = b"") -> None:
+    def __init__(
+        self, initial: bytes | bytearray | memoryview | np.ndarray = b"", capacity: int = 0
+    ) -> None:
+        """``capacity``: the size the file will likely reach (a rewrite of a
+        file of that size), so a sequential write never regrows and copies."""
         src = np.frombuffer(initial, dtype=np.uint8) if len(initial) else None
         self.length = 0 if src is None else len(src)
-        self._a = np.empty(max(self.length, 1 << 16), dtype=np.uint8)
+        self._a = np.empty(max(self.length, capacity, 1 << 16), dtype=np.uint8)
         if src is not None:
             self._a[: self.length] = src
 
@@ -145,8 +149,10 @@ class FileBuffer:
             self._a[self.length : size] = 0
         self.length = size
 
-    def read(self, off: int, size: int) -> bytes:
-        return self._a[off : min(off + size, self.length)].tobytes()
+    def read(self, off: int, size: int) -> memoryview:
+        # pyfuse3 copies the reply to the kernel before anything can change
+        # the buffer again, so a view is enough.
+        return memoryview(self._a[off : min(off + size, self.length)])
 
     def view(self) -> memoryview:
         return memoryview(self._a[: self.length])
@@ -193,11 +199,12 @@ class Handle:
     info: TensorInfo | None = None  # the tensor as it was when opened (None: new file)
     cached: bool = False  # served through the kernel page cache (not direct I/O)
 
-    def read(self, off: int, size: int) -> bytes:
+    def read(self, off: int, size: int) -> memoryview:
+        """The bytes at ``off``: a view, no copy (pyfuse3 hands it to the kernel at once)."""
         if self.buf is not None:
             return self.buf.read(off, size)
         assert self.snapshot is not None and self.snapshot.data is not None
-        return self.snapshot.data[off : off + size].tobytes()
+        return memoryview(self.snapshot.data[off : off + size])
 
     def size(self) -> int:
         if self.buf is not None:

@@ -51,6 +51,8 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 XATTR_PREFIX = "user.irdma."
 WORKER_DIR_TIMEOUT = 300.0
+# How old a getattr answer for a file held open only for reading may be.
+OPEN_ATTR_REUSE = 0.5
 
 
 def errno_for(exc: BaseException) -> int:
@@ -130,6 +132,8 @@ class IrdmaOperations(pyfuse3.Operations):
         self._dir_handles: dict[int, list[tuple[str, pyfuse3.EntryAttributes]]] = {}
         # Layouts of tensors pulled and pushed through .worker paths.
         self._step_infos: dict[str, TensorInfo] = {}
+        # getattr answers for files held open for reading: path -> (when, attrs).
+        self._open_attrs: dict[str, tuple[float, pyfuse3.EntryAttributes]] = {}
         self._start_ns = time.time_ns()
 
     # -- inodes and attributes -------------------------------------------------
@@ -261,7 +265,26 @@ class IrdmaOperations(pyfuse3.Operations):
 
     @fuse_errors
     async def getattr(self, inode, ctx=None):
-        return self._attrs(await self.resolve(self._path(inode)))
+        path = self._path(inode)
+        # The kernel asks before every read() of a cached file (attributes
+        # time out at once, for close-to-open); while the file is open only
+        # for reading, an answer up to OPEN_ATTR_REUSE old serves. open()
+        # itself always asks the daemons.
+        now = time.monotonic()
+        cached = self._open_attrs.get(path)
+        fresh = cached is not None and now - cached[0] < OPEN_ATTR_REUSE
+        if fresh and self._only_readers(path):
+            return cached[1]
+        attrs = self._attrs(await self.resolve(path))
+        if self._only_readers(path):
+            self._open_attrs[path] = (now, attrs)
+        else:
+            self._open_attrs.pop(path, None)
+        return attrs
+
+    def _only_readers(self, path: str) -> bool:
+        handles = [h for h in self._handles.values() if h.path == path]
+        return bool(handles) and not any(h.writable for h in handles)
 
     async def forget(self, inode_list):
         pass  # inode numbers stay assigned to their paths for the mount's life
@@ -269,6 +292,7 @@ class IrdmaOperations(pyfuse3.Operations):
     @fuse_errors
     async def setattr(self, inode, attr, fields, fh, ctx):
         path = self._path(inode)
+        self._open_attrs.pop(path, None)
         res = await self.resolve(path)
         if fields.update_uid and attr.st_uid not in (self.uid, -1, 0xFFFFFFFF):
             raise pyfuse3.FUSEError(errno.EPERM)
@@ -412,6 +436,7 @@ class IrdmaOperations(pyfuse3.Operations):
         self._forget_content(path)
 
     def _forget_content(self, path: str) -> None:
+        self._open_attrs.pop(path, None)
         self._cached_identity.pop(path, None)
         self._mtimes.pop(path, None)
 
@@ -437,7 +462,9 @@ class IrdmaOperations(pyfuse3.Operations):
             return handle
         if writable:
             if truncate or res.info is None:
-                handle.buf = FileBuffer()
+                # Rewriting a file mostly keeps its size: room for that up front.
+                expected = file_size(t, res.info) if res.info is not None else 0
+                handle.buf = FileBuffer(capacity=expected)
                 handle.redefine = t.kind != Kind.SHARD
                 handle.dirty.append((0, 0))
             else:
@@ -581,6 +608,7 @@ class IrdmaOperations(pyfuse3.Operations):
         handle = self._handles.pop(fh, None)
         if handle is None:
             return
+        self._open_attrs.pop(handle.path, None)
         if handle.snapshot is not None:
             handle.snapshot.refs -= 1
             if handle.snapshot.refs == 0 and self._snapshots.get(handle.path) is handle.snapshot:

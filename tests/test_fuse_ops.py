@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -242,6 +243,25 @@ def test_two_mounts_see_each_others_writes(cluster: Cluster, mount: Path, tmp_pa
         assert not (mount / "two" / "a.npy").exists()
     finally:
         other.unmount()
+
+
+def test_open_sees_a_new_version_while_an_old_reader_holds_the_file(
+    cluster: Cluster, mount: Path
+) -> None:
+    """getattr answers are reused while a file is open for reading; open never uses them."""
+    path = mount / "held" / "w.npy"
+    path.parent.mkdir()
+    np.save(path, np.zeros(1000))
+    with open(path, "rb") as old:
+        old.read()
+        os.stat(path)  # cached for the open reader
+        with Client(cluster.config_path) as c:
+            c.write("held/w", np.ones(5000), replace=True)  # another writer, new size
+        assert np.array_equal(np.load(path), np.ones(5000))  # a fresh open sees it
+        time.sleep(0.6)  # past OPEN_ATTR_REUSE
+        assert os.stat(path).st_size == np.ones(5000).nbytes + 128
+        old.seek(0)
+        assert np.array_equal(np.load(old), np.zeros(1000))  # the old open keeps its version
 
 
 def test_mkdir_rmdir_rename(mount: Path) -> None:
