@@ -29,22 +29,13 @@ from pathlib import Path
 import numpy as np
 import trio
 
+# A sibling script (bench/ is on sys.path when this runs as a script).
+from compare import iperf3_round
+
 from irdma.bench import run as irdma_bench
 from irdma.client import AsyncClient
 from irdma.cluster import parse_size
 from irdma.local import free_ports
-
-
-def iperf3_round(port: int, seconds: float) -> float:
-    """One iperf3 client run over loopback; receiver GB/s."""
-    out = subprocess.run(
-        ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", str(seconds), "-J"],
-        capture_output=True,
-        text=True,
-        timeout=seconds + 30,
-        check=True,
-    )
-    return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 8e9
 
 
 def numpy_copy(size: int, rounds: int) -> float:

@@ -12,20 +12,7 @@ cd "$(dirname "$0")/.."
 deploy/setup.sh
 
 APT_PACKAGES=(redis-server openmpi-bin libopenmpi-dev iperf3)
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "bench setup: missing packages ${missing[*]}; run as root (sudo) to install them" >&2
-        exit 1
-    fi
-    echo "bench setup: installing ${missing[*]}" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+deploy/apt-install.sh "${APT_PACKAGES[@]}"
 # The package may start a system Redis on 6379; the benchmark starts its own
 # on a free port and leaves the system one alone.
 

@@ -7,20 +7,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(python3 python3-venv python3-dev gcc pkg-config iperf3 procps iproute2
               fuse3 libfuse3-dev attr rsync)
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "setup: missing packages ${missing[*]}; run as root (sudo) to install them" >&2
-        exit 1
-    fi
-    echo "setup: installing ${missing[*]}" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+deploy/apt-install.sh "${APT_PACKAGES[@]}"
 
 PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then

@@ -125,12 +125,12 @@ def hello(config: ClusterConfig, name: str) -> dict:
     node = config.node(name)
     with socket.create_connection((node.address.host, node.address.port), 2.0) as s:
         s.sendall(Header(op=Op.HELLO).pack())
-        head = _recv_exactly(s, HEADER_SIZE)
+        head = recv_exactly(s, HEADER_SIZE)
         header = unpack_header(head)
-        return decode_json(_recv_exactly(s, header.length))
+        return decode_json(recv_exactly(s, header.length))
 
 
-def _recv_exactly(s: socket.socket, n: int) -> bytes:
+def recv_exactly(s: socket.socket, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         chunk = s.recv(n - len(buf))

@@ -26,7 +26,7 @@ from irdma.protocol import (
     unpack_header,
 )
 
-from .conftest import Cluster, make_cluster
+from .conftest import Cluster, make_cluster, recv_exactly
 
 TENSOR = "copies/w"
 VALUE = np.arange(4096, dtype=np.float32)  # 16 KiB: one shard
@@ -58,19 +58,9 @@ def exchange(c: Cluster, node: str, header: Header, payload: bytes = b"") -> tup
     a = c.config.node(node).address
     with socket.create_connection((a.host, a.port), timeout=5) as s:
         s.sendall(header.pack() + payload)
-        head = _recv(s, HEADER_SIZE)
+        head = recv_exactly(s, HEADER_SIZE)
         reply = unpack_header(head)
-        return reply, _recv(s, reply.length)
-
-
-def _recv(s: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
-        buf += chunk
-    return bytes(buf)
+        return reply, recv_exactly(s, reply.length)
 
 
 def copy_on(c: Cluster, node: str) -> tuple[int, bytes]:

@@ -35,7 +35,7 @@ from irdma.protocol import (
     unpack_header,
 )
 
-from .conftest import Cluster
+from .conftest import Cluster, recv_exactly
 
 CANARY = "canary/w"
 VICTIM = "fuzz/victim"  # random frames may change this one; never the canary
@@ -76,16 +76,6 @@ def connect(cluster: Cluster, node: str) -> socket.socket:
     s = socket.create_connection((a.host, a.port), timeout=5)
     _opened.append(s)
     return s
-
-
-def recv_exactly(s: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
-        buf += chunk
-    return bytes(buf)
 
 
 def reply(s: socket.socket) -> tuple[Header, bytes]:

@@ -39,7 +39,7 @@ from irdma.protocol import (
 from irdma.transport.shm import ShmConnection, short_address, socket_path
 from irdma.transport.tcp import TcpConnection
 
-from .conftest import Cluster, make_cluster
+from .conftest import Cluster, make_cluster, recv_exactly
 
 SHARD = 1 << 20
 
@@ -245,16 +245,8 @@ def raw_unix(cluster: Cluster, node: str = "n1") -> socket.socket:
 
 
 def read_reply(s: socket.socket) -> tuple[Header, bytes]:
-    buf = b""
-    while len(buf) < HEADER_SIZE:
-        chunk = s.recv(HEADER_SIZE - len(buf))
-        assert chunk, "closed"
-        buf += chunk
-    h = unpack_header(buf)
-    data = b""
-    while len(data) < h.length:
-        data += s.recv(h.length - len(data))
-    return h, data
+    h = unpack_header(recv_exactly(s, HEADER_SIZE))
+    return h, recv_exactly(s, h.length)
 
 
 def test_attach_without_a_staging_descriptor_is_refused(cluster: Cluster) -> None:
