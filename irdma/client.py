@@ -591,11 +591,16 @@ class AsyncClient:
         code = meta.dtype_code
 
         update = op != Op.READ
-        # Reads: choose each shard's replica so the bytes spread evenly.
+        # Reads: choose each shard's replica so the bytes spread evenly. A
+        # read for a training step goes where the updates go: only the
+        # primary keeps the step's state (who pushed, held deltas).
         choice: dict[int, list[Node]] = {}
         if not update and self.replicated:
             load: dict[str, int] = {}
             for p in pieces:
+                if worker is not None:
+                    choice[p.shard] = self._candidates(meta.key, p.shard, True)
+                    continue
                 choice[p.shard] = self._candidates(meta.key, p.shard, False, load)
                 first = choice[p.shard][0].name
                 load[first] = load.get(first, 0) + p.length
@@ -780,10 +785,12 @@ class AsyncClient:
         """Send many tensors' shards as batch frames, one stream of frames per daemon."""
         per_node: dict[str, list[tuple[BatchEntry, memoryview]]] = defaultdict(list)
         update = op != Op.READ_BATCH
-        load: dict[str, int] | None = None if update else {}
+        # As in _move: reads for a training step go to the primary too.
+        to_primary = update or worker is not None
+        load: dict[str, int] | None = None if to_primary else {}
         for meta, buf in items:
             for p in shard_pieces(meta, 0, len(buf)):
-                node = self._candidates(meta.key, p.shard, update, load)[0]
+                node = self._candidates(meta.key, p.shard, to_primary, load)[0]
                 if load is not None:
                     load[node.name] = load.get(node.name, 0) + p.length
                 entry = BatchEntry(
@@ -891,7 +898,11 @@ class AsyncClient:
         if update:
             await self._on_replicas(e.key, e.shard, header, [view], update=True)
         else:
-            await self._on_replicas(e.key, e.shard, header, sink=IntoSink(view), update=False)
+            # A read for a training step asks the primary first (see _move).
+            order = self._candidates(e.key, e.shard, True) if wid != NO_WORKER else None
+            await self._on_replicas(
+                e.key, e.shard, header, sink=IntoSink(view), update=False, candidates=order
+            )
 
     async def read_many(
         self,

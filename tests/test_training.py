@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 
 from irdma.modes import Mode
 
-from .conftest import Cluster
+from .conftest import Cluster, make_cluster
 from .training_workers import COLLECTIVE_CASES, LR, SHAPES, case_array, gradient, initial
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,6 +105,40 @@ def test_sync_equals_the_single_process_reference_exactly(cluster: Cluster) -> N
     info = cluster.client().stat(f"{model}/a")
     assert info.options["mode"] == "sync"
     assert info.version > 0
+
+
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = make_cluster(tmp_path_factory.mktemp("replicated"), 3, replicas=2)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def test_sync_training_with_two_copies_of_every_shard(replicated: Cluster) -> None:
+    """Step reads must reach the primary, which alone keeps the step's state.
+
+    (Reads of plain tensors are spread over the replicas; a step read that
+    went to a backup was refused: 'has not pushed step 0'.)
+    """
+    mode = Mode.sync(WORKERS)
+    model, results = run_workers(replicated, "train", WORKERS, mode, steps=4)
+    assert all(code == 0 for code, _ in results), results
+    got = stored(replicated, model)
+    want = reference(mode, WORKERS, 4)
+    for key in SHAPES:
+        assert np.array_equal(got[key], want[key]), key
+
+
+@pytest.mark.parametrize(
+    "mode", [Mode.ssp(WORKERS, 1), Mode.hybrid(WORKERS, 2)], ids=["ssp", "hybrid"]
+)
+def test_step_modes_count_exactly_with_two_copies(replicated: Cluster, mode: Mode) -> None:
+    steps = 10
+    model, results = run_workers(replicated, "count", WORKERS, mode, steps=steps)
+    assert all(code == 0 for code, _ in results), results
+    assert (replicated.client().read(f"{model}/count") == WORKERS * steps).all()
 
 
 def test_hybrid_groups_sum_their_steps(cluster: Cluster) -> None:
