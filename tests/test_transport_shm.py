@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -372,5 +373,27 @@ def test_shm_addresses_ask_for_shared_memory(tmp_path: Path) -> None:
         with Client(path, transport="tcp") as client:  # forcing still wins (debugging)
             assert np.array_equal(client.read("addr/x"), x)
             assert kinds(client) == {"TcpConnection"}
+    finally:
+        c.close()
+
+
+def test_a_hung_daemon_costs_one_timeout_not_two(tmp_path: Path) -> None:
+    """A paused daemon takes unix connections but never answers ATTACH; the client
+    must not then try it again over TCP (that doubled the wait and ran past the
+    failover deadline), but go on to the shard's other replica."""
+    c = make_cluster(tmp_path, 3, replicas=2, shard_size=SHARD)
+    try:
+        x = np.arange(SHARD // 2, dtype=np.float32)
+        with Client(c.config_path) as client:
+            client.write("hung/x", x)
+        primary = c.config.replicas_for(tensor_key("hung/x"), 0)[0].name
+        c.signal(primary, signal.SIGSTOP)
+        try:
+            with Client(c.config_path, timeout=2) as client:
+                assert np.array_equal(client.read("hung/x"), x)
+                client.accumulate("hung/x", np.ones_like(x))
+                assert np.array_equal(client.read("hung/x"), x + 1)
+        finally:
+            c.signal(primary, signal.SIGCONT)
     finally:
         c.close()

@@ -49,7 +49,7 @@ from ..protocol import (
     encode_json,
     unpack_header,
 )
-from .base import Buffer, Reply, Sink, StreamBroken
+from .base import Buffer, Reply, Sink, StreamBroken, StreamTimeout
 from .tcp import FramedSocket, TcpConnection, to_stdlib
 
 SOCKET_NAME = "psd.sock"
@@ -219,7 +219,9 @@ class ShmConnection(TcpConnection):
                 await send_fds_frame(sock, frame, [staging_fd])
                 header, data, fds = await recv_fds_frame(sock)
             if scope.cancelled_caught:
-                raise ShmUnavailable(f"{peer}: no answer to ATTACH within {timeout:g} s")
+                # A daemon that takes connections but does not answer (hung,
+                # paused) would not answer over TCP either: no fallback.
+                raise StreamTimeout(f"{peer}: no answer to ATTACH within {timeout:g} s")
             arena_fd = fds[0] if fds else -1
             for extra in fds[1:]:
                 os.close(extra)
