@@ -13,6 +13,7 @@ writes.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import socket as stdsocket
@@ -196,6 +197,13 @@ class ShmListener:
             return "staging size must be a positive integer"
         if staging_fd < 0:
             return "no staging descriptor came with ATTACH"
+        try:
+            seals = fcntl.fcntl(staging_fd, fcntl.F_GET_SEALS)
+        except OSError:
+            seals = 0
+        if not seals & fcntl.F_SEAL_SHRINK:
+            # Cut shorter under our mapping, it would crash us (SIGBUS).
+            return "staging memory must be a memfd sealed against shrinking (F_SEAL_SHRINK)"
         st = os.fstat(staging_fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size < size:
             return f"staging descriptor is not a file of at least {size} bytes"

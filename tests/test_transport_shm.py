@@ -37,7 +37,7 @@ from irdma.protocol import (
     tensor_key,
     unpack_header,
 )
-from irdma.transport.shm import ShmConnection, short_address, socket_path
+from irdma.transport.shm import ShmConnection, make_staging, short_address, socket_path
 from irdma.transport.tcp import TcpConnection
 
 from .conftest import Cluster, make_cluster, recv_exactly
@@ -248,6 +248,31 @@ def raw_unix(cluster: Cluster, node: str = "n1") -> socket.socket:
 def read_reply(s: socket.socket) -> tuple[Header, bytes]:
     h = unpack_header(recv_exactly(s, HEADER_SIZE))
     return h, recv_exactly(s, h.length)
+
+
+def test_staging_memory_that_could_shrink_is_refused(cluster: Cluster) -> None:
+    """Cut shorter under the daemon's mapping, it would crash the daemon (SIGBUS)."""
+    unsealed = os.memfd_create("unsealed")
+    sealed = make_staging(1 << 20)
+    try:
+        os.ftruncate(unsealed, 1 << 20)
+        body = encode_json({"staging": 1 << 20})
+        frame = Header(op=Op.ATTACH, length=len(body)).pack() + body
+        with raw_unix(cluster) as s:
+            socket.send_fds(s, [frame], [unsealed])
+            h, msg = read_reply(s)
+            assert h.status == Status.BAD_ARGUMENT and b"sealed against shrinking" in msg
+        with raw_unix(cluster) as s:
+            socket.send_fds(s, [frame], [sealed])
+            h, msg = read_reply(s)
+            assert h.status == Status.OK, msg
+        with pytest.raises(OSError):
+            os.ftruncate(sealed, 4096)  # the seal holds for the client too
+    finally:
+        os.close(unsealed)
+        os.close(sealed)
+    with Client(cluster.config_path, transport="shm") as c:  # the daemon still serves
+        c.write("sealed/x", np.ones(10, dtype=np.float32))
 
 
 def test_attach_without_a_staging_descriptor_is_refused(cluster: Cluster) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import array
 import contextlib
 import dataclasses
+import fcntl
 import mmap
 import os
 import socket as stdsocket
@@ -140,6 +141,22 @@ def map_shared(fd: int, size: int, *, writable: bool) -> tuple[mmap.mmap, np.nda
     return mapping, np.frombuffer(mapping, dtype=np.uint8)
 
 
+def make_staging(size: int) -> int:
+    """A memfd of ``size`` bytes that can never shrink.
+
+    The daemon maps it; a file cut shorter under a mapping makes the reader
+    fault (SIGBUS), so the daemon takes only memory sealed against that.
+    """
+    fd = os.memfd_create("irdma-staging", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class _ArenaRegion:
     """A ByteStream that yields bytes of the mapped arena (for a MAPPED answer)."""
 
@@ -212,8 +229,7 @@ class ShmConnection(TcpConnection):
                     raise ShmUnavailable(
                         f"no daemon socket at {path}: {exc.strerror or exc}"
                     ) from None
-                staging_fd = os.memfd_create("irdma-staging", os.MFD_CLOEXEC)
-                os.ftruncate(staging_fd, staging_size)
+                staging_fd = make_staging(staging_size)
                 body = encode_json({"staging": staging_size})
                 frame = Header(op=Op.ATTACH, length=len(body)).pack() + body
                 await send_fds_frame(sock, frame, [staging_fd])
