@@ -175,18 +175,16 @@ async def cmd_rm(client: AsyncClient, args: argparse.Namespace) -> int:
 async def cmd_status(client: AsyncClient, args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for node in client.config.nodes:
-        row: dict[str, Any] = {
-            "node": node.name,
-            "address": str(node.address),
-            "transport": node.address.scheme,
-        }
+        row: dict[str, Any] = {"node": node.name, "address": str(node.address)}
         try:
             hello = await client.hello(node)
         except IrdmaError as exc:
-            row |= {"up": False, "error": str(exc)}
+            row |= {"up": False, "error": str(exc), "transport": None}
         else:
             row |= {
                 "up": True,
+                # How this host reaches it: shm when the daemon runs here.
+                "transport": client.transport_of(node),
                 "pid": hello["pid"],
                 "tensors": hello["tensors"],
                 "arena_used": hello["arena_used"],
@@ -199,14 +197,16 @@ async def cmd_status(client: AsyncClient, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        print(f"{'NODE':<12} {'ADDRESS':<26} {'STATE':<8} {'TENSORS':>7}  ARENA USED")
+        head = f"{'NODE':<12} {'ADDRESS':<26} {'VIA':<4} {'STATE':<8} {'TENSORS':>7}"
+        print(f"{head}  ARENA USED")
         for r in rows:
+            lead = f"{r['node']:<12} {r['address']:<26} {r['transport'] or '-':<4}"
             if r["up"]:
                 use = f"{_human(r['arena_used'])} / {_human(r['arena_size'])}"
                 state = "up" if r["ready"] else "syncing"
-                print(f"{r['node']:<12} {r['address']:<26} {state:<8} {r['tensors']:>7}  {use}")
+                print(f"{lead} {state:<8} {r['tensors']:>7}  {use}")
             else:
-                print(f"{r['node']:<12} {r['address']:<26} {'DOWN':<8} {'-':>7}  {r['error']}")
+                print(f"{lead} {'DOWN':<8} {'-':>7}  {r['error']}")
     return 1 if down else 0
 
 

@@ -65,6 +65,7 @@ from .transport.base import (
     StreamTimeout,
 )
 from .transport.select import forced_transport, open_connection
+from .transport.shm import ShmConnection
 
 Progress = Callable[[int], None]
 T = TypeVar("T")
@@ -229,6 +230,13 @@ class AsyncClient:
                 )
                 self._conns[node.name] = conn
             return conn
+
+    def transport_of(self, node: Node) -> str | None:
+        """How this client reaches ``node`` now ("shm" or "tcp"); None before it connected."""
+        conn = self._conns.get(node.name)
+        if conn is None or conn.broken:
+            return None
+        return "shm" if isinstance(conn, ShmConnection) else "tcp"
 
     async def _request(
         self,

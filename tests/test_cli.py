@@ -18,8 +18,10 @@ from irdma import Client
 from .conftest import Cluster
 
 
-def irdma(cluster: Cluster | None, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
+def irdma(
+    cluster: Cluster | None, *args: str, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env or {}))
     if cluster is not None:
         env["IRDMA_CONFIG"] = str(cluster.config_path)
     proc = subprocess.run(
@@ -113,6 +115,11 @@ def test_errors_are_one_clear_line(cluster: Cluster, tmp_path: Path) -> None:
 def test_status_and_bench_json(cluster: Cluster) -> None:
     rows = json.loads(irdma(cluster, "status", "--json").stdout)
     assert [r["node"] for r in rows] == cluster.names and all(r["up"] for r in rows)
+    assert {r["transport"] for r in rows} == {"shm"}  # every daemon runs on this host
+    text = irdma(cluster, "status").stdout
+    assert text.splitlines()[0].split()[:3] == ["NODE", "ADDRESS", "VIA"] and " shm " in text
+    tcp = json.loads(irdma(cluster, "status", "--json", env={"IRDMA_TRANSPORT": "tcp"}).stdout)
+    assert {r["transport"] for r in tcp} == {"tcp"}
     res = json.loads(
         irdma(
             cluster, "bench", "--size", "1MiB", "--repeat", "2", "--latency-iters", "20", "--json"
