@@ -355,7 +355,9 @@ class AsyncClient:
         """
         if not self.replicated:
             return await self._request(self.config.primary_for(key, shard), header, payload, sink)
-        candidates = candidates or self._candidates(key, shard, update)
+        candidates = candidates or self._candidates(
+            key, shard, _asks_primary(update, header.worker)
+        )
         deadline = trio.current_time() + self.timeout + 2 * self.config.failure_timeout
         attempt = 0
         last: Exception | None = None
@@ -599,16 +601,12 @@ class AsyncClient:
         code = meta.dtype_code
 
         update = op != Op.READ
-        # Reads: choose each shard's replica so the bytes spread evenly. A
-        # read for a training step goes where the updates go: only the
-        # primary keeps the step's state (who pushed, held deltas).
+        # Reads: choose each shard's replica so the bytes spread evenly
+        # (reads for a training step go to the primary: _on_replicas).
         choice: dict[int, list[Node]] = {}
-        if not update and self.replicated:
+        if not _asks_primary(update, wid) and self.replicated:
             load: dict[str, int] = {}
             for p in pieces:
-                if worker is not None:
-                    choice[p.shard] = self._candidates(meta.key, p.shard, True)
-                    continue
                 choice[p.shard] = self._candidates(meta.key, p.shard, False, load)
                 first = choice[p.shard][0].name
                 load[first] = load.get(first, 0) + p.length
@@ -793,8 +791,7 @@ class AsyncClient:
         """Send many tensors' shards as batch frames, one stream of frames per daemon."""
         per_node: dict[str, list[tuple[BatchEntry, memoryview]]] = defaultdict(list)
         update = op != Op.READ_BATCH
-        # As in _move: reads for a training step go to the primary too.
-        to_primary = update or worker is not None
+        to_primary = _asks_primary(update, _worker_field(worker, step))
         load: dict[str, int] | None = None if to_primary else {}
         for meta, buf in items:
             for p in shard_pieces(meta, 0, len(buf)):
@@ -906,11 +903,7 @@ class AsyncClient:
         if update:
             await self._on_replicas(e.key, e.shard, header, [view], update=True)
         else:
-            # A read for a training step asks the primary first (see _move).
-            order = self._candidates(e.key, e.shard, True) if wid != NO_WORKER else None
-            await self._on_replicas(
-                e.key, e.shard, header, sink=IntoSink(view), update=False, candidates=order
-            )
+            await self._on_replicas(e.key, e.shard, header, sink=IntoSink(view), update=False)
 
     async def read_many(
         self,
@@ -969,6 +962,15 @@ class AsyncClient:
             _check_delta(metas[n], a)
         items = [(metas[n], _byte_view(a)) for n, a in arrs.items()]
         await self._batch(Op.ACCUMULATE_BATCH, items, alpha, worker, step)
+
+
+def _asks_primary(update: bool, worker_field: int) -> bool:
+    """Whether a request starts at the shard's primary rather than any replica.
+
+    Updates do, and so do reads for a training step: only the primary keeps
+    the step's state (who pushed, held deltas); a backup would refuse them.
+    """
+    return update or worker_field != NO_WORKER
 
 
 def _new_txn() -> int:

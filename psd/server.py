@@ -513,17 +513,23 @@ class Server:
         except StoreError:
             self.store.abort(update)
             raise
+        version, retried = self._apply_once(update, header.worker, header.clock)
+        await self.replicator.wait(self._forward())
+        if retried:
+            await self.replicator.flush()
+        await self._reply(conn, header, [], version=version)
+
+    def _apply_once(self, update: Update, worker: int, clock: int) -> tuple[int, bool]:
+        """Apply a client's update unless its txn was applied before: (version, was a retry).
+
+        A retry is not applied twice; its caller answers it only after
+        ``replicator.flush()``, once the backups surely have the original.
+        """
         done = self.store.applied(update)
         if done is not None:
-            # A retry of an update applied before: do not apply it twice,
-            # but answer only once the backups surely have it too.
             self.store.abort(update)
-            await self.replicator.flush()
-            await self._reply(conn, header, [], version=done)
-            return
-        version = self.store.push(update, header.worker, header.clock)
-        await self.replicator.wait(self._forward())
-        await self._reply(conn, header, [], version=version)
+            return done, True
+        return self.store.push(update, worker, clock), False
 
     async def _staged_location(self, conn: _Conn, header: Header) -> int | None:
         """Where a STAGED update's data sits in the client's staging memory (None: inline)."""
@@ -644,13 +650,8 @@ class Server:
             u.txn = (header.txn + i) % (1 << 64) if header.txn else 0
             try:
                 self._check_primary(e.key, e.shard)
-                done = self.store.applied(u)
-                if done is not None:
-                    self.store.abort(u)
-                    retried = True
-                    version = done
-                else:
-                    version = self.store.push(u, header.worker, header.clock)
+                version, again = self._apply_once(u, header.worker, header.clock)
+                retried = retried or again
             except StoreError as exc:
                 self.store.abort(u)
                 answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=exc.status))
