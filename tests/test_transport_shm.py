@@ -37,6 +37,7 @@ from irdma.protocol import (
     tensor_key,
     unpack_header,
 )
+from irdma.transport.base import StreamBroken
 from irdma.transport.shm import ShmConnection, make_staging, short_address, socket_path
 from irdma.transport.tcp import TcpConnection
 
@@ -422,3 +423,31 @@ def test_a_hung_daemon_costs_one_timeout_not_two(tmp_path: Path) -> None:
             c.signal(primary, signal.SIGCONT)
     finally:
         c.close()
+
+
+def test_staging_of_a_failed_request_is_never_reused(cluster: Cluster, monkeypatch) -> None:
+    """A request that fails after sending may still be applied by the daemon from
+    its staged bytes; another request must not overwrite them."""
+    node = cluster.config.node("n1")
+    payload = np.ones(SHARD // 4, dtype=np.float32)
+    header = Header(op=Op.WRITE, key=1, size=payload.nbytes, length=payload.nbytes)
+
+    async def broken_after_send(self, header, payload=(), sink=None):
+        self._fail(StreamBroken("failed after the frame went out"))
+        raise StreamBroken("failed after the frame went out")
+
+    async def run() -> tuple[int, str]:
+        async with AsyncClient(cluster.config_path, transport="shm") as c:
+            conn = await c._connection(node)
+            assert isinstance(conn, ShmConnection)
+            monkeypatch.setattr(TcpConnection, "request", broken_after_send)
+            with pytest.raises(StreamBroken):
+                await conn.request(header, [payload])
+            kept = conn.staging.used
+            with pytest.raises(StreamBroken) as again:  # no new staging on a dead connection
+                await conn.request(header, [payload])
+            return kept, str(again.value)
+
+    kept, message = trio.run(run)
+    assert kept >= payload.nbytes
+    assert "failed" in message

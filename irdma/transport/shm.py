@@ -306,8 +306,12 @@ class ShmConnection(TcpConnection):
             )
             return await super().request(staged, [LOCATION.pack(offset)], sink)
         finally:
-            self.staging.free(offset, n)
-            # Wake every waiter; each tries again, and waits on the next event.
+            # On a broken connection the frame may still sit in the daemon's
+            # socket buffer and be applied from these bytes: never reuse them.
+            if not self.broken:
+                self.staging.free(offset, n)
+            # Wake every waiter; each tries again (or sees the connection
+            # broken), and waits on the next event.
             self._staging_freed.set()
             self._staging_freed = trio.Event()
 
@@ -318,9 +322,9 @@ class ShmConnection(TcpConnection):
                 f"{nbytes} bytes do not fit the {self.staging.capacity}-byte staging area"
             )
         while True:
+            if self.broken:
+                raise StreamBroken(f"connection to {self.stream.peer} failed")
             try:
                 return self.staging.alloc(nbytes)
             except ArenaFullError:
-                if self.broken:
-                    raise StreamBroken(f"connection to {self.stream.peer} failed") from None
                 await self._staging_freed.wait()
