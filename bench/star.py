@@ -377,13 +377,14 @@ def wait_all(procs: list[subprocess.Popen[str]], timeout: float) -> str | None:
         time.sleep(0.1)
 
 
-def stop(procs: list[subprocess.Popen[str]]) -> None:
+def stop(procs: list[subprocess.Popen[str]], grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; close their pipes."""
     for p in procs:
         if p.poll() is None:
             p.terminate()
     for p in procs:
         try:
-            p.wait(10)
+            p.wait(grace)
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
@@ -447,15 +448,7 @@ def irdma_cluster(nodes: int, arena_bytes: int, directory: Path) -> Iterator[Pat
                 raise RuntimeError(f"irdma local did not start: {last_line([log_path])}")
             yield config
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout:
-                proc.stdout.close()
+            stop([proc], grace=30)  # the daemons write a final snapshot
 
 
 def run_irdma(
