@@ -164,8 +164,18 @@ class Group:
         return np.stack([parts[n] for n in names])
 
     def close(self) -> None:
-        """Wait for every member, then remove the group's tensors (rank 0 does it)."""
-        self.barrier()
+        """Wait for every member, then remove the group's tensors (rank 0 does it).
+
+        Rank 0 passes this last barrier only once every member has pushed to
+        it, and then deletes. A member still reading the barrier may find it
+        gone; that means the same (everyone arrived), so it is not an error.
+        """
+        try:
+            self.barrier()
+        except TensorNotFound:
+            if self.rank == 0:
+                raise
+            return
         if self.rank == 0:
             for info in self.client.list(self.prefix + "/"):
                 with contextlib.suppress(TensorNotFound):
