@@ -5,8 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# systemd: systemd-analyze and systemd-sysusers for tests/test_deploy.py.
 APT_PACKAGES=(python3 python3-venv python3-dev gcc pkg-config iperf3 procps iproute2
-              fuse3 libfuse3-dev attr rsync)
+              fuse3 libfuse3-dev attr rsync systemd)
 deploy/apt-install.sh "${APT_PACKAGES[@]}"
 
 PYTHON=${PYTHON:-python3}

@@ -22,6 +22,7 @@ import trio
 from irdma.client import AsyncClient
 from irdma.cluster import ClusterConfig, load_config
 from irdma.errors import ConfigError, IrdmaError
+from irdma.sdnotify import Notifier
 
 log = logging.getLogger("irdma.fuse")
 
@@ -80,9 +81,12 @@ async def serve(
     options = set(pyfuse3.default_options) | {"fsname=irdma", "subtype=irdma"}
     if allow_other:
         options.add("allow_other")
+    notifier = Notifier.from_environ()  # under systemd (deploy/irdma-mount.service)
     async with AsyncClient(config) as client:
         ops.client = client
         pyfuse3.init(ops, str(mountpoint), options)
+        # Mounted: a process that opens a file now is served once main() runs.
+        notifier.ready(f"serving {mountpoint}")
         try:
             async with trio.open_nursery() as nursery:
 
@@ -93,6 +97,7 @@ async def serve(
                                 "%s: pushing pending writes, then unmounting",
                                 signal.Signals(signum).name,
                             )
+                            notifier.stopping("pushing pending writes, then unmounting")
                             await ops.flush_all()
                             pyfuse3.terminate()
                             return
@@ -109,6 +114,7 @@ async def serve(
             # Never stat the mountpoint here: nothing serves it any more, so
             # the call would wait forever. Unmounting twice is harmless.
             pyfuse3.close(unmount=True)
+            notifier.close()
 
 
 def run(args: argparse.Namespace) -> int:

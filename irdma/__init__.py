@@ -8,6 +8,7 @@ from .client import AsyncClient, Client, TensorInfo
 from .cluster import ClusterConfig, load_config
 from .errors import (
     ArenaFull,
+    AuthFailed,
     ClientClosed,
     ConfigError,
     DaemonError,
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArenaFull",
     "AsyncClient",
+    "AuthFailed",
     "Client",
     "ClientClosed",
     "ClusterConfig",

@@ -8,6 +8,7 @@ irdma stat NAME [--json]
 irdma rm NAME [-r]
 irdma status [--json]
 irdma bench [--size 256MiB] [--json]
+irdma doctor [--skip TOPIC] [--json]       what breaks RDMA, FUSE, memlock, daemons here
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import time
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import trio
 
 from . import bench as benchmod
+from . import doctor as doctormod
 from . import local as localmod
+from . import status as statusmod
 from .client import AsyncClient, TensorInfo
 from .cluster import load_config, parse_size
 from .errors import ConfigError, IrdmaError, TensorNotFound
@@ -173,41 +175,13 @@ async def cmd_rm(client: AsyncClient, args: argparse.Namespace) -> int:
 
 
 async def cmd_status(client: AsyncClient, args: argparse.Namespace) -> int:
-    rows: list[dict[str, Any]] = []
-    for node in client.config.nodes:
-        row: dict[str, Any] = {"node": node.name, "address": str(node.address)}
-        try:
-            hello = await client.hello(node)
-        except IrdmaError as exc:
-            row |= {"up": False, "error": str(exc), "transport": None}
-        else:
-            row |= {
-                "up": True,
-                # How this host reaches it: shm when the daemon runs here.
-                "transport": client.transport_of(node),
-                "pid": hello["pid"],
-                "tensors": hello["tensors"],
-                "arena_used": hello["arena_used"],
-                "arena_size": hello["arena_size"],
-                # With replicas: False while it catches up from its peers.
-                "ready": hello.get("ready", True),
-            }
-        rows.append(row)
-    down = [r for r in rows if not r["up"]]
+    """One row per daemon (see ``irdma.status``); exit 1 if any is down."""
+    rows = await statusmod.gather(client)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([r.to_dict() for r in rows], indent=2))
     else:
-        head = f"{'NODE':<12} {'ADDRESS':<26} {'VIA':<4} {'STATE':<8} {'TENSORS':>7}"
-        print(f"{head}  ARENA USED")
-        for r in rows:
-            lead = f"{r['node']:<12} {r['address']:<26} {r['transport'] or '-':<4}"
-            if r["up"]:
-                use = f"{_human(r['arena_used'])} / {_human(r['arena_size'])}"
-                state = "up" if r["ready"] else "syncing"
-                print(f"{lead} {state:<8} {r['tensors']:>7}  {use}")
-            else:
-                print(f"{lead} {'DOWN':<8} {'-':>7}  {r['error']}")
-    return 1 if down else 0
+        print(statusmod.render(rows, client.config))
+    return 0 if all(r.up for r in rows) else 1
 
 
 async def cmd_bench(client: AsyncClient, args: argparse.Namespace) -> int:
@@ -277,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="show every daemon; exit 1 if any is down")
     s.add_argument("--json", action="store_true")
+
+    s = sub.add_parser(
+        "doctor", help="check this host for what breaks RDMA and FUSE; exit 1 on any FAIL"
+    )
+    doctormod.add_arguments(s)
+    s.set_defaults(run=doctormod.run)
 
     s = sub.add_parser("bench", help="read/write/accumulate throughput and latency")
     s.add_argument("--size", default="256MiB", help="tensor size for throughput")

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 import trio
 
+from .auth import cluster_secret
 from .cluster import ClusterConfig, Node, load_config
 from .errors import (
     FAILOVER_STATUSES,
@@ -65,7 +66,6 @@ from .transport.base import (
     StreamTimeout,
 )
 from .transport.select import forced_transport, open_connection
-from .transport.shm import ShmConnection
 
 Progress = Callable[[int], None]
 T = TypeVar("T")
@@ -163,6 +163,9 @@ class AsyncClient:
     ``transport`` (``auto``, ``tcp`` or ``shm``; default ``$IRDMA_TRANSPORT``,
     else ``auto``) picks how it reaches daemons: ``auto`` uses shared memory
     for daemons on this host and TCP for the rest (``irdma.transport.select``).
+    With the config's ``secret_file`` every connection authenticates
+    (``irdma.auth``). Raises ConfigError for a bad config or secret file;
+    requests raise AuthFailed when a daemon and this client do not share the secret.
     """
 
     def __init__(
@@ -175,6 +178,8 @@ class AsyncClient:
         self.config = config if isinstance(config, ClusterConfig) else load_config(config)
         self.timeout = timeout if timeout is not None else self.config.timeout
         self.transport = forced_transport(transport)
+        # Read now, so a missing or exposed secret file is reported at once.
+        self._secret = cluster_secret(self.config)
         self._conns: dict[str, Connection] = {}
         self._connecting: dict[str, trio.Lock] = defaultdict(trio.Lock)
         self._meta: dict[str, TensorMeta] = {}
@@ -227,16 +232,19 @@ class AsyncClient:
                     forced=self.transport,
                     timeout=self.timeout,
                     shard_size=self.config.shard_size,
+                    secret=self._secret,
+                    rdma_gid_index=self.config.rdma_gid_index,
+                    rdma_mtu=self.config.rdma_mtu,
                 )
                 self._conns[node.name] = conn
             return conn
 
     def transport_of(self, node: Node) -> str | None:
-        """How this client reaches ``node`` now ("shm" or "tcp"); None before it connected."""
+        """How this client reaches ``node`` ("tcp", "shm" or "rdma"); None before it connects."""
         conn = self._conns.get(node.name)
         if conn is None or conn.broken:
             return None
-        return "shm" if isinstance(conn, ShmConnection) else "tcp"
+        return conn.transport
 
     async def _request(
         self,
@@ -401,8 +409,22 @@ class AsyncClient:
     # -- metadata ---------------------------------------------------------
 
     async def hello(self, node: Node) -> dict[str, Any]:
-        """A daemon's self-description (node, pid, arena size and use)."""
+        """A daemon's self-description: version, readiness, shards by role, arena use,
+        last snapshot, replication queues (see psd's ``state.DaemonState.hello``)."""
         reply = await self._request(node, Header(op=Op.HELLO))
+        return decode_json(reply.data)
+
+    async def holdings(self, node: Node, prefix: str = "") -> list[dict[str, Any]]:
+        """One daemon's stat records of the tensors it holds shards of (no failover).
+
+        Each record has the tensor's ``meta`` and ``shards``, mapping the local
+        shard indices (as strings) to their versions: ``irdma status`` compares
+        replicas with them. Raises like any request to that daemon.
+        """
+        raw = prefix.encode()
+        if len(raw) > MAX_NAME_BYTES:
+            raise ValueError("prefix is too long")
+        reply = await self._request(node, Header(op=Op.LIST, length=len(raw)), [raw])
         return decode_json(reply.data)
 
     async def create(

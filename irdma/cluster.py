@@ -8,13 +8,25 @@ Example::
     heartbeat = 0.2          # seconds between daemons' heartbeats (replicas > 1)
     failure_timeout = 1.0    # a daemon silent this long is taken as down
     snapshot_interval = 60   # seconds between snapshots to data_dir (0: only on stop)
-    secret_file = "/etc/irdma/secret"
+    log_level = "INFO"       # psd's log level (psd --log-level wins; SIGHUP re-reads it)
+    secret_file = "/etc/irdma/secret"  # connections prove it (irdma.auth); set in production
+    rdma_gid_index = 1       # optional; default: the RoCE v2 GID of each address
+    rdma_mtu = 4096          # optional; default: the smaller active MTU of the two ports
 
     [[nodes]]
     name = "n1"
     address = "tcp://127.0.0.1:7401"
     data_dir = "/var/lib/irdma/n1"
     arena_size = "1GiB"
+    metrics_address = "127.0.0.1:9401"   # optional: Prometheus text at http://HOST:PORT/metrics
+
+An address is ``tcp://``, ``shm://`` (same-host clients must use shared
+memory) or ``rdma://`` (clients use RDMA verbs, set up over the daemon's TCP
+port, and fall back to TCP with a warning where there is no device).
+
+``metrics_address`` is HOST:PORT (an IPv6 host in brackets), with no
+scheme; it must differ from every node's daemon address and from every
+other node's metrics address. Absent, the daemon serves no metrics.
 
 The config is found via ``--config``, then ``$IRDMA_CONFIG``, then
 ``/etc/irdma/cluster.toml``. Placement is rendezvous (highest random weight)
@@ -40,9 +52,11 @@ DEFAULT_TIMEOUT = 10.0
 DEFAULT_HEARTBEAT = 0.2
 DEFAULT_FAILURE_TIMEOUT = 1.0
 DEFAULT_SNAPSHOT_INTERVAL = 60.0
-# shm: same-host clients must use shared memory; the daemon still listens on
-# TCP at that host and port for remote clients and its peers.
-SCHEMES = ("tcp", "shm")
+# shm: same-host clients must use shared memory; rdma: clients use RDMA
+# verbs where they can. Either way the daemon listens on TCP at that host and
+# port, for its peers, for clients without them, and (rdma) to set up queue pairs.
+SCHEMES = ("tcp", "shm", "rdma")
+RDMA_MTUS = (256, 512, 1024, 2048, 4096)
 PLACEMENT_CACHE = 1 << 16
 _UNITS = {
     "": 1,
@@ -112,6 +126,8 @@ class Node:
     address: Address
     data_dir: Path
     arena_size: int
+    # Where the daemon serves Prometheus metrics (scheme "http"); None: nowhere.
+    metrics_address: Address | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +140,11 @@ class ClusterConfig:
     failure_timeout: float = DEFAULT_FAILURE_TIMEOUT
     snapshot_interval: float = DEFAULT_SNAPSHOT_INTERVAL
     secret_file: Path | None = None
+    log_level: str | None = None
+    # RDMA: the GID index to use (default: the RoCE v2 GID of the address)
+    # and the path MTU in bytes (default: the smaller active MTU of the two ports).
+    rdma_gid_index: int | None = None
+    rdma_mtu: int | None = None
     path: Path | None = None
     _by_name: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
     # Placement is pure but costs a hash per node; remember recent answers.
@@ -219,8 +240,12 @@ _TOP_KEYS = {
     "failure_timeout",
     "snapshot_interval",
     "secret_file",
+    "log_level",
+    "rdma_gid_index",
+    "rdma_mtu",
 }
-_NODE_KEYS = {"name", "address", "data_dir", "arena_size"}
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_NODE_KEYS = {"name", "address", "data_dir", "arena_size", "metrics_address"}
 
 
 def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig:
@@ -271,7 +296,14 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig
         data_dir = n.get("data_dir", f"/var/lib/irdma/{name}")
         if not isinstance(data_dir, str):
             raise fail(f"{k}.data_dir", "must be a path string")
-        nodes.append(Node(name, addr, _resolve(Path(data_dir), path), arena))
+        metrics = None
+        if "metrics_address" in n:
+            try:
+                metrics = parse_metrics_address(n["metrics_address"])
+            except ValueError as exc:
+                raise fail(f"{k}.metrics_address", str(exc)) from None
+        nodes.append(Node(name, addr, _resolve(Path(data_dir), path), arena, metrics))
+    _check_metrics_addresses(nodes, fail)
     try:
         shard_size = parse_size(raw.get("shard_size", DEFAULT_SHARD_SIZE))
     except ValueError as exc:
@@ -297,6 +329,19 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig
     secret = raw.get("secret_file")
     if secret is not None and not isinstance(secret, str):
         raise fail("secret_file", "must be a path string")
+    log_level = raw.get("log_level")
+    if log_level is not None and (
+        not isinstance(log_level, str) or log_level.upper() not in LOG_LEVELS
+    ):
+        raise fail("log_level", f"{log_level!r} must be one of {', '.join(LOG_LEVELS)}")
+    gid_index = raw.get("rdma_gid_index")
+    if gid_index is not None and (
+        not isinstance(gid_index, int) or isinstance(gid_index, bool) or not 0 <= gid_index < 256
+    ):
+        raise fail("rdma_gid_index", f"{gid_index!r} must be a GID table index (0-255)")
+    rdma_mtu = raw.get("rdma_mtu")
+    if rdma_mtu is not None and rdma_mtu not in RDMA_MTUS:
+        raise fail("rdma_mtu", f"{rdma_mtu!r} must be one of {', '.join(map(str, RDMA_MTUS))}")
     return ClusterConfig(
         nodes=tuple(nodes),
         shard_size=shard_size,
@@ -306,8 +351,47 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig
         failure_timeout=failure_timeout,
         snapshot_interval=snapshot_interval,
         secret_file=_resolve(Path(secret), path) if secret else None,
+        log_level=log_level.upper() if log_level else None,
+        rdma_gid_index=gid_index,
+        rdma_mtu=rdma_mtu,
         path=path,
     )
+
+
+def parse_metrics_address(value: Any) -> Address:
+    """A node's ``metrics_address``: "HOST:PORT" (IPv6 in brackets), port 1-65535.
+
+    Raises ValueError naming the problem.
+    """
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} must be a string such as '127.0.0.1:9401'")
+    m = re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[^:/\[\]\s]+):(\d+)", value)
+    if not m:
+        raise ValueError(
+            f"{value!r} is not of the form HOST:PORT (no scheme, e.g. '127.0.0.1:9401')"
+        )
+    port = int(m.group(2))
+    if not 0 < port < 65536:
+        raise ValueError(f"{value!r}: port must be 1-65535")
+    return Address("http", m.group(1).strip("[]"), port)
+
+
+def _check_metrics_addresses(nodes: list[Node], fail: Any) -> None:
+    """A metrics address may not be a daemon's address or another node's metrics address."""
+    daemons = {(n.address.host, n.address.port): n.name for n in nodes}
+    seen: dict[tuple[str, int], str] = {}
+    for i, n in enumerate(nodes):
+        if n.metrics_address is None:
+            continue
+        where = (n.metrics_address.host, n.metrics_address.port)
+        key = f"nodes[{i}].metrics_address"
+        if where in daemons:
+            raise fail(
+                key, f"{where[0]}:{where[1]} is the daemon address of node {daemons[where]!r}"
+            )
+        if where in seen:
+            raise fail(key, f"{where[0]}:{where[1]} is also the metrics address of {seen[where]!r}")
+        seen[where] = n.name
 
 
 def _seconds(

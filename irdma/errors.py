@@ -5,6 +5,7 @@
 - ``DaemonUnavailable``: the daemon could not be reached or the connection broke.
 - ``DaemonTimeout``: the daemon did not answer within the client's timeout.
 - ``ClientClosed``: the client was closed by its owner.
+- ``AuthFailed``: this process and a daemon could not authenticate each other.
 """
 
 from __future__ import annotations
@@ -147,6 +148,18 @@ class Behind(DaemonError):
     status = Status.BEHIND
 
 
+class AuthFailed(DaemonError):
+    """This process and a daemon could not authenticate each other.
+
+    A missing or wrong secret on either side, a daemon that refused the
+    connection before authentication, or a daemon that could not prove it
+    knows the cluster's secret. Never retried on another replica: every
+    daemon of a cluster has the same secret.
+    """
+
+    status = Status.AUTH_FAILED
+
+
 _BY_STATUS: dict[int, type[DaemonError]] = {
     Status.BAD_FRAME: BadRequest,
     Status.BAD_OP: BadRequest,
@@ -168,6 +181,7 @@ _BY_STATUS: dict[int, type[DaemonError]] = {
     Status.RECOVERING: Recovering,
     Status.NO_QUORUM: NoQuorum,
     Status.BEHIND: Behind,
+    Status.AUTH_FAILED: AuthFailed,
 }
 
 # Statuses that mean "this replica cannot do it now, another one may": a

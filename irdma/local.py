@@ -3,7 +3,7 @@
 The embedded default for trying irdma and for tests: it writes
 ``DIR/cluster.toml``, starts one ``psd`` process per node, waits until every
 daemon answers, prints the config path on stdout, and stops the daemons
-cleanly on Ctrl-C or SIGTERM (or stops the rest if one of them dies).
+cleanly on Ctrl-C, SIGTERM or SIGHUP (or stops the rest if one of them dies).
 """
 
 from __future__ import annotations
@@ -51,15 +51,19 @@ def write_config(
     ports: list[int] | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     extra: dict[str, float] | None = None,
+    scheme: str = "tcp",
 ) -> Path:
-    """Write ``directory/cluster.toml`` for ``nodes`` daemons on ``host``; return its path."""
+    """Write ``directory/cluster.toml`` for ``nodes`` daemons on ``host``; return its path.
+
+    ``scheme`` is the addresses' transport: tcp, shm or rdma.
+    """
     if nodes < 1:
         raise ConfigError("--nodes must be at least 1")
     directory.mkdir(parents=True, exist_ok=True)
     ports = ports or free_ports(host, nodes)
     hostpart = f"[{host}]" if ":" in host else host
     entries = [
-        (f"n{i + 1}", f"tcp://{hostpart}:{ports[i]}", str(directory / f"n{i + 1}"), arena_size)
+        (f"n{i + 1}", f"{scheme}://{hostpart}:{ports[i]}", str(directory / f"n{i + 1}"), arena_size)
         for i in range(nodes)
     ]
     path = directory / "cluster.toml"
@@ -120,7 +124,9 @@ async def run_local(config_path: Path) -> int:
     config = load_config(config_path)
     procs: dict[str, trio.Process] = {}
     try:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        # SIGHUP too (its terminal closed): psd takes SIGHUP as "reload", so
+        # the daemons would outlive this command otherwise.
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             for node in config.nodes:
                 node.data_dir.mkdir(parents=True, exist_ok=True)
                 procs[node.name] = await trio.lowlevel.open_process(

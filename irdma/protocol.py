@@ -57,6 +57,10 @@ MAX_ERROR_MESSAGE = 4096
 MAX_META_PAYLOAD = 16 << 20
 MAX_NAME_BYTES = 1024
 MAX_DIMS = 32
+# Tensor options are stored and sent back in every stat, list and snapshot:
+# nesting near the interpreter's recursion limit would decode here and fail
+# to encode (or decode) there, so it is bounded.
+MAX_OPTION_DEPTH = 32
 # Bounds work per create (one placement per shard): 1 Mi shards is 4 TiB at
 # the default shard size.
 MAX_SHARDS = 1 << 20
@@ -92,6 +96,15 @@ class Op(enum.IntEnum):
     # memfd passed alongside (SCM_RIGHTS). The answer is JSON ATTACH_KEYS with
     # a read-only fd of the daemon's arena passed alongside.
     ATTACH = 17
+    # Either side to a daemon with a secret: the handshake that must come
+    # before any other op on a connection (see AUTH FRAMES below).
+    AUTH = 18
+    # Client to daemon on a TCP connection (rdma transport): set up an RC
+    # queue pair. JSON RDMA_CONNECT_KEYS in both directions (see below). After
+    # an OK answer, reads on this connection are answered MAPPED (the client
+    # RDMA READs the bytes from the registered arena) and writes may be
+    # STAGED (the client has RDMA WRITten them into its staging area).
+    RDMA_CONNECT = 19
 
 
 # The payload of a MAPPED answer or a STAGED request: one byte offset.
@@ -100,6 +113,44 @@ LOCATION = struct.Struct("<Q")
 # (boot id and network namespace: a client elsewhere must not use shm), and
 # the arena's size in bytes.
 ATTACH_KEYS = ("node", "host", "arena_size")
+# RDMA_CONNECT request: the client's queue pair {"qpn", "psn", "gid"} (gid:
+# a RoCE v2 IPv4-mapped GID), its MTU in bytes, and the staging size it wants.
+RDMA_CONNECT_KEYS = ("qp", "mtu", "staging")
+# RDMA_CONNECT answer: the daemon's queue pair, the path MTU both use, the
+# arena's address, read-only rkey and size, and the staging area's address,
+# write-only rkey and size (a block of the arena, for this connection only).
+RDMA_ANSWER_KEYS = (
+    "qp",
+    "mtu",
+    "arena_addr",
+    "arena_rkey",
+    "arena_size",
+    "staging_addr",
+    "staging_rkey",
+    "staging_size",
+)
+
+# AUTH FRAMES: mutual HMAC-SHA256 challenge-response over the cluster's shared
+# secret (``irdma.auth`` computes and checks them). A daemon whose config has
+# a ``secret_file`` answers any other op on a connection that has not passed
+# it with AUTH_FAILED (a reason as the payload, no data) and closes it.
+# ``shard`` carries the step:
+#   1 CHALLENGE  request: the client's fresh nonce (AUTH_NONCE bytes);
+#                answer: the daemon's fresh nonce, then the daemon's proof
+#                HMAC(secret, "irdma-auth-v1 daemon" | client nonce | daemon nonce).
+#   2 PROOF      request: the client's proof
+#                HMAC(secret, "irdma-auth-v1 client" | client nonce | daemon nonce);
+#                answer: OK, no payload. The connection is authenticated.
+# A recorded handshake is useless on another connection: the daemon's nonce
+# is new each time. Refusals answer AUTH_FAILED with the reason as text.
+AUTH_NONCE = 32
+AUTH_PROOF = 32  # SHA-256
+
+
+class AuthStep(enum.IntEnum):
+    CHALLENGE = 1
+    PROOF = 2
+
 
 BATCH_OPS = frozenset({Op.READ_BATCH, Op.WRITE_BATCH, Op.ACCUMULATE_BATCH})
 # Ops whose request payload is data the daemon stores (the rest carry JSON or nothing).
@@ -120,11 +171,11 @@ class Flag(enum.IntFlag):
     # version the update produces; the backup applies it only on top of the
     # version before it.
     REPLICA = 16
-    # READ answer on a shm connection: the payload is LOCATION (the data's
+    # READ answer on a shm or rdma connection: the payload is LOCATION (the data's
     # byte offset in the daemon's arena, pinned until RELEASE), not the data.
     MAPPED = 32
-    # WRITE / ACCUMULATE on a shm connection: the payload is LOCATION (where
-    # the data sits in the client's staging memfd), not the data.
+    # WRITE / ACCUMULATE on a shm or rdma connection: the payload is LOCATION
+    # (where the data sits in the connection's staging memory), not the data.
     STAGED = 64
 
 
@@ -166,6 +217,9 @@ class Status(enum.IntEnum):
     # acknowledged (or a forwarded update not on top of its version): ask
     # the primary (which re-sends the whole shard).
     BEHIND = 21
+    # The connection did not authenticate (no secret, wrong secret, a replayed
+    # handshake, or an op before AUTH); the payload says which. Closed after.
+    AUTH_FAILED = 22
 
 
 # Stored dtypes. Always little-endian on the wire and in the arena.
@@ -443,6 +497,8 @@ class TensorMeta:
             raise ValueError(f"unsupported dtype {self.dtype!r}")
         if len(self.shape) > MAX_DIMS:
             raise ValueError(f"shape has {len(self.shape)} dimensions, over {MAX_DIMS}")
+        if _nesting(self.options) > MAX_OPTION_DEPTH:
+            raise ValueError(f"options are nested more than {MAX_OPTION_DEPTH} levels deep")
         if any((not isinstance(d, int)) or isinstance(d, bool) or d < 0 for d in self.shape):
             raise ValueError(f"shape {self.shape} must be non-negative integers")
         itemsize = np.dtype(self.dtype).itemsize
@@ -528,6 +584,21 @@ class TensorMeta:
             raise ValueError(f"bad tensor metadata: {exc}") from None
 
 
+def _nesting(value: Any) -> int:
+    """How deep lists and dicts nest in ``value`` (without recursing itself)."""
+    deepest = 0
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict | list | tuple):
+            depth += 1
+            if depth > MAX_OPTION_DEPTH:
+                return depth
+            deepest = max(deepest, depth)
+            stack.extend((x, depth) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
 def encode_json(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
@@ -536,5 +607,6 @@ def decode_json(data: bytes | bytearray | memoryview) -> Any:
     """Decode a JSON payload; raises ProtocolError if it is not valid JSON."""
     try:
         return json.loads(bytes(data).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # RecursionError: nested deeper than the interpreter's stack (b"[" * 100_000).
         raise ProtocolError(f"payload is not valid JSON: {exc}") from None

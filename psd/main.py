@@ -9,10 +9,14 @@ import sys
 
 import trio
 
-from irdma.cluster import ClusterConfig, Node, load_config
+from irdma.auth import cluster_secret
+from irdma.cluster import LOG_LEVELS, ClusterConfig, Node, load_config
 from irdma.errors import ConfigError
 
 from .arena import Arena
+from .lifecycle import Lifecycle, log_level_for
+from .metrics_http import start_metrics
+from .rdma import RdmaService
 from .replication import Replicator
 from .server import Server
 from .shm import ShmListener
@@ -69,38 +73,65 @@ async def snapshot(store: Store, node: Node) -> bool:
     return True
 
 
-async def periodic_snapshots(config: ClusterConfig, store: Store, node: Node) -> None:
+async def periodic_snapshots(
+    config: ClusterConfig, store: Store, node: Node, lifecycle: Lifecycle
+) -> None:
     if config.snapshot_interval <= 0:
         return
     while True:
         await trio.sleep(config.snapshot_interval)
-        await snapshot(store, node)
+        with lifecycle.activity("snapshotting"):
+            await snapshot(store, node)
 
 
-async def run_daemon(config: ClusterConfig, node: Node, store: Store) -> None:
-    """Serve until SIGTERM or SIGINT, then write a final snapshot and stop."""
+async def run_daemon(
+    config: ClusterConfig,
+    node: Node,
+    store: Store,
+    lifecycle: Lifecycle | None = None,
+    rdma: RdmaService | None = None,
+) -> None:
+    """Serve until SIGTERM or SIGINT, then write a final snapshot and stop.
+
+    SIGHUP reloads the log level; ``lifecycle`` tells systemd what happens.
+    """
+    lifecycle = lifecycle or Lifecycle(node, config)
     replicator = Replicator(config, node, store)
-    server = Server(config, node, store, replicator)
+    server = Server(config, node, store, replicator, rdma)
     try:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as nursery:
+                # systemd stops expecting pings once it is told STOPPING=1, so
+                # the watchdog goes with the serving tasks, before the final snapshot.
+                nursery.start_soon(lifecycle.watchdog)
                 await nursery.start(server.serve)
                 try:
                     await nursery.start(ShmListener(server).serve)
                 except OSError as exc:
                     log.warning("%s: no shm transport for same-host clients: %s", node.name, exc)
+                await start_metrics(nursery, server)  # when the node has a metrics_address
                 await nursery.start(replicator.run)
-                nursery.start_soon(periodic_snapshots, config, store, node)
+                nursery.start_soon(periodic_snapshots, config, store, node, lifecycle)
+                # Every listener answers now: READY=1 (with replicas, maybe still catching up).
+                lifecycle.started(replicator.membership.ready)
+                nursery.start_soon(lifecycle.follow, lambda: replicator.membership.ready)
                 print(f"psd {node.name} ready on {node.address}", file=sys.stderr, flush=True)
                 async for signum in signals:
+                    if signum == signal.SIGHUP:
+                        lifecycle.reload()
+                        continue
                     log.info("%s: %s received, stopping", node.name, signal.Signals(signum).name)
+                    lifecycle.stopping()
                     nursery.cancel_scope.cancel()
                     break
             # Serving has stopped, so the image is final.
             with trio.CancelScope(shield=True):
                 await snapshot(store, node)
     finally:
+        if rdma is not None:
+            rdma.close()  # deregisters the arena before it is unmapped
         store.arena.close()
+        lifecycle.close()
     log.info("%s stopped", node.name)
 
 
@@ -110,19 +141,28 @@ def main(argv: list[str] | None = None) -> int:
         "--config", help="cluster config (default: $IRDMA_CONFIG or /etc/irdma/cluster.toml)"
     )
     parser.add_argument("--node", required=True, help="this daemon's node name in the config")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format=f"psd[{args.node}] %(levelname)s %(message)s",
-        stream=sys.stderr,
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="DEBUG, INFO, WARNING or ERROR (default: the config's log_level, else INFO; "
+        "without this option SIGHUP re-reads log_level from the config)",
     )
+    args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
         node = config.node(args.node)
+        cluster_secret(config)  # a missing or exposed secret file stops the daemon here
     except ConfigError as exc:
         print(f"psd: {exc}", file=sys.stderr)
         return 2
+    logging.basicConfig(
+        level=log_level_for(args.log_level, config),
+        format=f"psd[{args.node}] %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    lifecycle = Lifecycle(node, config, cli_log_level=args.log_level)
+    lifecycle.loading()
     try:
         store = build_store(config, node)
         restore(store, node)
@@ -133,9 +173,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    try:
+        rdma = RdmaService.open(config, node, store)
+    except ConfigError as exc:
+        print(f"psd: {exc}", file=sys.stderr)
+        store.arena.close()
+        return 1
     status = 0
     try:
-        trio.run(run_daemon, config, node, store)
+        trio.run(run_daemon, config, node, store, lifecycle, rdma)
     except* OSError as group:  # binding the address failed
         exc = group.exceptions[0]
         reason = getattr(exc, "strerror", None) or exc

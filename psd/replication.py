@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -32,8 +33,19 @@ from typing import Any
 import numpy as np
 import trio
 
+from irdma.auth import cluster_secret
 from irdma.cluster import ClusterConfig, Node
-from irdma.protocol import Flag, Header, Op, Status, TensorMeta, decode_json, encode_json
+from irdma.errors import AuthFailed
+from irdma.protocol import (
+    Flag,
+    Header,
+    Op,
+    ProtocolError,
+    Status,
+    TensorMeta,
+    decode_json,
+    encode_json,
+)
 from irdma.transport.base import StreamBroken, StreamClosed
 from irdma.transport.tcp import TcpConnection
 
@@ -57,6 +69,7 @@ class Item:
     commit: Commit | None  # None: send the whole shard (SYNC)
     done: trio.Event = field(default_factory=trio.Event)
     delivered: bool = False  # done can also mean skipped (the peer went down)
+    queued: float = field(default_factory=time.monotonic)  # for the lag metric
 
 
 class PeerError(Exception):
@@ -76,6 +89,7 @@ class Peer:
         self.wake = trio.Event()
         self.conn: TcpConnection | None = None
         self.lock = trio.Lock()  # one connect at a time
+        self.auth_error: str | None = None  # why the last link failed to authenticate
 
     def put(self, item: Item) -> Item:
         self.queue.append(item)
@@ -95,6 +109,8 @@ class Replicator:
         self.config = config
         self.node = node
         self.store = store
+        # Links to peers authenticate like clients do (``irdma.auth``).
+        self.secret = cluster_secret(config)
         self.membership = Membership(config, node.name)
         self.peers = {n.name: Peer(n) for n in config.nodes if n.name != node.name}
         self.names = [n.name for n in config.nodes]
@@ -179,7 +195,9 @@ class Replicator:
                     self._nursery,
                     peer=f"{peer.node.name} ({addr})",
                     timeout=self.config.failure_timeout,
+                    secret=self.secret,
                 )
+                peer.auth_error = None
             return peer.conn
 
     async def request(
@@ -191,6 +209,12 @@ class Replicator:
                 conn = await self._conn(peer)
                 reply = await conn.request(header, list(payload))
             except (StreamBroken, StreamClosed, OSError) as exc:
+                raise PeerError(f"{peer.node.name}: {exc}") from None
+            except AuthFailed as exc:
+                # Another secret on the peer: said once, not at every heartbeat.
+                if peer.auth_error != str(exc):
+                    log.error("%s: cannot link to %s: %s", self.node.name, peer.node.name, exc)
+                peer.auth_error = str(exc)
                 raise PeerError(f"{peer.node.name}: {exc}") from None
         if scope.cancelled_caught:
             if peer.conn is not None:
@@ -228,7 +252,8 @@ class Replicator:
         only after everything queued for the peer was delivered, so the peer
         starts serving with every update this daemon applied for it.
         """
-        if not isinstance(body, dict) or body.get("node") not in self.peers:
+        self._check_enabled("heartbeat")
+        if not isinstance(body, dict) or not self._is_peer(body.get("node")):
             raise StoreError(Status.BAD_ARGUMENT, "heartbeat from an unknown node")
         name = body["node"]
         self.membership.heard(name, bool(body.get("ready")), stamp=self._stamp(body))
@@ -400,8 +425,9 @@ class Replicator:
 
     def catchup_answer(self, body: Any) -> bytes:
         """What a catching-up peer needs to know: are we ready, and what do we hold for it."""
+        self._check_enabled("catch-up")
         asker = body.get("node") if isinstance(body, dict) else None
-        if asker not in self.peers:
+        if not self._is_peer(asker):
             raise StoreError(Status.BAD_ARGUMENT, f"catch-up from unknown node {asker!r}")
         # From now on updates are forwarded to it, so nothing falls between
         # this answer and the copies it asks for.
@@ -578,12 +604,13 @@ class Replicator:
 
     async def serve_sync_request(self, body: Any) -> None:
         """Push the shards a catching-up peer asked for, and wait until it has them."""
+        self._check_enabled("sync request")
         try:
             asker = body["node"]
             shards = [(int(k), int(s)) for k, s in body["shards"]]
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: int(1e400)
             raise StoreError(Status.BAD_ARGUMENT, "bad sync request") from None
-        if asker not in self.peers:
+        if not self._is_peer(asker):
             raise StoreError(Status.BAD_ARGUMENT, f"unknown node {asker!r}")
         self.membership.heard(asker)
         items = self.sync_to(asker, shards)
@@ -594,6 +621,23 @@ class Replicator:
                 f"{self.node.name} could not send every shard asked for; ask again",
             )
 
+    def _is_peer(self, name: Any) -> bool:
+        """Whether a name from a message body is another daemon's (a list is no name)."""
+        return isinstance(name, str) and name in self.peers
+
+    def _check_enabled(self, what: str) -> None:
+        """With one copy per shard no daemon sends replication messages: refuse them.
+
+        (Nothing would deliver the shards a sync request queues, so it would
+        wait forever; a heartbeat would make a forged copy look sent by a peer.)
+        """
+        if not self.enabled:
+            raise StoreError(
+                Status.BAD_OP,
+                f"{what} refused: this cluster keeps one copy of each shard (replicas = 1), "
+                "so its daemons exchange no replication messages",
+            )
+
     def check_sender(self, header: Header) -> None:
         """Refuse a forwarded update or shard copy from a daemon that is not in charge of it.
 
@@ -601,6 +645,7 @@ class Replicator:
         is not the acting primary of; and while catching up, from the peer it
         asked for copies. Anything else is a stale primary's leftover.
         """
+        self._check_enabled("copy")
         m = self.membership
         sender = self.names[header.worker] if header.worker < len(self.names) else None
         if sender is None or sender == self.node.name:
@@ -634,7 +679,18 @@ class Replicator:
             rec = decode_json(payload[:meta_len])
             meta = TensorMeta.from_dict(rec["meta"])
             txns = {int(t): int(v) for t, v in rec.get("txns", [])}
-        except (ValueError, KeyError, TypeError) as exc:
+        except (
+            ProtocolError,  # not JSON at all
+            ValueError,
+            KeyError,
+            TypeError,
+            OverflowError,  # int() of an infinite float (JSON 1e400)
+        ) as exc:
             raise StoreError(Status.BAD_ARGUMENT, f"bad shard copy: {exc}") from None
+        if meta.key != header.key:
+            # check_sender vetted the sender for header.key's shard, not this one.
+            raise StoreError(
+                Status.BAD_ARGUMENT, "shard copy: header key does not match its tensor"
+            )
         data = np.frombuffer(payload[meta_len:], dtype=np.uint8)
         self.store.install_shard(meta, header.shard, header.version, data, txns)

@@ -13,16 +13,17 @@ or change a tensor unless the request is valid.
 from __future__ import annotations
 
 import logging
-import os
 import socket as stdsocket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
+from time import perf_counter
 from typing import ClassVar
 
 import numpy as np
 import trio
 
+from irdma.auth import cluster_secret
 from irdma.cluster import ClusterConfig, Node
 from irdma.protocol import (
     ENTRY_SIZE,
@@ -46,10 +47,15 @@ from irdma.protocol import (
 )
 from irdma.transport.base import StreamBroken, StreamClosed, acquire_soon
 from irdma.transport.tcp import FramedSocket, to_stdlib
+from irdma.transport.verbs import VerbsError
 
 from .arena import Block
+from .auth import authenticate
+from .metrics import RequestMetrics
+from .rdma import ConnectRequest, RdmaService, RdmaSession
 from .replication import Replicator
 from .shm import ShmSession
+from .state import StateReader
 from .store import Store, StoreError, Update
 
 log = logging.getLogger("psd")
@@ -57,6 +63,7 @@ log = logging.getLogger("psd")
 # Reads at least this large are sent zero-copy with sendfile and stay pinned
 # until the client releases them; smaller ones are copied by send.
 ZERO_COPY_MIN = 256 << 10
+_STAGED = int(Flag.STAGED)  # int math: enum ops are slow
 
 
 def max_payload_for(config: ClusterConfig) -> int:
@@ -76,7 +83,15 @@ class _Conn:
     nursery: trio.Nursery
     pins: dict[int, Block] = field(default_factory=dict)
     send_lock: trio.Lock = field(default_factory=trio.Lock)
-    shm: ShmSession | None = None  # a same-host client attached over the unix socket
+    # One-sided memory for bulk data: a same-host client attached over the
+    # unix socket (shm), or an RDMA queue pair set up over this connection.
+    memory: ShmSession | RdmaSession | None = None
+    authenticated: bool = False  # the peer proved the cluster's secret (or none is set)
+    deferred: bool = False  # the request in dispatch is answered later, by its own task
+
+    @property
+    def transport(self) -> str:
+        return self.memory.transport if self.memory is not None else "tcp"
 
     async def send(self, buffers: list) -> None:
         """Send whole frames; replies from waiting reads never interleave with others."""
@@ -96,12 +111,18 @@ class Server:
         node: Node,
         store: Store,
         replicator: Replicator | None = None,
+        rdma: RdmaService | None = None,
     ) -> None:
         self.config = config
         self.node = node
         self.store = store
+        self.rdma = rdma
+        # With a secret, every connection must authenticate first (``.auth``).
+        self.secret = cluster_secret(config)
         self.replicator = replicator or Replicator(config, node, store)
         self.membership = self.replicator.membership
+        self.metrics = RequestMetrics()  # counted in dispatch and where answers are sent
+        self.state = StateReader(self.replicator)  # HELLO and the metrics gauges
         self.max_payload = max_payload_for(config)
         self.listen_port = node.address.port
         self.poll = min(MAX_POLL, config.timeout / 4)
@@ -138,12 +159,18 @@ class Server:
                     nursery.start_soon(self.handle_connection, to_stdlib(sock), _peer_name(peer))
 
     async def handle_connection(
-        self, sock: stdsocket.socket, peer: str, shm: ShmSession | None = None
+        self,
+        sock: stdsocket.socket,
+        peer: str,
+        memory: ShmSession | None = None,
+        *,
+        authenticated: bool = False,
     ) -> None:
+        """Serve one connection; ``authenticated`` if its peer proved the secret already."""
         stream = FramedSocket(sock, peer)
         try:
             async with trio.open_nursery() as nursery:
-                conn = _Conn(stream, nursery, shm=shm)
+                conn = _Conn(stream, nursery, memory=memory, authenticated=authenticated)
                 try:
                     await self._serve_requests(conn)
                 except (StreamBroken, StreamClosed) as exc:
@@ -159,8 +186,16 @@ class Server:
                 self.store.unpin(block)
             conn.pins.clear()
             stream.close()
+            if isinstance(conn.memory, RdmaSession):
+                conn.memory.close()
 
     async def _serve_requests(self, conn: _Conn) -> None:
+        if self.secret is not None and not conn.authenticated:
+            # The one gate: nothing is read or answered before the peer proves the secret.
+            timeout = self.config.timeout
+            if not await authenticate(conn.stream, self.secret, self.node.name, timeout):
+                return
+            conn.authenticated = True
         while True:
             try:
                 header = await conn.stream.recv_header()
@@ -179,17 +214,42 @@ class Server:
     ) -> None:
         length = sum(memoryview(d).nbytes for d in data)
         resp = header.response(Status.OK, length=length, flags=flags, **fields)
+        self.metrics.series(header.op, conn.transport).sent += length
         await conn.send([resp.pack(), *data])
 
     async def _error(self, conn: _Conn, header: Header, status: Status, message: str) -> None:
-        data = message.encode()[:MAX_ERROR_MESSAGE]
+        # Messages quote what the peer sent, which may hold a lone surrogate
+        # (JSON "\ud800"): plain encode() raised UnicodeEncodeError here.
+        data = message.encode(errors="backslashreplace")[:MAX_ERROR_MESSAGE]
         resp = header.response(status, length=len(data))
+        self.metrics.series(header.op, conn.transport).sent += len(data)
+        self.metrics.error(header.op, status)
         await conn.send([resp.pack(), data])
 
     # -- dispatch -----------------------------------------------------------
 
     async def dispatch(self, conn: _Conn, header: Header) -> bool:
-        """Handle one request; return False when the connection must close."""
+        """Handle one request; return False when the connection must close.
+
+        Every request is counted here, by op and transport: the request, the
+        payload bytes that came with it, its latency (a read waiting for a
+        training step is timed by ``_wait_then``, which answers it). Answers
+        count their bytes and error statuses where they are sent.
+        """
+        series = self.metrics.series(header.op, conn.transport)
+        series.requests += 1
+        # Larger ones are refused unread; a STAGED write counts its staged bytes (in _update).
+        if header.length <= self.max_payload and not header.flags & _STAGED:
+            series.received += header.length
+        started = perf_counter()
+        conn.deferred = False
+        try:
+            return await self._dispatch(conn, header)
+        finally:
+            if not conn.deferred:
+                series.observe(perf_counter() - started)
+
+    async def _dispatch(self, conn: _Conn, header: Header) -> bool:
         if header.proto != PROTOCOL_VERSION:
             await self._error(
                 conn,
@@ -283,16 +343,11 @@ class Server:
 
     async def _hello(self, conn: _Conn, header: Header) -> None:
         await conn.stream.drain(header.length)
-        info = {
-            "node": self.node.name,
-            "protocol": PROTOCOL_VERSION,
-            "pid": os.getpid(),
+        # node, version, protocol, pid, ready, tensors, shards, arena, snapshot,
+        # replication: see state.DaemonState.hello.
+        info = self.state.read().hello() | {
             "shard_size": self.config.shard_size,
-            "arena_size": self.store.arena.capacity,
-            "arena_used": self.store.arena.used,
-            "tensors": len(self.store.tensors),
             "max_payload": self.max_payload,
-            "ready": self.membership.ready,
             "view": self.membership.describe(),
         }
         await self._reply(conn, header, [encode_json(info)])
@@ -344,6 +399,7 @@ class Server:
         if header.worker != NO_WORKER and self.store.waits_for(
             header.key, header.shard, header.worker, header.clock, header.layout
         ):
+            conn.deferred = True
             conn.nursery.start_soon(
                 self._wait_then,
                 conn,
@@ -367,6 +423,7 @@ class Server:
         (the pushes this read may be waiting for among them) meanwhile.
         ``shards`` maps tensor keys to the shards the read waits on.
         """
+        started = perf_counter()
         try:
             try:
                 if await self._wait_for_step(header.worker, header.clock, shards):
@@ -382,6 +439,8 @@ class Server:
                 await self._error(conn, header, exc.status, exc.message)
         except (StreamBroken, StreamClosed):
             pass  # the connection task notices and cleans up
+        finally:
+            self.metrics.series(header.op, conn.transport).observe(perf_counter() - started)
 
     def _still_waiting(self, worker: int, clock: int, shards: dict[int, list[int]]) -> bool:
         return any(
@@ -420,8 +479,8 @@ class Server:
         self._check_fresh(header.version, shard.version, shard.index)
         block = self.store.pin(shard.block)
         if (
-            conn.shm is not None
-            and header.size >= ZERO_COPY_MIN
+            conn.memory is not None
+            and header.size >= conn.memory.mapped_min
             and header.request_id not in conn.pins
         ):
             # Same host: say where the bytes are; the pin keeps them there
@@ -431,6 +490,7 @@ class Server:
             resp = header.response(
                 Status.OK, length=len(where), flags=Flag.PINNED | Flag.MAPPED, version=shard.version
             )
+            self.metrics.series(header.op, conn.transport).sent += header.size
             await conn.send([resp.pack(), where])
             return
         if header.size >= ZERO_COPY_MIN and header.request_id not in conn.pins:
@@ -440,6 +500,7 @@ class Server:
             resp = header.response(
                 Status.OK, length=header.size, flags=Flag.PINNED, version=shard.version
             )
+            self.metrics.series(header.op, conn.transport).sent += header.size
             await acquire_soon(conn.send_lock)
             try:
                 await conn.stream.send_all([resp.pack()])
@@ -492,8 +553,9 @@ class Server:
             if staged is None:
                 await conn.stream.recv_exactly_into(update.buffer)
             else:
-                assert conn.shm is not None
-                conn.shm.read_staged(staged, header.size, update.buffer)
+                assert conn.memory is not None
+                conn.memory.read_staged(staged, header.size, update.buffer)
+                self.metrics.series(header.op, conn.transport).received += header.size
         except BaseException:
             self.store.abort(update)
             raise
@@ -535,12 +597,12 @@ class Server:
         """Where a STAGED update's data sits in the client's staging memory (None: inline)."""
         if not header.flags & Flag.STAGED:
             return None
-        if conn.shm is None or header.length != LOCATION.size:
+        if conn.memory is None or header.length != LOCATION.size:
             await conn.stream.drain(header.length)
             raise StoreError(
                 Status.BAD_FRAME,
-                "STAGED data needs a shm connection and an 8-byte location"
-                if conn.shm is None
+                "STAGED data needs a shm or rdma connection and an 8-byte location"
+                if conn.memory is None
                 else f"STAGED location is {header.length} bytes, not {LOCATION.size}",
             )
         (offset,) = LOCATION.unpack(await conn.stream.recv_bytes(LOCATION.size))
@@ -570,6 +632,7 @@ class Server:
                     waiting.setdefault(e.key, []).append(e.shard)
             if waiting:
                 answer = partial(self._read_batch_now, conn, header, entries)
+                conn.deferred = True
                 conn.nursery.start_soon(self._wait_then, conn, header, waiting, answer)
                 return
         await self._read_batch_now(conn, header, entries)
@@ -701,7 +764,37 @@ class Server:
                 self.store.arena.free(staging)
         await self._reply(conn, header, [], version=header.version)
 
+    async def _rdma_connect(self, conn: _Conn, header: Header) -> None:
+        raw = await self._payload_json(conn, header)
+        if self.rdma is None:
+            raise StoreError(Status.BAD_OP, f"{self.node.name} serves no RDMA (see its log)")
+        if conn.memory is not None:
+            raise StoreError(Status.BAD_ARGUMENT, f"connection already uses {conn.transport}")
+        try:
+            request = ConnectRequest.parse(raw)
+        except ValueError as exc:
+            raise StoreError(Status.BAD_ARGUMENT, str(exc)) from None
+        try:
+            session, answer = self.rdma.accept(request, conn.stream.peer)
+        except VerbsError as exc:
+            log.warning("%s: RDMA setup for %s failed: %s", self.node.name, conn.stream.peer, exc)
+            raise StoreError(Status.BAD_ARGUMENT, f"RDMA setup failed: {exc}") from None
+        conn.memory = session
+        await self._reply(conn, header, [encode_json(answer)])
+
+    async def _auth(self, conn: _Conn, header: Header) -> None:
+        """AUTH past the gate: this daemon has no secret, or the connection passed already."""
+        await conn.stream.drain(header.length)
+        if self.secret is None:
+            raise StoreError(
+                Status.AUTH_FAILED,
+                f"{self.node.name} has no secret_file in its config, so it cannot prove it "
+                "belongs to the cluster; give every daemon and client the same secret_file",
+            )
+        raise StoreError(Status.AUTH_FAILED, "this connection is authenticated already")
+
     _handlers: ClassVar[dict[Op, Callable[..., Awaitable[None]]]] = {
+        Op.AUTH: _auth,
         Op.HELLO: _hello,
         Op.CREATE: _create,
         Op.DELETE: _delete,
@@ -718,10 +811,13 @@ class Server:
         Op.CATCHUP: _catchup,
         Op.SYNC_REQUEST: _sync_request,
         Op.SYNC: _sync,
+        Op.RDMA_CONNECT: _rdma_connect,
     }
 
 
-_OPS = {int(op): op for op in Op}
+# Only ops with a handler: ATTACH, say, is the shm handshake's first frame and
+# is answered BAD_OP on a connection already serving requests (a KeyError before).
+_OPS = {int(op): op for op in Server._handlers}
 
 
 def _peer_name(peer: object) -> str:

@@ -2,7 +2,9 @@
 
 The socket is ``<data_dir>/psd.sock`` with mode 0660, so only the daemon's
 user and group (and root) can connect; the peer's credentials are checked
-again (SO_PEERCRED) before anything is sent. An attached client gets a
+again (SO_PEERCRED) before anything is sent. With a cluster secret, the
+peer must also pass the same AUTH handshake as a TCP one (``.auth``) before
+ATTACH: membership of the daemon's group is not enough. An attached client gets a
 read-only descriptor of the arena; the daemon keeps the client's staging
 descriptor for the connection's life. After the handshake the connection is
 served like a TCP one (``Server.handle_connection``) with the session
@@ -27,6 +29,7 @@ import trio
 from irdma.protocol import Header, Op, ProtocolError, Status, decode_json, encode_json
 from irdma.transport.base import StreamBroken
 from irdma.transport.shm import (
+    framed_view,
     host_identity,
     map_shared,
     recv_fds_frame,
@@ -36,6 +39,7 @@ from irdma.transport.shm import (
 )
 from irdma.transport.tcp import to_stdlib
 
+from .auth import authenticate
 from .errors import StoreError
 
 if TYPE_CHECKING:
@@ -44,13 +48,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("psd")
 
 SOCKET_MODE = 0o660
+# Reads this large are answered MAPPED; below it, inline bytes cost less than
+# the extra RELEASE (the same size the daemon starts sending zero-copy at).
+MAPPED_MIN = 256 << 10
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
 class ShmSession:
     """What the daemon keeps for one attached client: a read-only mapping of its staging memory."""
 
+    transport = "shm"
+
     def __init__(self, staging_fd: int, staging_size: int, peer: str) -> None:
+        self.mapped_min = MAPPED_MIN
         self.staging_size = staging_size
         self.peer = peer
         self._map, self.staging = map_shared(staging_fd, staging_size, writable=False)
@@ -126,17 +136,32 @@ class ShmListener:
             pid, uid, gid = _PEERCRED.unpack(raw)
             peer = f"pid {pid} (uid {uid})"
             with trio.move_on_after(self.timeout):
-                session = await self._handshake(sock, peer, uid, gid)
+                # With a secret, the peer proves it first: ATTACH hands out the arena.
+                if await self._authenticate(sock, f"shm {peer}"):
+                    session = await self._handshake(sock, peer, uid, gid)
             if session is None:
                 return
             stream = to_stdlib(sock)
-            await self.server.handle_connection(stream, f"shm {peer}", shm=session)
+            await self.server.handle_connection(
+                stream, f"shm {peer}", memory=session, authenticated=True
+            )
         except (OSError, StreamBroken, ProtocolError) as exc:
             log.info("shm client dropped during attach: %s", exc)
         finally:
             if session is not None:
                 session.close()
             sock.close()
+
+    async def _authenticate(self, sock: trio.socket.SocketType, peer: str) -> bool:
+        """The gate every TCP connection passes, run before ATTACH (True with no secret)."""
+        secret = self.server.secret
+        if secret is None:
+            return True
+        view = framed_view(sock, peer)
+        try:
+            return await authenticate(view, secret, self.server.node.name, self.timeout)
+        finally:
+            view.close()
 
     async def _handshake(
         self, sock: trio.socket.SocketType, peer: str, uid: int, gid: int
@@ -187,6 +212,8 @@ class ShmListener:
     def _check(header: Header, body: bytes, staging_fd: int, uid: int, gid: int) -> str | None:
         if not authorised(uid, gid):
             return f"uid {uid} is not the daemon's user or group"
+        if header.op == Op.AUTH:
+            return "this daemon has no secret_file in its config, so it cannot authenticate"
         if header.op != Op.ATTACH:
             return f"expected ATTACH first, got op {header.op}"
         try:

@@ -103,6 +103,23 @@ class SnapshotInfo:
     seq: int  # increases with every snapshot this data dir has had
 
 
+@dataclass(slots=True)
+class SnapshotHistory:
+    """What this process knows of one data dir's snapshots (for HELLO and metrics)."""
+
+    last: SnapshotInfo | None = None  # the newest one written or loaded
+    written: int = 0
+    failed: int = 0
+
+
+_histories: dict[str, SnapshotHistory] = {}
+
+
+def snapshot_history(data_dir: Path) -> SnapshotHistory:
+    """The snapshot history of ``data_dir`` in this process (empty until a load or write)."""
+    return _histories.setdefault(os.path.abspath(data_dir), SnapshotHistory())
+
+
 # -- writing -------------------------------------------------------------------
 
 
@@ -147,12 +164,20 @@ async def write_snapshot(store: Store, data_dir: Path) -> SnapshotInfo:
         def release_from_thread(slot: int) -> None:
             trio.from_thread.run_sync(release, slot)
 
+        history = snapshot_history(data_dir)
         try:
             created = time.time()
             tensors = _cut(store, pinned)  # synchronous: the image of this instant
-            return await trio.to_thread.run_sync(
+            info = await trio.to_thread.run_sync(
                 _write_file, data_dir, tensors, created, release_from_thread
             )
+        except SnapshotError:
+            history.failed += 1
+            raise
+        else:
+            history.last = info
+            history.written += 1
+            return info
         finally:
             for slot in range(len(pinned)):
                 release(slot)
@@ -364,6 +389,7 @@ def load_snapshot(store: Store, data_dir: Path) -> SnapshotInfo | None:
         except OSError as exc:
             raise SnapshotError(f"cannot read snapshot {path}: {_strerror(exc)}") from None
         _restore(store, f, parsed, path)
+    snapshot_history(data_dir).last = parsed.info
     return parsed.info
 
 

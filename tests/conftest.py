@@ -16,11 +16,14 @@ from pathlib import Path
 import pytest
 
 from irdma import Client
+from irdma.auth import ClientHandshake, cluster_secret
 from irdma.cluster import ClusterConfig, load_config
 from irdma.local import psd_command, write_config
 from irdma.protocol import HEADER_SIZE, Header, Op, decode_json, unpack_header
 
-READY_TIMEOUT = 20.0
+# How long a daemon may take to start listening (the soft-RoCE guest, under
+# emulation, sets more).
+READY_TIMEOUT = float(os.environ.get("IRDMA_TEST_READY_TIMEOUT", "20"))
 
 
 @dataclass
@@ -124,10 +127,36 @@ def hello(config: ClusterConfig, name: str) -> dict:
     """One daemon's HELLO answer, over a raw socket (no client machinery)."""
     node = config.node(name)
     with socket.create_connection((node.address.host, node.address.port), 2.0) as s:
+        secret = cluster_secret(config)
+        if secret is not None:
+            raw_authenticate(s, secret)
         s.sendall(Header(op=Op.HELLO).pack())
         head = recv_exactly(s, HEADER_SIZE)
         header = unpack_header(head)
         return decode_json(recv_exactly(s, header.length))
+
+
+def recv_frame(s: socket.socket) -> tuple[Header, bytes]:
+    """One whole frame from a raw socket."""
+    header = unpack_header(recv_exactly(s, HEADER_SIZE))
+    return header, recv_exactly(s, header.length)
+
+
+def raw_authenticate(s: socket.socket, secret: bytes) -> list[bytes]:
+    """The AUTH handshake over a blocking socket (irdma.auth is sans-IO); the frames sent."""
+    handshake = ClientHandshake(secret, "daemon")
+    sent = [handshake.challenge()]
+    s.sendall(sent[0])
+    sent.append(handshake.answer_challenge(*recv_frame(s)))
+    s.sendall(sent[1])
+    handshake.finish(*recv_frame(s))
+    return sent
+
+
+def write_secret(path: Path, secret: bytes, mode: int = 0o600) -> Path:
+    path.write_bytes(secret)
+    path.chmod(mode)
+    return path
 
 
 def recv_exactly(s: socket.socket, n: int) -> bytes:
@@ -149,7 +178,11 @@ def make_cluster(
     timeout: float = 10.0,
     replicas: int = 1,
     extra: dict[str, float] | None = None,
+    secret: bytes | None = None,
+    host: str = "127.0.0.1",
+    scheme: str = "tcp",
 ) -> Cluster:
+    """Start daemons for a generated config; ``secret`` makes them require it (``secret_file``)."""
     path = write_config(
         directory,
         nodes,
@@ -158,7 +191,12 @@ def make_cluster(
         timeout=timeout,
         replicas=replicas,
         extra=extra,
+        host=host,
+        scheme=scheme,
     )
+    if secret is not None:
+        secret_path = write_secret(directory / "secret", secret)
+        path.write_text(f'secret_file = "{secret_path}"\n' + path.read_text())
     cluster = Cluster(directory, path, load_config(path))
     try:
         for name in cluster.names:

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from irdma import Client
+from irdma import __version__ as irdma_version
 
-from .conftest import Cluster
+from .conftest import Cluster, make_cluster
 
 
 def irdma(
@@ -130,11 +131,66 @@ def test_status_and_bench_json(cluster: Cluster) -> None:
     assert not [i for i in Client(cluster.config_path).list("_bench/")]  # cleaned up
 
 
+def test_status_columns_with_one_copy(cluster: Cluster) -> None:
+    x = np.zeros(100_000, np.float32)  # 400 KB in 64 KiB shards: 7 shards over the daemons
+    Client(cluster.config_path).write("cli-status/w", x)
+    rows = json.loads(irdma(cluster, "status", "--json").stdout)
+    for r in rows:
+        assert r["version"] == irdma_version and r["ready"] and r["quorum"]
+        assert r["shards"]["backup"] == 0  # one copy: every shard is its daemon's own
+        assert r["snapshot"] is None  # none written yet (every 60 s by default)
+        assert r["skew"] is None  # nothing to compare
+    assert sum(r["shards"]["primary"] for r in rows) >= 7
+    lines = irdma(cluster, "status").stdout.splitlines()
+    assert lines[0].split() == [
+        *("NODE", "ADDRESS", "VIA", "STATE", "VERSION", "TENSORS", "SHARDS", "P/B"),
+        *("ARENA", "USED", "SNAPSHOT", "SKEW"),
+    ]
+    for line, r in zip(lines[1:], rows, strict=True):
+        cells = line.split()
+        assert cells[0] == r["node"] and cells[3] == "up" and cells[4] == irdma_version
+        assert cells[6] == f"{r['shards']['primary']}/0"
+        assert cells[-2:] == ["never", "-"]
+
+
+@pytest.mark.timeout(120)
+def test_status_with_replicas_shows_roles_snapshots_and_skew(tmp_path: Path) -> None:
+    cluster = make_cluster(tmp_path, replicas=2, extra={"heartbeat": 0.1, "failure_timeout": 0.5})
+    try:
+        x = np.arange(200_000, dtype=np.float32)  # 800 KB in 64 KiB shards: 13 shards
+        with cluster.client() as c:
+            c.write("cli-rep/w", x)
+            c.accumulate("cli-rep/w", np.ones_like(x))
+        rows = json.loads(irdma(cluster, "status", "--json").stdout)
+        assert all(r["up"] and r["ready"] for r in rows)
+        # Each shard has one acting primary and one backup, all replicas current.
+        assert sum(r["shards"]["primary"] for r in rows) == 13
+        assert sum(r["shards"]["backup"] for r in rows) == 13
+        assert [r["skew"] for r in rows] == [0, 0, 0]
+        # A daemon stopped cleanly leaves a snapshot, and reports it once back.
+        assert cluster.stop("n2") == 0
+        cluster.start("n2")
+        rows = {r["node"]: r for r in json.loads(irdma(cluster, "status", "--json").stdout)}
+        assert rows["n2"]["snapshot"]["seq"] >= 1 and 0 <= rows["n2"]["snapshot"]["age"] < 60
+        assert rows["n1"]["snapshot"] is None
+        text = irdma(cluster, "status").stdout
+        n2 = next(line for line in text.splitlines() if line.startswith("n2 "))
+        assert n2.split()[-2] == "ago" and n2.split()[-3].endswith("s")  # e.g. "3s ago"
+        assert n2.split()[-1] == "0"  # caught up again: no shard behind
+    finally:
+        cluster.close()
+
+
 def test_status_exits_1_when_a_daemon_is_down(fresh_cluster: Cluster) -> None:
     fresh_cluster.kill("n3")
     proc = irdma(fresh_cluster, "status", check=False)
     assert proc.returncode == 1
     assert "DOWN" in proc.stdout and "n3" in proc.stdout
+    down = next(line for line in proc.stdout.splitlines() if line.startswith("n3 "))
+    assert "unavailable" in down  # the reason ends its row
+    rows = json.loads(irdma(fresh_cluster, "status", "--json", check=False).stdout)
+    assert [r["up"] for r in rows] == [True, True, False]
+    assert rows[2]["error"] and "shards" not in rows[2]
 
 
 def daemons_using(config: str) -> list[int]:

@@ -103,6 +103,22 @@ def test_address_parse(text: str, host: str, port: int) -> None:
     assert Address.parse(str(a)) == a
 
 
+def test_address_schemes() -> None:
+    for scheme in ("tcp", "shm", "rdma"):
+        a = Address.parse(f"{scheme}://198.18.0.1:7401")
+        assert (a.scheme, a.host, a.port) == (scheme, "198.18.0.1", 7401)
+        assert Address.parse(str(a)) == a
+
+
+def test_rdma_options(tmp_path: Path) -> None:
+    cfg = load_config(
+        write(tmp_path, "rdma_gid_index = 1\nrdma_mtu = 4096\n" + nodes_toml(node(1)))
+    )
+    assert (cfg.rdma_gid_index, cfg.rdma_mtu) == (1, 4096)
+    cfg = load_config(write(tmp_path, nodes_toml(node(1))))
+    assert (cfg.rdma_gid_index, cfg.rdma_mtu) == (None, None)
+
+
 def test_address_str_brackets_ipv6() -> None:
     assert str(Address.parse("[::1]:7401")) == "tcp://[::1]:7401"
     assert str(Address.parse("h:7")) == "tcp://h:7"
@@ -112,7 +128,7 @@ def test_address_str_brackets_ipv6() -> None:
     ("text", "problem"),
     [
         ("udp://127.0.0.1:7401", "unknown transport"),
-        ("rdma://h:1", "unknown transport"),
+        ("ib://h:1", "unknown transport"),
         ("h:0", "port out of range"),
         ("h:65536", "port out of range"),
         ("h:99999", "port out of range"),
@@ -295,6 +311,10 @@ BAD_CONFIGS = [
     ("timeout = true\n" + nodes_toml(node(1)), "timeout", "positive number of seconds"),
     ("timeout = nan\n" + nodes_toml(node(1)), "timeout", "positive number of seconds"),
     ("secret_file = 5\n" + nodes_toml(node(1)), "secret_file", "path string"),
+    ("rdma_gid_index = -1\n" + nodes_toml(node(1)), "rdma_gid_index", "GID table index"),
+    ("rdma_gid_index = true\n" + nodes_toml(node(1)), "rdma_gid_index", "GID table index"),
+    ("rdma_mtu = 9000\n" + nodes_toml(node(1)), "rdma_mtu", "one of 256, 512"),
+    ('rdma_mtu = "4096"\n' + nodes_toml(node(1)), "rdma_mtu", "one of 256, 512"),
 ]
 
 

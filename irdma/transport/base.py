@@ -108,6 +108,11 @@ class Connection(abc.ABC):
         """
 
     @property
+    def transport(self) -> str:
+        """The transport bulk data takes on this connection: "tcp", "shm" or "rdma"."""
+        return "tcp"
+
+    @property
     @abc.abstractmethod
     def broken(self) -> bool: ...
 

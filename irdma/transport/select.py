@@ -1,11 +1,16 @@
 """Which transport a client uses for a daemon: forced, by address, or automatic.
 
-``IRDMA_TRANSPORT=tcp|shm`` (or the client's ``transport`` argument) forces
-one for every daemon; a ``shm://`` address asks for shared memory for that
-daemon; otherwise shared memory is used when the daemon runs on this host
-(same boot and network namespace, its socket reachable), TCP when not.
-A forced or requested shm that cannot be had fails with the reason rather
-than quietly using TCP.
+``IRDMA_TRANSPORT=tcp|shm|rdma`` (or the client's ``transport`` argument)
+forces one for every daemon; a forced transport that cannot be had fails
+with the reason rather than quietly using another. Otherwise:
+
+- a ``shm://`` address requires shared memory for that daemon;
+- an ``rdma://`` address asks for RDMA verbs, falling back to TCP with one
+  warning (the reason) where this host or the daemon has no RDMA;
+- a ``tcp://`` address gets shared memory when the daemon runs on this host
+  (same boot and network namespace, its socket reachable), else RDMA when
+  this host has a device for the route to the daemon and the daemon serves
+  RDMA, else TCP.
 """
 
 from __future__ import annotations
@@ -18,38 +23,52 @@ import trio
 from ..cluster import Node
 from ..errors import ConfigError
 from .base import Connection, StreamBroken
+from .rdma import STAGING_MIN as RDMA_STAGING_MIN
+from .rdma import RdmaConnection
 from .shm import STAGING_MIN, ShmConnection, ShmUnavailable, socket_path
 from .tcp import TcpConnection
 
 log = logging.getLogger("irdma")
 
-CHOICES = ("auto", "tcp", "shm")
+CHOICES = ("auto", "tcp", "shm", "rdma")
 ENV = "IRDMA_TRANSPORT"
 
 
 def forced_transport(value: str | None = None) -> str:
     """The transport asked for (argument, else $IRDMA_TRANSPORT, else auto)."""
     choice = (value or os.environ.get(ENV) or "auto").strip().lower()
-    if choice == "rdma":
-        raise ConfigError(f"{ENV}=rdma: this build of irdma has no RDMA transport; use tcp or shm")
     if choice not in CHOICES:
         raise ConfigError(f"{ENV}={choice!r}: expected one of {', '.join(CHOICES)}")
     return choice
 
 
 def choice_for(node: Node, forced: str) -> str:
+    """ "tcp", "shm" or "rdma" when one is required; "auto" or "rdma?" (preferred) otherwise."""
     if forced != "auto":
         return forced
-    return "shm" if node.address.scheme == "shm" else "auto"
+    scheme = node.address.scheme
+    return {"shm": "shm", "rdma": "rdma?"}.get(scheme, "auto")
 
 
 async def open_connection(
-    node: Node, nursery: trio.Nursery, *, forced: str, timeout: float, shard_size: int
+    node: Node,
+    nursery: trio.Nursery,
+    *,
+    forced: str,
+    timeout: float,
+    shard_size: int,
+    secret: bytes | None = None,
+    rdma_gid_index: int | None = None,
+    rdma_mtu: int | None = None,
 ) -> Connection:
-    """A connection to ``node`` over the transport ``forced`` and its address call for."""
+    """A connection to ``node`` over the transport ``forced`` and its address call for.
+
+    With ``secret`` (the cluster's, ``irdma.auth``) it authenticates before
+    anything else; AuthFailed when that fails, whatever the transport.
+    """
     choice = choice_for(node, forced)
     peer = f"{node.name} ({node.address})"
-    if choice != "tcp":
+    if choice in ("shm", "auto"):
         try:
             return await ShmConnection.attach(
                 socket_path(node.data_dir),
@@ -58,11 +77,27 @@ async def open_connection(
                 timeout=timeout,
                 staging_size=max(STAGING_MIN, 4 * shard_size),
                 node=node.name,
+                secret=secret,
             )
         except ShmUnavailable as exc:
             if choice == "shm":
                 raise StreamBroken(f"shm transport: {exc}") from None
-            log.debug("%s: using tcp (%s)", node.name, exc)
+            log.debug("%s: no shm (%s)", node.name, exc)
+    if choice in ("rdma", "rdma?", "auto"):
+        return await RdmaConnection.connect(
+            node.address.host,
+            node.address.port,
+            nursery,
+            peer=peer,
+            timeout=timeout,
+            secret=secret,
+            staging_size=max(RDMA_STAGING_MIN, 2 * shard_size),
+            gid_index=rdma_gid_index,
+            mtu=rdma_mtu,
+            required=choice == "rdma",
+            # Asked for by address or by name: say why it is not used.
+            quiet=choice == "auto",
+        )
     return await TcpConnection.open(
-        node.address.host, node.address.port, nursery, peer=peer, timeout=timeout
+        node.address.host, node.address.port, nursery, peer=peer, timeout=timeout, secret=secret
     )

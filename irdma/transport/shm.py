@@ -2,10 +2,13 @@
 
 Control messages use the TCP transport's framing over the daemon's unix
 socket (``<data_dir>/psd.sock``, mode 0660: only the daemon's user and group,
-and root, may connect). The first frame, ATTACH, passes file descriptors
-both ways (SCM_RIGHTS): the client's staging memfd to the daemon, and a
-read-only descriptor of the daemon's arena memfd to the client. No path to
-either memory is ever visible to other users.
+and root, may connect). With a cluster secret, the connection first
+authenticates as a TCP one does (``irdma.auth``): a process of the daemon's
+group that does not know the secret gets nothing. The first frame after
+that, ATTACH, passes file descriptors both ways (SCM_RIGHTS): the client's
+staging memfd to the daemon, and a read-only descriptor of the daemon's
+arena memfd to the client. No path to either memory is ever visible to
+other users.
 
 - **Reads** of at least 256 KiB (the daemon's zero-copy size) are answered
   MAPPED: the daemon pins the shard's block (an update then writes a new
@@ -36,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import trio
 
+from ..errors import AuthFailed
 from ..extents import Allocator, ArenaFullError
 from ..protocol import (
     ATTACH_KEYS,
@@ -50,6 +54,7 @@ from ..protocol import (
     encode_json,
     unpack_header,
 )
+from .auth import authenticate
 from .base import Buffer, Reply, Sink, StreamBroken, StreamTimeout
 from .tcp import FramedSocket, TcpConnection, to_stdlib
 
@@ -134,6 +139,18 @@ async def recv_fds_frame(
     return header, bytes(buf[HEADER_SIZE:]), fds
 
 
+def framed_view(sock: trio.socket.SocketType, peer: str) -> FramedSocket:
+    """A FramedSocket on a duplicate of ``sock``'s descriptor, for the AUTH handshake.
+
+    It reads and writes the same connection (exactly the handshake's frames),
+    which goes on through ``sock`` afterwards; closing the view leaves
+    ``sock`` open.
+    """
+    dup = stdsocket.socket(fileno=os.dup(sock.fileno()))
+    dup.setblocking(False)
+    return FramedSocket(dup, peer)
+
+
 def map_shared(fd: int, size: int, *, writable: bool) -> tuple[mmap.mmap, np.ndarray]:
     """Map a memfd shared; return the mapping and a uint8 view of it."""
     prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
@@ -209,12 +226,15 @@ class ShmConnection(TcpConnection):
         timeout: float = 10.0,
         staging_size: int = STAGING_MIN,
         node: str | None = None,
+        secret: bytes | None = None,
     ) -> ShmConnection:
         """Connect to the daemon's unix socket and exchange the memory descriptors.
 
-        Raises ShmUnavailable when there is no daemon socket at ``path``, the
-        daemon refuses, runs on another host or network namespace, or is not
-        ``node``.
+        With ``secret``, the connection authenticates first, as over TCP: the
+        daemon hands out its memory only then. Raises ShmUnavailable when
+        there is no daemon socket at ``path``, the daemon refuses, runs on
+        another host or network namespace, or is not ``node``; AuthFailed
+        when authentication fails (no fallback to TCP, which would fail too).
         """
         peer = peer or str(path)
         sock = trio.socket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM)
@@ -229,6 +249,12 @@ class ShmConnection(TcpConnection):
                     raise ShmUnavailable(
                         f"no daemon socket at {path}: {exc.strerror or exc}"
                     ) from None
+                if secret is not None:
+                    view = framed_view(sock, peer)
+                    try:
+                        await authenticate(view, secret, timeout)
+                    finally:
+                        view.close()
                 staging_fd = make_staging(staging_size)
                 body = encode_json({"staging": staging_size})
                 frame = Header(op=Op.ATTACH, length=len(body)).pack() + body
@@ -241,6 +267,9 @@ class ShmConnection(TcpConnection):
             arena_fd = fds[0] if fds else -1
             for extra in fds[1:]:
                 os.close(extra)
+            if header.status == Status.AUTH_FAILED:
+                reason = data.decode(errors="replace")
+                raise AuthFailed(f"daemon {peer} refused the connection: {reason}")
             if header.status != Status.OK:
                 raise ShmUnavailable(f"{peer} refused: {data.decode(errors='replace')}")
             answer = decode_json(data)
@@ -274,7 +303,11 @@ class ShmConnection(TcpConnection):
         nursery.start_soon(conn._run)
         return conn
 
-    async def _receive(self, header: Header, sink: Sink) -> None:
+    @property
+    def transport(self) -> str:
+        return "shm"
+
+    async def _receive(self, header: Header, sink: Sink) -> bool:
         if header.flags & MAPPED:
             loc = bytearray(LOCATION.size)
             if header.length != LOCATION.size:
@@ -284,8 +317,9 @@ class ShmConnection(TcpConnection):
             data_header = dataclasses.replace(header, length=header.size)
             await sink.receive(_ArenaRegion(self.arena, offset), data_header)
             self.mapped_bytes += header.size
-            return
+            return False
         await sink.receive(self.stream, header)
+        return False
 
     async def request(
         self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None

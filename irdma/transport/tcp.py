@@ -15,8 +15,10 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
+from ..errors import AuthFailed
 from ..protocol import (
     HEADER_SIZE,
+    MAX_ERROR_MESSAGE,
     REQUEST_ID,
     REQUEST_ID_OFFSET,
     Flag,
@@ -26,6 +28,7 @@ from ..protocol import (
     Status,
     unpack_header,
 )
+from .auth import authenticate
 from .base import (
     SOCKET_ERRORS,
     Buffer,
@@ -53,6 +56,7 @@ DRAIN_CHUNK = 1 << 20
 # many operations, so one busy peer cannot starve the rest.
 YIELD_EVERY = 32
 PINNED = int(Flag.PINNED)
+AUTH_FAILED = int(Status.AUTH_FAILED)
 
 
 def tune_socket(sock: stdsocket.socket | trio.socket.SocketType) -> None:
@@ -274,12 +278,15 @@ class TcpConnection(Connection):
         nursery: trio.Nursery,
         peer: str = "",
         timeout: float = 10.0,
+        secret: bytes | None = None,
     ) -> TcpConnection:
         """Connect and start the connection's background tasks in ``nursery``.
 
         A request that gets no answer for ``timeout`` seconds (while the
         daemon answers nothing else either) fails the connection with
-        StreamTimeout; so does a connect that takes longer.
+        StreamTimeout; so does a connect that takes longer. With ``secret``,
+        the connection authenticates first (``irdma.auth``); AuthFailed when
+        that fails.
         """
         peer = peer or f"{host}:{port}"
         with trio.move_on_after(timeout) as scope:
@@ -287,7 +294,10 @@ class TcpConnection(Connection):
                 sock = await open_tcp_socket(host, port)
         if scope.cancelled_caught:
             raise StreamTimeout(f"connecting to {peer}: no answer within {timeout:g} s")
-        conn = cls(FramedSocket(sock, peer), timeout)
+        stream = FramedSocket(sock, peer)
+        if secret is not None:
+            await authenticate(stream, secret, timeout)
+        conn = cls(stream, timeout)
         nursery.start_soon(conn._run)
         return conn
 
@@ -301,7 +311,13 @@ class TcpConnection(Connection):
                 nursery.start_soon(self._guard, self._release_loop)
                 nursery.start_soon(self._guard, self._read_loop)
                 nursery.start_soon(self._guard, self._watchdog)
+                for loop in self._background():
+                    nursery.start_soon(self._guard, loop)
         self._fail(StreamClosed(f"connection to {self.stream.peer} closed"))
+
+    def _background(self) -> list[Callable[[], Awaitable[None]]]:
+        """More background loops a transport needs (run and guarded like the reader)."""
+        return []
 
     async def _guard(self, loop: Callable[[], Awaitable[None]]) -> None:
         """Run a background loop; any failure fails the connection, never the nursery."""
@@ -317,27 +333,44 @@ class TcpConnection(Connection):
                 raise StreamBroken(f"{self.stream.peer} closed the connection")
             if not header.is_response:
                 raise ProtocolError(f"{self.stream.peer} sent a request, not a response")
+            if header.status == AUTH_FAILED:
+                # The daemon wants a secret this connection did not show; it
+                # closes the connection, so every request on it fails the same way.
+                sink = BytesSink(MAX_ERROR_MESSAGE)
+                await sink.receive(self.stream, header)
+                reason = sink.data.decode("utf-8", "replace")
+                raise AuthFailed(f"daemon {self.stream.peer} refused the connection: {reason}")
             self._last_progress = trio.current_time()
             pending = self._pending.pop(header.request_id, None)
             if pending is None:
                 raise ProtocolError(
                     f"{self.stream.peer} answered unknown request {header.request_id}"
                 )
+            release_later = False
             if header.status == Status.OK and pending.sink is not None:
-                await self._receive(header, pending.sink)
+                release_later = await self._receive(header, pending.sink)
                 pending.reply = Reply(header)
             else:
                 sink = BytesSink()
                 await sink.receive(self.stream, header)
                 pending.reply = Reply(header, sink.data)
-            if header.flags & PINNED:
-                self._releases.append(header.request_id)
-                self._release_wakeup.set()
+            if header.flags & PINNED and not release_later:
+                self._release(header.request_id)
             pending.event.set()
 
-    async def _receive(self, header: Header, sink: Sink) -> None:
-        """Hand a successful answer's payload to its sink (other transports place it elsewhere)."""
+    async def _receive(self, header: Header, sink: Sink) -> bool:
+        """Hand a successful answer's payload to its sink (other transports place it elsewhere).
+
+        True means the bytes are not taken yet: the transport sends RELEASE
+        for a pinned answer itself, once it has them (``_release``).
+        """
         await sink.receive(self.stream, header)
+        return False
+
+    def _release(self, request_id: int) -> None:
+        """Tell the daemon (soon, from the release task) it may reuse a pinned answer's memory."""
+        self._releases.append(request_id)
+        self._release_wakeup.set()
 
     async def _watchdog(self) -> None:
         """Fail the connection when outstanding requests see no answer for ``timeout``.
@@ -408,7 +441,7 @@ class TcpConnection(Connection):
             raise
         if pending.error is not None:
             err = pending.error
-            if isinstance(err, StreamTimeout | StreamBroken | StreamClosed):
+            if isinstance(err, StreamTimeout | StreamBroken | StreamClosed | AuthFailed):
                 raise type(err)(str(err)) from err
             raise StreamBroken(str(err)) from err
         assert pending.reply is not None

@@ -1,0 +1,213 @@
+"""``irdma status``: the cluster at a glance, one row per daemon.
+
+Each daemon is asked for its HELLO record (state, version, shards by role,
+arena use, last snapshot) and, with replicas, for the versions of the shards
+it holds (a LIST), all daemons at once. From the versions comes the skew
+column: how many of the shards a daemon should hold are older than, or
+missing next to, the newest copy another replica reported. It is read at
+one moment, not atomically across daemons: under writes a backup may show a
+shard or two behind for the moment an update takes to be forwarded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from .client import AsyncClient
+from .cluster import ClusterConfig
+from .errors import IrdmaError
+from .protocol import tensor_key
+
+
+@dataclass
+class NodeStatus:
+    """One row: a daemon as this host sees it."""
+
+    node: str
+    address: str
+    up: bool = False
+    error: str | None = None  # why it is down
+    transport: str | None = None  # how this host reaches it: shm, tcp or rdma
+    hello: dict[str, Any] | None = None
+    holdings: list[dict[str, Any]] | None = None  # its LIST records (with replicas)
+    skew: int | None = None  # shards behind another replica; None: not known or no replicas
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"node": self.node, "address": self.address, "up": self.up}
+        if not self.up:
+            return out | {"error": self.error, "transport": None}
+        h = self.hello or {}
+        return out | {
+            "transport": self.transport,
+            "pid": h.get("pid"),
+            "version": h.get("version"),
+            # With replicas: False while it catches up from its peers.
+            "ready": h.get("ready", True),
+            "quorum": h.get("quorum", True),
+            "tensors": h.get("tensors"),
+            "shards": h.get("shards"),
+            "arena_used": h.get("arena_used"),
+            "arena_size": h.get("arena_size"),
+            "snapshot": h.get("snapshot"),
+            "skew": self.skew,
+        }
+
+
+async def gather(client: AsyncClient) -> list[NodeStatus]:
+    """Ask every daemon at once; a daemon that cannot be reached is a row marked down."""
+    config = client.config
+    rows = [NodeStatus(n.name, str(n.address)) for n in config.nodes]
+
+    async def ask(row: NodeStatus) -> None:
+        node = config.node(row.node)
+        try:
+            row.hello = await client.hello(node)
+        except IrdmaError as exc:
+            row.error = str(exc)
+            return
+        row.up = True
+        row.transport = client.transport_of(node)
+        if config.replicas > 1:
+            try:
+                row.holdings = await client.holdings(node)
+            except IrdmaError:
+                row.holdings = None  # skew unknown for this one
+
+    async with trio.open_nursery() as nursery:
+        for row in rows:
+            nursery.start_soon(ask, row)
+    if config.replicas > 1:
+        answered = {r.node: r.holdings for r in rows if r.holdings is not None}
+        for node, behind in replica_skew(config, answered).items():
+            next(r for r in rows if r.node == node).skew = behind
+    return rows
+
+
+def replica_skew(
+    config: ClusterConfig, holdings: dict[str, list[dict[str, Any]]]
+) -> dict[str, int]:
+    """Per daemon in ``holdings``: shards it should hold that are behind the newest copy.
+
+    ``holdings`` maps node names to their LIST records. A shard counts when
+    the daemon's version is lower than the highest any daemon reported, or
+    when placement gives the daemon a copy it does not have.
+    """
+    newest: dict[tuple[str, int], int] = {}
+    held: dict[str, dict[tuple[str, int], int]] = {}
+    for node, records in holdings.items():
+        mine = held[node] = {}
+        for rec in records:
+            name = rec["meta"]["name"]
+            for index, version in rec["shards"].items():
+                shard = (name, int(index))
+                mine[shard] = version
+                if version > newest.get(shard, -1):
+                    newest[shard] = version
+    out = {}
+    for node, mine in held.items():
+        behind = 0
+        for shard, version in newest.items():
+            have = mine.get(shard)
+            if have is None:
+                behind += config.holds(node, tensor_key(shard[0]), shard[1])
+            else:
+                behind += have < version
+        out[node] = behind
+    return out
+
+
+def version_skew(rows: list[NodeStatus]) -> str | None:
+    """A line naming which daemons run which irdma version, when they differ; else None."""
+    by_version: dict[str, list[str]] = {}
+    for r in rows:
+        if r.up:
+            by_version.setdefault(str((r.hello or {}).get("version", "?")), []).append(r.node)
+    if len(by_version) < 2:
+        return None
+    parts = [f"{v} on {', '.join(nodes)}" for v, nodes in sorted(by_version.items())]
+    return "irdma versions differ: " + "; ".join(parts)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def human_age(seconds: float) -> str:
+    """``42s ago``, ``5m ago``, ``3h ago``, ``2d ago``."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+HEADINGS = (
+    "NODE",
+    "ADDRESS",
+    "VIA",
+    "STATE",
+    "VERSION",
+    "TENSORS",
+    "SHARDS P/B",
+    "ARENA USED",
+    "SNAPSHOT",
+    "SKEW",
+)
+
+
+def _cells(r: NodeStatus, replicated: bool) -> list[str]:
+    lead = [r.node, r.address, r.transport or "-"]
+    if not r.up:
+        return [*lead, "DOWN", r.error or ""]
+    h = r.hello or {}
+    state = "up" if h.get("ready", True) else "syncing"
+    if not h.get("quorum", True):
+        state = "minority"
+    shards = h.get("shards")
+    snap = h.get("snapshot")
+    # "-": one copy per shard, nothing to compare; "?": its versions could not be listed.
+    skew = "-" if not replicated else "?" if r.skew is None else str(r.skew)
+    return [
+        *lead,
+        state,
+        str(h.get("version", "?")),
+        str(h.get("tensors", "?")),
+        f"{shards['primary']}/{shards['backup']}" if shards else "?",
+        f"{human_bytes(h['arena_used'])} / {human_bytes(h['arena_size'])}",
+        human_age(snap["age"]) if snap else "never",
+        skew,
+    ]
+
+
+def render(rows: list[NodeStatus], config: ClusterConfig) -> str:
+    """The table, columns as wide as their widest cell; a down daemon's row ends with why."""
+    table = [list(HEADINGS)] + [_cells(r, config.replicas > 1) for r in rows]
+    # A down row's reason is its last cell, past the columns: it does not set widths.
+    widths = [0] * len(HEADINGS)
+    for cells in table:
+        if len(cells) == len(HEADINGS):
+            for i, c in enumerate(cells):
+                widths[i] = max(widths[i], len(c))
+    right = {"TENSORS", "SHARDS P/B", "SKEW"}
+    lines = []
+    for cells in table:
+        out = []
+        for i, c in enumerate(cells):
+            last = i == len(cells) - 1
+            if last and len(cells) < len(HEADINGS):
+                out.append(c)
+            elif HEADINGS[i] in right:
+                out.append(c.rjust(widths[i]))
+            else:
+                out.append(c if last else c.ljust(widths[i]))
+        lines.append("  ".join(out).rstrip())
+    skew = version_skew(rows)
+    if skew:
+        lines.append(skew)
+    return "\n".join(lines)

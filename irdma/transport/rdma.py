@@ -1,0 +1,600 @@
+"""The rdma transport, client side: an RC queue pair next to the daemon's TCP connection.
+
+The connection opens (and authenticates) as TCP, then asks RDMA_CONNECT:
+both sides create a queue pair and exchange (QP number, PSN, GID, MTU); the
+daemon adds its arena's address and read-only key and a staging area of its
+arena with a write-only key for this connection alone. The client checks
+the path with one small RDMA READ before it trusts it, so a wrong GID or an
+unroutable peer is an error naming the cause rather than a later timeout.
+Requests and answers keep travelling over TCP; the bytes do not:
+
+- **Pulls**: the daemon answers a READ with MAPPED: where the shard's bytes
+  sit in its arena, pinned (an update writes a new block; the pinned bytes
+  never change, so a pull is never torn). The client RDMA READs them into
+  its registered buffer, hands them to the sink, and only then sends
+  RELEASE. The daemon's CPU never touches the bytes.
+- **Pushes**: the client copies the payload into its registered buffer,
+  RDMA WRITEs it to the same offset of its staging area in the daemon, then
+  sends the request naming the offset (STAGED); the daemon applies it from
+  there and answers as for any write.
+
+Transfers larger than ``CHUNK`` are posted as a chain of work requests with
+only the last one signalled; many transfers are in flight at once (one per
+concurrent request, e.g. the shards of one tensor). Registration happens
+once per connection: the client's buffer is sized for the staging area and
+shared by pulls and pushes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import trio
+
+from ..extents import Allocator, ArenaFullError
+from ..protocol import (
+    LOCATION,
+    RDMA_ANSWER_KEYS,
+    Flag,
+    Header,
+    Op,
+    ProtocolError,
+    Status,
+    decode_json,
+    encode_json,
+)
+from .base import Buffer, Reply, Sink, StreamBroken, StreamClosed, StreamTimeout
+from .tcp import FramedSocket, TcpConnection
+from .verbs import (
+    MTU_BYTES,
+    WC_STATUS,
+    Endpoint,
+    NoDevice,
+    PinnedBuffer,
+    QpInfo,
+    VerbsError,
+    find_gid,
+    ipv4_of,
+)
+from .verbs_compat import VerbsUnavailable, comp_channel_fd
+
+log = logging.getLogger("irdma")
+
+MAPPED = int(Flag.MAPPED)
+STAGEABLE = frozenset({Op.WRITE, Op.ACCUMULATE})
+STAGING_MIN = 4 << 20
+STAGING_ALIGN = 64
+# Largest single work request; longer transfers are chains of these.
+CHUNK = 1 << 20
+SEND_DEPTH = 256
+CQ_DEPTH = 2 * SEND_DEPTH
+POLL_BATCH = 32
+# Adaptive polling (where pyverbs does not expose the completion channel's
+# fd): spin this long after the last completion, then sleep, doubling.
+SPIN_SECONDS = 50e-6
+SLEEP_MIN = 200e-6
+SLEEP_MAX = 2e-3
+PROBE_BYTES = 8
+
+
+class RdmaUnavailable(Exception):
+    """RDMA cannot be used for this daemon here (no pyverbs, no device, daemon without RDMA)."""
+
+
+class _Completions:
+    """Work completions of one completion queue, waited for under trio.
+
+    Each signalled work request gets an event; a task drains the queue and
+    sets them. Any failed completion fails them all: the queue pair is in the
+    error state from then on.
+    """
+
+    def __init__(self, cq: Any, channel: Any, peer: str) -> None:
+        self.cq = cq
+        self.channel = channel
+        self.fd = comp_channel_fd(channel)
+        self.peer = peer
+        self._waiters: dict[int, trio.Event] = {}
+        self._next_id = 1
+        self._posted = trio.Event()
+        self.failure: Exception | None = None
+        # Set when the queue is destroyed: nothing may poll it after that.
+        self.closed = False
+
+    def expect(self) -> tuple[int, trio.Event]:
+        """A fresh work request id and the event set when it completes."""
+        wr_id = self._next_id
+        self._next_id += 1
+        event = trio.Event()
+        self._waiters[wr_id] = event
+        self._posted.set()
+        return wr_id, event
+
+    def forget(self, wr_id: int) -> None:
+        self._waiters.pop(wr_id, None)
+
+    def fail(self, exc: Exception) -> None:
+        if self.failure is None:
+            self.failure = exc
+        for event in self._waiters.values():
+            event.set()
+        self._waiters.clear()
+        self._posted.set()
+
+    def _drain(self) -> int:
+        if self.closed:
+            raise StreamClosed(f"RDMA resources for {self.peer} closed")
+        n, wcs = self.cq.poll(POLL_BATCH)
+        for wc in wcs:
+            if wc.status != 0:
+                reason = WC_STATUS.get(int(wc.status), f"status {wc.status}")
+                raise StreamBroken(
+                    f"RDMA transfer with {self.peer} failed: {reason}"
+                    + (" (the daemon refused the key or address)" if int(wc.status) == 10 else "")
+                )
+            event = self._waiters.pop(int(wc.wr_id), None)
+            if event is not None:
+                event.set()
+        return n
+
+    async def run(self) -> None:
+        try:
+            if self.fd is not None:
+                await self._run_channel(self.fd)
+            else:
+                await self._run_polling()
+        except Exception as exc:
+            self.fail(exc)
+            raise
+
+    async def _run_polling(self) -> None:
+        """Poll while work is outstanding: spin briefly, then back off to short sleeps."""
+        while True:
+            if not self._waiters:
+                self._posted = trio.Event()
+                await self._posted.wait()
+                continue
+            if self._drain():
+                await trio.lowlevel.checkpoint()
+                continue
+            idle_since = trio.current_time()
+            delay = SLEEP_MIN
+            while self._waiters and not self._drain():
+                if trio.current_time() - idle_since < SPIN_SECONDS:
+                    await trio.sleep(0)
+                else:
+                    await trio.sleep(delay)
+                    delay = min(2 * delay, SLEEP_MAX)
+
+    async def _run_channel(self, fd: int) -> None:
+        """Sleep on the completion channel's fd (rdma-core >= 57); drain on every event."""
+        import os
+
+        os.set_blocking(fd, False)
+        self.cq.req_notify()
+        while True:
+            self._drain()
+            await trio.lowlevel.wait_readable(fd)
+            try:
+                self.channel.get_cq_event(self.cq)
+            except Exception:  # EAGAIN: woken without an event
+                continue
+            self.cq.ack_events(1)
+            # Re-arm before draining, so a completion arriving in between still wakes us.
+            self.cq.req_notify()
+
+
+class _Located(Sink):
+    """Holds where a MAPPED answer's bytes are; passes an inline answer to the real sink."""
+
+    __slots__ = ("offset", "sink")
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self.offset: int | None = None
+
+    async def receive(self, stream, header: Header) -> None:  # type: ignore[no-untyped-def]
+        await self.sink.receive(stream, header)
+
+
+class _LocalRegion:
+    """A ByteStream over bytes an RDMA READ placed in the client's buffer."""
+
+    __slots__ = ("offset", "view")
+
+    def __init__(self, view: np.ndarray, offset: int) -> None:
+        self.view = view
+        self.offset = offset
+
+    async def recv_exactly_into(self, view: memoryview | bytearray) -> None:
+        dest = np.frombuffer(view, dtype=np.uint8)
+        np.copyto(dest, self.view[self.offset : self.offset + len(dest)])
+        self.offset += len(dest)
+
+    async def drain(self, nbytes: int) -> None:
+        self.offset += nbytes
+
+
+@dataclasses.dataclass(slots=True)
+class _Remote:
+    """What the daemon's RDMA_CONNECT answer gave this connection."""
+
+    arena_addr: int
+    arena_rkey: int
+    arena_size: int
+    staging_addr: int
+    staging_rkey: int
+    staging_size: int
+
+    @classmethod
+    def from_answer(cls, answer: dict[str, Any]) -> _Remote:
+        return cls(*(int(answer[k]) for k in RDMA_ANSWER_KEYS[2:]))
+
+
+class _Link:
+    """The verbs side of one connection: endpoint, queue pair, buffer, completions."""
+
+    def __init__(self, endpoint: Endpoint, staging_size: int, peer: str) -> None:
+        e = endpoint.e
+        self.endpoint = endpoint
+        self.e = e
+        self.channel = endpoint.completion_channel()
+        self.cq = endpoint.completion_queue(CQ_DEPTH, self.channel)
+        self.qp = endpoint.queue_pair(self.cq, SEND_DEPTH)
+        self.buffer: PinnedBuffer = endpoint.buffer(staging_size, e.IBV_ACCESS_LOCAL_WRITE)
+        self.local = endpoint.local_info(self.qp)
+        self.completions = _Completions(self.cq, self.channel, peer)
+        self.slots = trio.Semaphore(SEND_DEPTH)
+        self.remote: _Remote | None = None
+        self.closed = False
+
+    async def transfer(
+        self, opcode: int, local: int, remote_addr: int, rkey: int, nbytes: int, timeout: float
+    ) -> None:
+        """Move ``nbytes`` between ``local`` (offset in our buffer) and ``remote_addr``."""
+        from pyverbs.wr import SGE, SendWR
+
+        pieces = [(o, min(CHUNK, nbytes - o)) for o in range(0, nbytes, CHUNK)]
+        for _ in pieces:
+            await self.slots.acquire()
+        wr_id, done = self.completions.expect()
+        try:
+            if self.closed or self.completions.failure is not None:
+                raise StreamBroken(f"RDMA to {self.completions.peer}: queue pair closed or failed")
+            wrs: list[Any] = []
+            after = None
+            # Built last to first: each names the next; only the last is signalled
+            # (completions arrive in order, so it stands for the whole chain).
+            for i, (offset, length) in reversed(list(enumerate(pieces))):
+                last = i == len(pieces) - 1
+                wr = SendWR(
+                    wr_id=wr_id,
+                    opcode=opcode,
+                    num_sge=1,
+                    sg=[SGE(self.buffer.addr + local + offset, length, self.buffer.lkey)],
+                    send_flags=self.e.IBV_SEND_SIGNALED if last else 0,
+                    **({"next_wr": after} if after is not None else {}),
+                )
+                wr.set_wr_rdma(rkey, remote_addr + offset)
+                wrs.append(wr)
+                after = wr
+            try:
+                self.qp.post_send(wrs[-1])
+            except Exception as exc:
+                raise StreamBroken(f"posting an RDMA transfer failed: {exc}") from exc
+            with trio.move_on_after(timeout) as scope:
+                await done.wait()
+            if scope.cancelled_caught:
+                raise StreamTimeout(f"RDMA transfer of {nbytes} bytes took over {timeout:g} s")
+            if self.completions.failure is not None:
+                raise StreamBroken(str(self.completions.failure)) from self.completions.failure
+        finally:
+            self.completions.forget(wr_id)
+            for _ in pieces:
+                self.slots.release()
+
+    def close(self) -> None:
+        """Destroy the verbs resources; every later use raises instead of touching them."""
+        if self.closed:
+            return
+        self.closed = True
+        self.completions.closed = True
+        self.completions.fail(StreamClosed(f"RDMA resources for {self.completions.peer} closed"))
+        if self.completions.fd is not None:
+            trio.lowlevel.notify_closing(self.completions.fd)
+        # Queue pair first: nothing may write our buffer once it is unmapped.
+        for obj in (self.qp, self.cq, self.channel):
+            try:
+                obj.close()
+            except Exception as exc:  # closing is best effort; the process keeps going
+                log.debug("closing RDMA resource: %s", exc)
+        self.buffer.close()
+        self.endpoint.close()
+
+
+class RdmaConnection(TcpConnection):
+    """A connection to a daemon with bulk data over RDMA verbs (plain TCP until attached)."""
+
+    def __init__(self, stream: FramedSocket, timeout: float = 10.0) -> None:
+        super().__init__(stream, timeout)
+        self.link: _Link | None = None
+        self._linked = trio.Event()
+        self.staging: Allocator | None = None
+        self._space_freed = trio.Event()
+        # Bytes moved by RDMA READ and RDMA WRITE rather than the socket.
+        self.pulled_bytes = 0
+        self.pushed_bytes = 0
+
+    @property
+    def transport(self) -> str:
+        return "rdma" if self.link is not None else "tcp"
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        nursery: trio.Nursery,
+        *,
+        peer: str = "",
+        timeout: float = 10.0,
+        secret: bytes | None = None,
+        staging_size: int = STAGING_MIN,
+        gid_index: int | None = None,
+        mtu: int | None = None,
+        required: bool = False,
+        quiet: bool = False,
+    ) -> RdmaConnection:
+        """Open the TCP connection, then set up RDMA on it.
+
+        Where RDMA cannot be had (no pyverbs, no device for the route to
+        the daemon, a daemon without RDMA) the connection stays TCP and says
+        why in one log line (at debug level when ``quiet``: RDMA was only
+        tried because it might be there), unless ``required``: then
+        StreamBroken names the reason. A device that is there but misconfigured (GID index, MTU)
+        raises StreamBroken either way.
+        """
+        conn = await cls.open(host, port, nursery, peer=peer, timeout=timeout, secret=secret)
+        try:
+            await conn._attach(staging_size, gid_index, mtu)
+        except RdmaUnavailable as exc:
+            if required:
+                await conn.aclose()
+                raise StreamBroken(f"rdma transport to {conn.stream.peer}: {exc}") from None
+            level = logging.DEBUG if quiet else logging.WARNING
+            log.log(level, "%s: RDMA not used, staying on TCP: %s", conn.stream.peer, exc)
+        except BaseException:
+            await conn.aclose()
+            raise
+        return conn
+
+    async def _attach(self, staging_size: int, gid_index: int | None, mtu: int | None) -> None:
+        peer = self.stream.peer
+        local_ip = self.stream.sock.getsockname()[0]
+        try:
+            gid = find_gid(local_ip, index=gid_index)
+            endpoint = Endpoint(gid, mtu=mtu)
+        except (NoDevice, VerbsUnavailable) as exc:
+            raise RdmaUnavailable(str(exc)) from None
+        except VerbsError as exc:
+            raise StreamBroken(f"rdma transport to {peer}: {exc}") from None
+        try:
+            link = _Link(endpoint, staging_size, peer)
+        except BaseException:
+            endpoint.close()
+            raise
+        try:
+            body = encode_json(
+                {"qp": link.local.to_json(), "mtu": endpoint.mtu, "staging": staging_size}
+            )
+            reply = await super().request(Header(op=Op.RDMA_CONNECT, length=len(body)), [body])
+            if reply.header.status == Status.BAD_OP:
+                raise RdmaUnavailable(reply.data.decode(errors="replace"))
+            if reply.header.status != Status.OK:
+                raise StreamBroken(f"{peer} refused RDMA: {reply.data.decode(errors='replace')}")
+            answer = decode_json(reply.data)
+            if not isinstance(answer, dict) or any(k not in answer for k in RDMA_ANSWER_KEYS):
+                raise ProtocolError(f"{peer}: malformed RDMA_CONNECT answer")
+            remote_qp = QpInfo.from_json(answer["qp"])
+            path_mtu = int(answer["mtu"])
+            if path_mtu not in MTU_BYTES.values() or path_mtu > endpoint.mtu:
+                raise ProtocolError(f"{peer} chose MTU {path_mtu}; this side takes {endpoint.mtu}")
+            link.remote = _Remote.from_answer(answer)
+            if link.remote.staging_size != staging_size:
+                raise ProtocolError(f"{peer} gave a staging area of another size")
+            access = link.e.IBV_ACCESS_LOCAL_WRITE
+            try:
+                endpoint.connect(link.qp, link.local, remote_qp, access, path_mtu)
+            except VerbsError as exc:
+                raise StreamBroken(f"rdma transport to {peer}: {exc}") from None
+            self._activate(link)
+            await self._probe(link, remote_qp, path_mtu)
+        except BaseException:
+            self.link = None
+            self.staging = None
+            link.close()
+            raise
+        log.info(
+            "%s: RDMA via %s (GID %s -> %s, MTU %d)",
+            peer,
+            endpoint.name,
+            gid.gid,
+            remote_qp.gid,
+            path_mtu,
+        )
+
+    def _activate(self, link: _Link) -> None:
+        """Requests use ``link`` from now on; its completions are drained in the background."""
+        self.link = link
+        self.staging = Allocator(link.buffer.view.size, STAGING_ALIGN)
+        self._linked.set()
+
+    async def _probe(self, link: _Link, remote_qp: QpInfo, mtu: int) -> None:
+        """One small RDMA READ: the path works, or an error says why it does not."""
+        assert link.remote is not None
+        try:
+            await link.transfer(
+                link.e.IBV_WR_RDMA_READ,
+                0,
+                link.remote.arena_addr,
+                link.remote.arena_rkey,
+                PROBE_BYTES,
+                min(self.timeout, 5.0),
+            )
+        except (StreamBroken, StreamTimeout) as exc:
+            raise StreamBroken(
+                f"the RDMA path to {self.stream.peer} does not work ({exc}); the daemon is at "
+                f"GID {remote_qp.gid} ({ipv4_of(remote_qp.gid)}), MTU {mtu}: check that this "
+                "host routes to that address over its RDMA device, that both ports use RoCE v2 "
+                "GIDs, and rdma_gid_index / rdma_mtu in the config"
+            ) from None
+
+    def _background(self) -> list[Any]:
+        return [self._completion_loop]
+
+    async def _completion_loop(self) -> None:
+        await self._linked.wait()
+        link = self.link
+        if link is not None and not link.closed:
+            await link.completions.run()
+
+    def _fail(self, exc: BaseException) -> None:
+        super()._fail(exc)
+        if self.link is not None:
+            self.link.completions.fail(
+                exc if isinstance(exc, Exception) else StreamClosed("connection closed")
+            )
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        link, self.link = self.link, None
+        if link is not None:
+            link.close()
+
+    # -- requests -------------------------------------------------------------
+
+    async def _receive(self, header: Header, sink: Sink) -> bool:
+        if header.flags & MAPPED and isinstance(sink, _Located):
+            if header.length != LOCATION.size:
+                raise ProtocolError(f"MAPPED answer of {header.length} bytes")
+            (sink.offset,) = LOCATION.unpack(await self.stream.recv_bytes(LOCATION.size))
+            return True  # RELEASE once the RDMA READ has the bytes
+        if header.flags & MAPPED:
+            raise ProtocolError(
+                f"{self.stream.peer} answered MAPPED to a request that cannot take it"
+            )
+        await sink.receive(self.stream, header)
+        return False
+
+    async def request(
+        self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
+    ) -> Reply:
+        link = self.link
+        if link is None or link.remote is None:
+            return await super().request(header, payload, sink)
+        if header.op == Op.READ and sink is not None:
+            return await self._pull(link, header, sink)
+        if header.op in STAGEABLE and header.length:
+            return await self._push(link, header, payload, sink)
+        return await super().request(header, payload, sink)
+
+    async def _pull(self, link: _Link, header: Header, sink: Sink) -> Reply:
+        located = _Located(sink)
+        reply = await super().request(header, (), located)
+        if located.offset is None:
+            return reply  # answered inline, or refused
+        assert link.remote is not None
+        n = reply.header.size
+        rid = reply.header.request_id
+        if located.offset + n > link.remote.arena_size:
+            self._fail(ProtocolError(f"{self.stream.peer}: MAPPED answer past the arena's end"))
+            raise StreamBroken(f"{self.stream.peer}: MAPPED answer past the arena's end")
+        local = await self._take(n)
+        try:
+            await link.transfer(
+                link.e.IBV_WR_RDMA_READ,
+                local,
+                link.remote.arena_addr + located.offset,
+                link.remote.arena_rkey,
+                n,
+                self.timeout,
+            )
+            self._release(rid)
+            await sink.receive(
+                _LocalRegion(link.buffer.view, local), dataclasses.replace(reply.header, length=n)
+            )
+        except BaseException as exc:
+            self._abandon(exc)
+            raise
+        finally:
+            self._give(local, n)
+        self.pulled_bytes += n
+        return reply
+
+    async def _push(
+        self, link: _Link, header: Header, payload: Sequence[Buffer], sink: Sink | None
+    ) -> Reply:
+        assert link.remote is not None
+        n = header.length
+        local = await self._take(n)
+        try:
+            pos = local
+            for buf in payload:
+                src = np.frombuffer(buf, dtype=np.uint8)
+                np.copyto(link.buffer.view[pos : pos + len(src)], src)
+                pos += len(src)
+            try:
+                await link.transfer(
+                    link.e.IBV_WR_RDMA_WRITE,
+                    local,
+                    link.remote.staging_addr + local,
+                    link.remote.staging_rkey,
+                    n,
+                    self.timeout,
+                )
+            except BaseException as exc:
+                self._abandon(exc)
+                raise
+            staged = dataclasses.replace(
+                header, flags=header.flags | Flag.STAGED, length=LOCATION.size
+            )
+            reply = await super().request(staged, [LOCATION.pack(local)], sink)
+            self.pushed_bytes += n
+            return reply
+        finally:
+            self._give(local, n)
+
+    def _abandon(self, exc: BaseException) -> None:
+        """A transfer failed or was cancelled mid-way: the connection cannot be trusted."""
+        self._fail(
+            exc
+            if isinstance(exc, StreamBroken | StreamClosed)
+            else StreamClosed(f"RDMA transfer with {self.stream.peer} abandoned")
+        )
+
+    async def _take(self, nbytes: int) -> int:
+        """Room for ``nbytes`` in the registered buffer; waits while other requests hold it."""
+        assert self.staging is not None
+        if nbytes > self.staging.capacity:
+            raise StreamBroken(
+                f"{nbytes} bytes do not fit the {self.staging.capacity}-byte RDMA buffer"
+            )
+        while True:
+            if self.broken:
+                raise StreamBroken(f"connection to {self.stream.peer} failed")
+            try:
+                return self.staging.alloc(nbytes)
+            except ArenaFullError:
+                await self._space_freed.wait()
+
+    def _give(self, offset: int, nbytes: int) -> None:
+        # On a broken connection a transfer may still be under way into (or a
+        # staged frame still be applied from) these bytes: never reuse them.
+        if not self.broken and self.staging is not None:
+            self.staging.free(offset, nbytes)
+        self._space_freed.set()
+        self._space_freed = trio.Event()

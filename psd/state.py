@@ -1,0 +1,156 @@
+"""One daemon's state at an instant: what HELLO answers and what the metrics gauges show.
+
+Both read the same record, so ``irdma status`` and a Prometheus scrape
+never disagree on what a daemon holds. Building it walks every local shard
+once (to tell primaries from backups) and every forward queue; it runs on
+the event loop, so it is kept to plain loops over what is in memory.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from irdma import __version__
+from irdma.protocol import PROTOCOL_VERSION
+
+from .replication import Replicator
+from .snapshot import SnapshotHistory, snapshot_history
+
+
+@dataclass(frozen=True, slots=True)
+class PeerState:
+    """Another daemon as this one sees it, and what waits to be forwarded to it."""
+
+    name: str
+    state: str  # "ready", "catching-up" or "down"
+    queued: int  # updates and shard copies not yet acknowledged by the peer
+    queued_bytes: int
+    lag: float  # seconds the oldest of them has waited (0 when none)
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonState:
+    node: str
+    version: str  # the irdma release the daemon runs
+    protocol: int
+    pid: int
+    started: float  # unix time the daemon started
+    ready: bool  # serving clients (caught up, with replicas)
+    quorum: bool  # hears from a majority (always, with one copy per shard)
+    tensors: int
+    shards_primary: int  # local shards this daemon is the acting primary of
+    shards_backup: int  # the other local shards
+    arena_capacity: int
+    arena_used: int
+    snapshots: SnapshotHistory
+    now: float  # unix time the state was read
+    peers: tuple[PeerState, ...]
+
+    @property
+    def snapshot_age(self) -> float:
+        """Seconds of updates not in a snapshot: since the newest one written or loaded,
+        or since the daemon started when it has none."""
+        last = self.snapshots.last
+        since = last.created if last is not None else self.started
+        return max(0.0, self.now - since)
+
+    def hello(self) -> dict:
+        """The state as HELLO's JSON fields (HELLO adds the protocol limits)."""
+        last = self.snapshots.last
+        return {
+            "node": self.node,
+            "version": self.version,
+            "protocol": self.protocol,
+            "pid": self.pid,
+            "started": self.started,
+            "ready": self.ready,
+            "quorum": self.quorum,
+            "tensors": self.tensors,
+            "shards": {"primary": self.shards_primary, "backup": self.shards_backup},
+            "arena_size": self.arena_capacity,
+            "arena_used": self.arena_used,
+            "snapshot": None
+            if last is None
+            else {"created": last.created, "seq": last.seq, "age": self.snapshot_age},
+            "replication": {
+                p.name: {"queued": p.queued, "bytes": p.queued_bytes, "lag": p.lag}
+                for p in self.peers
+            },
+        }
+
+
+class StateReader:
+    """Reads a daemon's state from its replicator (which knows the store and membership)."""
+
+    def __init__(self, replicator: Replicator) -> None:
+        self.replicator = replicator
+        self.started = time.time()
+        self.history = snapshot_history(replicator.node.data_dir)
+
+    def read(self) -> DaemonState:
+        r = self.replicator
+        store, membership = r.store, r.membership
+        primary, backup = self._roles()
+        now_mono = time.monotonic()
+        view = membership.describe()
+        peers = tuple(
+            PeerState(name, view.get(name, "down"), *_queue_figures(r, name, now_mono))
+            for name in (r.peers if membership.replicated else ())
+        )
+        return DaemonState(
+            node=r.node.name,
+            version=__version__,
+            protocol=PROTOCOL_VERSION,
+            pid=os.getpid(),
+            started=self.started,
+            ready=membership.ready,
+            quorum=membership.has_quorum(),
+            tensors=len(store.tensors),
+            shards_primary=primary,
+            shards_backup=backup,
+            arena_capacity=store.arena.capacity,
+            arena_used=store.arena.used,
+            snapshots=self.history,
+            now=time.time(),
+            peers=peers,
+        )
+
+    def _roles(self) -> tuple[int, int]:
+        """(primary, backup) counts of the local shards, by the acting primary of each."""
+        r = self.replicator
+        store, membership, config = r.store, r.membership, r.config
+        total = sum(len(t.shards) for t in store.tensors.values())
+        if not membership.replicated:
+            return total, 0
+        if not membership.ready:
+            return 0, total
+        me = r.node.name
+        now = membership.clock()
+        ready = {n.name: membership.peer_ready(n.name, now) for n in config.nodes}
+        primary = 0
+        for key, tensor in store.tensors.items():
+            for index in tensor.shards:
+                # The acting primary is the first replica in placement order that is ready.
+                for node in config.replicas_for(key, index):
+                    if ready[node.name]:
+                        primary += node.name == me
+                        break
+        return primary, total - primary
+
+
+def _queue_figures(r: Replicator, name: str, now: float) -> tuple[int, int, float]:
+    """(items, bytes, age of the oldest) of what is queued for peer ``name``."""
+    queue = r.peers[name].queue
+    if not queue:
+        return 0, 0, 0.0
+    nbytes = 0
+    for item in queue:
+        if item.commit is not None:
+            nbytes += item.commit.payload.nbytes
+        else:  # a whole shard
+            tensor = r.store.tensors.get(item.key)
+            shard = tensor.shards.get(item.shard) if tensor is not None else None
+            nbytes += shard.nbytes if shard is not None else 0
+    return len(queue), nbytes, max(0.0, now - queue[0].queued)

@@ -1,0 +1,65 @@
+"""Fixtures for the RDMA suite: real daemons serving a real verbs device.
+
+These hosts have no RDMA, so ``test_in_vm.py`` boots a qemu guest with
+soft-RoCE (rxe0 on 198.18.0.1) and runs this suite there; on a host
+without a device each test here is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from irdma.transport.verbs import NoDevice, find_gid
+from irdma.transport.verbs_compat import VerbsUnavailable, load
+
+from ..conftest import Cluster, make_cluster
+
+RDMA_IP = os.environ.get("IRDMA_RDMA_IP", "198.18.0.1")
+SHARD = 1 << 20
+
+
+def rdma_problem() -> str | None:
+    """Why this host cannot run the RDMA suite, or None when it can."""
+    try:
+        load()
+        find_gid(RDMA_IP)
+    except (VerbsUnavailable, NoDevice) as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture(scope="session")
+def rdma_device() -> str:
+    problem = rdma_problem()
+    if problem is not None:
+        pytest.skip(
+            f"needs an RDMA device with a RoCE v2 GID for {RDMA_IP}: {problem} "
+            "(tests/rdma/test_in_vm.py runs these in a soft-RoCE guest)"
+        )
+    return RDMA_IP
+
+
+@pytest.fixture(scope="module")
+def rdma_cluster(rdma_device: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two daemons on the RDMA device's address, clients told to use rdma://."""
+    cluster = make_cluster(
+        tmp_path_factory.mktemp("rdma"),
+        2,
+        arena_size=320 << 20,
+        shard_size=SHARD,
+        timeout=10.0,
+        host=rdma_device,
+        scheme="rdma",
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def fresh(path: Path, rdma_device: str, **kwargs: object) -> Cluster:
+    return make_cluster(path, host=rdma_device, scheme="rdma", **kwargs)  # type: ignore[arg-type]

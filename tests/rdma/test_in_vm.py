@@ -1,0 +1,76 @@
+"""Run the RDMA suite where there is RDMA: in a qemu guest with soft-RoCE.
+
+This host's kernel has no RDMA; ``vm.sh`` boots a Debian guest (built once,
+cached outside the repository) with two rxe devices and this repository
+shared read-only, and the guest runs ``pytest tests/rdma`` against real
+daemons on real verbs. Here the guest's results are read back from its
+JUnit report: every test must have run (none skipped) and passed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from .conftest import rdma_problem
+
+VM_SH = Path(__file__).with_name("vm.sh")
+REPO = Path(__file__).resolve().parents[2]
+GUEST_COMMAND = """\
+exec python3 -m pytest -p no:cacheprovider tests/rdma -ra -v -o timeout=600 \\
+    --junitxml=/results/junit.xml --deselect tests/rdma/test_in_vm.py
+"""
+
+
+def vm_problem() -> str | None:
+    """Why no guest can be booted here, or None."""
+    if rdma_problem() is None:
+        return "this host has an RDMA device itself: the suite ran directly"
+    if not (REPO / ".venv/bin/python").exists() and not os.environ.get("PY"):
+        return "no .venv here (deploy/setup.sh makes it; the guest's packages are pinned to it)"
+    if shutil.which("qemu-system-x86_64") is None and os.geteuid() != 0:
+        return "qemu is not installed, and installing it (tests/rdma/vm.sh) needs root"
+    return None
+
+
+@pytest.mark.timeout(2400)
+def test_rdma_suite_in_a_soft_roce_guest(tmp_path: Path) -> None:
+    problem = vm_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    results = tmp_path / "guest"
+    results.mkdir()
+    (results / "cmd.sh").write_text(GUEST_COMMAND)
+    done = subprocess.run(
+        ["bash", str(VM_SH), "run", str(results)],
+        capture_output=True,
+        text=True,
+        timeout=2300,
+    )
+    log = (
+        (results / "guest.log").read_text(errors="replace")
+        if (results / "guest.log").exists()
+        else ""
+    )
+    # The guest's pytest output, for whoever reads this run's log.
+    print(log[-20_000:])
+    print(done.stderr[-4000:])
+    junit = results / "junit.xml"
+    assert junit.exists(), f"the guest wrote no report (vm.sh exit {done.returncode})"
+    suite = ET.parse(junit).getroot()
+    suite = suite if suite.tag == "testsuite" else suite[0]
+    counts = {k: int(suite.get(k, "0")) for k in ("tests", "failures", "errors", "skipped")}
+    failed = [
+        f"{case.get('classname')}::{case.get('name')}"
+        for case in suite.iter("testcase")
+        if case.find("failure") is not None or case.find("error") is not None
+    ]
+    assert counts["tests"] > 0, counts
+    assert not failed and done.returncode == 0, (counts, failed)
+    # In the guest every test has its device: a skip there is a fault.
+    assert counts["skipped"] == 0, counts

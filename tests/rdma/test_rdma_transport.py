@@ -1,0 +1,314 @@
+"""The rdma transport with real daemons on a real verbs device (soft-RoCE in the guest)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+
+from irdma import Client
+from irdma.client import AsyncClient
+from irdma.errors import IrdmaError
+from irdma.protocol import tensor_key
+from irdma.transport.base import StreamBroken
+from irdma.transport.rdma import RdmaConnection
+
+from ..conftest import Cluster
+from .conftest import SHARD, fresh
+
+pytestmark = pytest.mark.usefixtures("rdma_device")
+
+# (dtype, elements): 4 KiB; three shards and part of a fourth; 64 MiB.
+CASES = [
+    (np.int64, 512),
+    (np.int32, (3 * SHARD + 12_344) // 4),
+    (np.float32, 16 << 20),
+]
+
+
+def connections(client: Client | AsyncClient) -> list[RdmaConnection]:
+    inner = client._client if isinstance(client, Client) else client
+    return list(inner._conns.values())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("dtype", "n"), CASES, ids=["4KiB", "3.01shards", "64MiB"])
+def test_write_read_accumulate(rdma_cluster: Cluster, dtype: type, n: int) -> None:
+    rng = np.random.default_rng(n)
+    x = rng.integers(-1000, 1000, n).astype(dtype)
+    d = rng.integers(-50, 50, n).astype(dtype)
+    name = f"rw/{np.dtype(dtype).name}-{n}"
+    with Client(rdma_cluster.config_path, transport="rdma") as c:
+        c.write(name, x, replace=True)
+        assert np.array_equal(c.read(name), x)
+        c.accumulate(name, d)
+        c.accumulate(name, d, alpha=2.0)
+        want = x + 3 * d
+        assert np.array_equal(c.read(name), want)
+        if x.nbytes > SHARD + 4096:
+            # A range across a shard boundary, written then read.
+            patch = rng.integers(0, 256, 8192, dtype=np.uint8)
+            c.write_bytes(name, SHARD - 4096, patch)
+            want.view(np.uint8)[SHARD - 4096 : SHARD + 4096] = patch
+            got = np.frombuffer(c.read_bytes(name, SHARD - 5000, 10_000), dtype=np.uint8)
+            assert np.array_equal(got, want.view(np.uint8)[SHARD - 5000 : SHARD + 5000])
+            # Random bytes may spell NaNs in a float tensor: compare bytes.
+            assert np.array_equal(c.read(name).view(np.uint8), want.view(np.uint8))
+        conns = connections(c)
+        assert conns and {k.transport for k in conns} == {"rdma"}
+        # Every byte went by RDMA READ and WRITE, not through the socket.
+        assert sum(k.pulled_bytes for k in conns) >= 2 * x.nbytes
+        assert sum(k.pushed_bytes for k in conns) >= 3 * x.nbytes
+
+
+WORKER = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from irdma import Client
+    config, name, n, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    with Client(config, transport="rdma") as c:
+        one = np.ones(n, dtype=np.int64)
+        for _ in range(rounds):
+            c.accumulate(name, one)
+    """
+)
+
+
+def test_concurrent_clients_sum_exactly(rdma_cluster: Cluster) -> None:
+    n = (2 * SHARD + 4096) // 8  # spans three shards on both daemons
+    rounds, workers = 25, 4
+    with Client(rdma_cluster.config_path, transport="rdma") as c:
+        c.write("sum/t", np.zeros(n, dtype=np.int64), replace=True)
+        sizes = [str(n), str(rounds)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", WORKER, str(rdma_cluster.config_path), "sum/t", *sizes]
+            )
+            for _ in range(workers)
+        ]
+        try:
+            codes = [p.wait(timeout=240) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+        assert codes == [0] * workers
+        assert np.array_equal(c.read("sum/t"), np.full(n, workers * rounds, dtype=np.int64))
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from irdma import Client
+    config, shards, size, writes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    per = size // 4
+    with Client(config, transport="rdma") as c:
+        for k in range(1, writes + 1):
+            c.write("torn/t", np.repeat(np.arange(shards, dtype=np.int32) * 0 + k, per))
+    """
+)
+
+
+def test_readers_never_see_a_torn_shard(rdma_cluster: Cluster) -> None:
+    """A writer rewrites every shard with one value after another; each pulled shard is uniform."""
+    shards = 4
+    with Client(rdma_cluster.config_path, transport="rdma") as c:
+        c.write("torn/t", np.zeros(shards * SHARD // 4, dtype=np.int32), replace=True)
+        sizes = [str(shards), str(SHARD), "60"]
+        writer = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(rdma_cluster.config_path), *sizes]
+        )
+        seen: set[int] = set()
+        reads = 0
+        try:
+            deadline = time.monotonic() + 240
+            while writer.poll() is None and time.monotonic() < deadline:
+                got = c.read("torn/t").reshape(shards, -1)
+                reads += 1
+                for row in got:
+                    assert (row == row[0]).all(), f"torn shard: values {np.unique(row)[:5]}"
+                    seen.add(int(row[0]))
+            assert writer.wait(timeout=30) == 0
+        finally:
+            writer.kill()
+        assert reads > 0 and len(seen) >= 2, (reads, seen)
+
+
+def test_a_killed_daemon_gives_an_error_not_a_hang(rdma_device: str, tmp_path: Path) -> None:
+    cluster = fresh(tmp_path, rdma_device, nodes=1, arena_size=256 << 20, shard_size=SHARD)
+    try:
+        reader = textwrap.dedent(
+            """
+            import sys
+            import numpy as np
+            from irdma import Client
+            from irdma.errors import IrdmaError
+from irdma.protocol import tensor_key
+            with Client(sys.argv[1], transport="rdma", timeout=3.0) as c:
+                c.write("big", np.ones(16 << 20, dtype=np.float32))
+                print("READY", flush=True)
+                try:
+                    while True:
+                        c.read("big")
+                except IrdmaError as exc:
+                    print("ERROR", type(exc).__name__, exc, flush=True)
+            """
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-c", reader, str(cluster.config_path)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "READY"
+            time.sleep(0.5)  # reads of 64 MiB are under way
+            os.kill(cluster.pid("n1"), signal.SIGKILL)
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        assert proc.returncode == 0
+        assert out.startswith("ERROR"), out
+    finally:
+        cluster.close()
+
+
+async def test_forged_stale_and_out_of_range_keys_are_refused(rdma_cluster: Cluster) -> None:
+    """Keys or addresses the daemon did not give this connection change and reveal nothing."""
+    victim = np.arange(SHARD // 8, dtype=np.int64)
+    async with AsyncClient(rdma_cluster.config_path, transport="rdma") as c:
+        await c.write("keys/victim", victim, replace=True)
+        node = c.config.primary_for(tensor_key("keys/victim"), 0)
+
+        async def link():  # type: ignore[no-untyped-def]
+            conn = await c._connection(node)
+            assert isinstance(conn, RdmaConnection) and conn.link is not None
+            return conn, conn.link
+
+        # Where the victim's shard sits in the daemon's arena, seen on a real pull.
+        conn, lk = await link()
+        seen: list[int] = []
+        real = lk.transfer
+
+        async def record(opcode, local, remote_addr, rkey, nbytes, timeout):  # type: ignore[no-untyped-def]
+            seen.append(remote_addr)
+            await real(opcode, local, remote_addr, rkey, nbytes, timeout)
+
+        lk.transfer = record  # type: ignore[method-assign]
+        assert np.array_equal(await c.read("keys/victim"), victim)
+        lk.transfer = real  # type: ignore[method-assign]
+        where = seen[-1]
+        stale = lk.remote
+        assert stale is not None
+        e = lk.e
+        attempts = [
+            ("forged arena key", e.IBV_WR_RDMA_READ, stale.arena_addr, stale.arena_rkey ^ 0x5A5A),
+            ("past the arena", e.IBV_WR_RDMA_READ, stale.arena_addr + stale.arena_size, None),
+            ("write with the read-only arena key", e.IBV_WR_RDMA_WRITE, where, None),
+            (
+                "past the staging area",
+                e.IBV_WR_RDMA_WRITE,
+                stale.staging_addr + stale.staging_size,
+                "staging",
+            ),
+            ("a closed connection's staging key", e.IBV_WR_RDMA_WRITE, stale.staging_addr, "old"),
+        ]
+        lk.buffer.view[:4096] = 0xEE
+        for what, opcode, addr, key in attempts:
+            conn, lk = await link()
+            assert lk.remote is not None
+            rkey = {
+                None: lk.remote.arena_rkey,
+                "staging": lk.remote.staging_rkey,
+                "old": stale.staging_rkey,
+            }.get(key, key)  # type: ignore[call-overload]
+            if key == "old":
+                assert lk.remote.staging_rkey != stale.staging_rkey
+            with trio.fail_after(30), pytest.raises(StreamBroken, match="failed"):
+                await lk.transfer(opcode, 0, addr, rkey, 4096, 10.0)
+                pytest.fail(f"{what}: the daemon let it through")
+            assert conn.broken, what
+            # The daemon still serves, and the victim is as it was.
+            assert np.array_equal(await c.read("keys/victim"), victim), what
+
+
+def run_psd(cluster_dir: Path, config_text: str, *wrapper: str) -> subprocess.CompletedProcess:
+    config = cluster_dir / "cluster.toml"
+    config.write_text(config_text)
+    return subprocess.run(
+        [*wrapper, sys.executable, "-m", "irdma_psd.main", "--config", str(config), "--node", "n1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def one_node(tmp_path: Path, ip: str, top: str = "", arena: str = "64MiB") -> str:
+    return (
+        f"{top}[[nodes]]\nname = 'n1'\naddress = 'rdma://{ip}:7499'\n"
+        f"data_dir = '{tmp_path / 'n1'}'\narena_size = '{arena}'\n"
+    )
+
+
+def test_memlock_too_small_names_the_fix(rdma_device: str, tmp_path: Path) -> None:
+    # Without CAP_IPC_LOCK the memlock limit applies, as for a service user.
+    done = run_psd(
+        tmp_path,
+        one_node(tmp_path, rdma_device),
+        "prlimit",
+        "--memlock=65536:65536",
+        "setpriv",
+        "--bounding-set=-ipc_lock",
+        "--inh-caps=-ipc_lock",
+    )
+    assert done.returncode == 1, done.stderr
+    assert "RLIMIT_MEMLOCK" in done.stderr and "LimitMEMLOCK=infinity" in done.stderr
+    assert "ulimit -l unlimited" in done.stderr
+
+
+def test_wrong_gid_index_says_so(rdma_device: str, tmp_path: Path) -> None:
+    done = run_psd(tmp_path, one_node(tmp_path, rdma_device, "rdma_gid_index = 0\n"))
+    assert done.returncode == 1, done.stderr
+    assert "rdma_gid_index 0" in done.stderr and "not the RoCE v2 GID of" in done.stderr
+
+
+def test_mtu_larger_than_the_port_says_so(rdma_device: str, tmp_path: Path) -> None:
+    # rxe1 sits on a netdev with MTU 1500: its active MTU is 1024.
+    small = os.environ.get("IRDMA_RDMA_SMALL_MTU_IP", "198.18.1.1")
+    done = run_psd(tmp_path, one_node(tmp_path, small, "rdma_mtu = 4096\n"))
+    assert done.returncode == 1, done.stderr
+    assert "rdma_mtu 4096 is larger than the active MTU 1024" in done.stderr
+
+
+def test_small_mtu_device_still_serves(rdma_device: str, tmp_path: Path) -> None:
+    """Without rdma_mtu, both sides use the port's active MTU (1024 on rxe1)."""
+    small = os.environ.get("IRDMA_RDMA_SMALL_MTU_IP", "198.18.1.1")
+    cluster = fresh(tmp_path, small, nodes=1, arena_size=64 << 20, shard_size=SHARD)
+    try:
+        x = np.arange(3 * SHARD // 4, dtype=np.float32)
+        with Client(cluster.config_path, transport="rdma") as c:
+            c.write("m", x)
+            assert np.array_equal(c.read("m"), x)
+            assert {k.transport for k in connections(c)} == {"rdma"}
+        assert "MTU 1024" in cluster.log("n1")
+    finally:
+        cluster.close()
+
+
+def test_shm_address_clients_still_use_rdma_when_forced(rdma_cluster: Cluster) -> None:
+    """IRDMA_TRANSPORT=rdma wins over same-host shared memory."""
+    x = np.arange(1000, dtype=np.float64)
+    with Client(rdma_cluster.config_path, transport="rdma") as c:
+        c.write("forced/x", x, replace=True)
+        assert np.array_equal(c.read("forced/x"), x)
+        assert {k.transport for k in connections(c)} == {"rdma"}
+    with pytest.raises(IrdmaError):
+        Client(rdma_cluster.config_path, transport="carrier-pigeon")
