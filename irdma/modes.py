@@ -40,6 +40,14 @@ DEFAULT_WORKER_TIMEOUT = 60.0
 _KEYS = ("mode", "workers", "slack", "groups", "worker_timeout", "on_timeout", "apply")
 
 
+def _finite(x: float) -> bool:
+    """math.isfinite, but False (not OverflowError) for an int too large for a float."""
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class Mode:
     """A tensor's training mode; validated on construction (ValueError names the problem)."""
@@ -80,7 +88,7 @@ class Mode:
         if (
             not isinstance(timeout, int | float)
             or isinstance(timeout, bool)
-            or not math.isfinite(timeout)
+            or not _finite(timeout)
             or timeout <= 0
         ):
             raise ValueError(f"worker_timeout must be a positive number of seconds: {timeout!r}")

@@ -487,7 +487,21 @@ class Store:
     def install_shard(
         self, meta: TensorMeta, index: int, version: int, data: np.ndarray, txns: dict[int, int]
     ) -> Shard:
-        """Replace this copy of a shard with the primary's (creating the tensor if needed)."""
+        """Replace this copy of a shard with the primary's (creating the tensor if needed).
+
+        Everything is checked before the tensor is (re)created: a refused
+        copy changes nothing.
+        """
+        if not (0 <= index < meta.num_shards and self.owns(meta.key, index)):
+            raise StoreError(
+                Status.NOT_OWNER, f"shard {index} of {meta.name!r} is not placed on this daemon"
+            )
+        if data.nbytes != meta.shard_span(index)[1]:
+            raise StoreError(
+                Status.BAD_ARGUMENT,
+                f"shard {index} of {meta.name!r} is {meta.shard_span(index)[1]} bytes, "
+                f"got {data.nbytes}",
+            )
         tensor = self.tensors.get(meta.key)
         if tensor is None or not tensor.meta.same_layout(meta) or tensor.meta.name != meta.name:
             tensor, _ = self.create(meta, replace=True)
