@@ -465,15 +465,11 @@ class RdmaConnection(TcpConnection):
     def _fail(self, exc: BaseException) -> None:
         super()._fail(exc)
         if self.link is not None:
-            self.link.completions.fail(
-                exc if isinstance(exc, Exception) else StreamClosed("connection closed")
-            )
+            # Destroyed now, not whenever the garbage collector gets to them:
+            # pyverbs objects freed in the wrong order (at exit, say) crash.
+            # Every later use of the link checks ``closed`` first.
+            self.link.close()
 
-    async def aclose(self) -> None:
-        await super().aclose()
-        link, self.link = self.link, None
-        if link is not None:
-            link.close()
 
     # -- requests -------------------------------------------------------------
 

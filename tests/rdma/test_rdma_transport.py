@@ -151,7 +151,6 @@ def test_a_killed_daemon_gives_an_error_not_a_hang(rdma_device: str, tmp_path: P
             import numpy as np
             from irdma import Client
             from irdma.errors import IrdmaError
-from irdma.protocol import tensor_key
             with Client(sys.argv[1], transport="rdma", timeout=3.0) as c:
                 c.write("big", np.ones(16 << 20, dtype=np.float32))
                 print("READY", flush=True)
