@@ -470,7 +470,6 @@ class RdmaConnection(TcpConnection):
             # Every later use of the link checks ``closed`` first.
             self.link.close()
 
-
     # -- requests -------------------------------------------------------------
 
     async def _receive(self, header: Header, sink: Sink) -> bool:
