@@ -4,6 +4,7 @@
 #   - a virtualenv at $VENV (default /opt/irdma/.venv) with irdma and its FUSE
 #     extra installed (not editable: the clone may go away afterwards), so the
 #     executables are /opt/irdma/.venv/bin/psd and /opt/irdma/.venv/bin/irdma;
+#     it sees the system's site directories, for the distribution's pyverbs;
 #   - psd@.service and irdma-mount.service in /etc/systemd/system, pointed at
 #     that venv;
 #   - the irdma system user and group (/etc/sysusers.d/irdma.conf);
@@ -24,8 +25,16 @@ UNIT_DIR=/etc/systemd/system
 
 if [ -z "$DESTDIR" ]; then
     deploy/apt-install.sh python3 python3-venv python3-dev gcc pkg-config fuse3 libfuse3-dev systemd
+    # --system-site-packages: the RDMA transport's pyverbs must match the
+    # host's rdma-core, so it comes from the distribution (apt-get install
+    # python3-pyverbs), never from PyPI; a venv without the system's site
+    # directories could not import it and rdma:// daemons would serve TCP only.
+    # irdma's own dependencies are still installed into the venv by pip.
     if [ ! -x "$VENV/bin/python" ]; then
-        python3 -m venv "$VENV"
+        python3 -m venv --system-site-packages "$VENV"
+    else  # a venv made by an earlier install.sh
+        sed -i 's/^include-system-site-packages = false$/include-system-site-packages = true/' \
+            "$VENV/pyvenv.cfg"
     fi
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade '.[fuse]'
 fi

@@ -6,7 +6,7 @@ exist here, so they are verified as deploy/install.sh stages them with
 DESTDIR= and VENV= this test run's venv, which holds the same psd and irdma
 executables: what is verified is exactly what the script would install, with
 only the venv path changed. Running the units under a real systemd (PID 1)
-is done in a VM, not here.
+is done in a VM: tests/systemd/test_units_in_vm.py.
 """
 
 from __future__ import annotations

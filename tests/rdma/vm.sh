@@ -16,8 +16,16 @@
 # 198.18.0.1, MTU 9000; rxe1 on 198.18.1.1, MTU 1500) and runs cmd.sh. The
 # output goes to /results/guest.log and the exit code to /results/rc; this
 # script exits with that code, or 90+ when the VM itself failed.
+#
+# Two ways to boot the same image (GUEST_INIT): "minimal" (the default), a
+# tiny shell script as PID 1 that runs guest.sh and powers off; or "systemd",
+# systemd as PID 1 (for tests/systemd: the units of deploy/ for real), where
+# the enabled oneshot irdma-vm-test.service runs guest.sh once the system is
+# up and powers off when it ends.
 # Env: IRDMA_VM_CACHE (default /var/cache/irdma/rdma-vm), MTU (9000),
-#      MEM (3072), SMP (2), QEMU_TIMEOUT (1500 s).
+#      MEM (3072), SMP (2), QEMU_TIMEOUT (1500 s), GUEST_INIT (minimal),
+#      VM_WAIT (0 s: how long to wait for another qemu guest on this host to
+#      finish before booting; two TCG guests on a small host starve each other).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -26,11 +34,12 @@ MTU=${MTU:-9000}; MEM=${MEM:-3072}; SMP=${SMP:-2}; QEMU_TIMEOUT=${QEMU_TIMEOUT:-
 log() { echo "[vm.sh $(date +%T)] $*" >&2; }
 
 # What the image holds; the cache key is derived from these lines.
-IMAGE_VERSION=3
-GUEST_DEBS=linux-image-amd64,initramfs-tools,kmod,udev,iproute2,procps,util-linux,rdma-core,ibverbs-providers,ibverbs-utils,rdmacm-utils,perftest,python3,python3-pyverbs
+IMAGE_VERSION=5
+# systemd, systemd-sysv: PID 1 for GUEST_INIT=systemd; fuse3: irdma-mount.service.
+GUEST_DEBS=linux-image-amd64,initramfs-tools,kmod,udev,iproute2,procps,util-linux,rdma-core,ibverbs-providers,ibverbs-utils,rdmacm-utils,perftest,python3,python3-pyverbs,systemd,systemd-sysv,fuse3,libfuse3-3
 PY=${PY:-$REPO/.venv/bin/python}
 [ -x "$PY" ] || { log "no $PY: run deploy/setup.sh first"; exit 94; }
-pins() {  # irdma's dependencies and the test tools, at the host .venv's versions
+pins() {  # irdma's dependencies, its FUSE extra and the test tools, at the host .venv's versions
   "$PY" - <<'PYEOF'
 from importlib.metadata import PackageNotFoundError, distribution
 from packaging.requirements import Requirement
@@ -38,7 +47,7 @@ from packaging.utils import canonicalize_name
 
 todo = [Requirement(r) for r in distribution("irdma").requires or []]
 todo = [r for r in todo if not r.marker or r.marker.evaluate({"extra": ""})]
-todo += [Requirement(n) for n in ("pytest", "pytest-trio", "pytest-timeout", "hypothesis")]
+todo += [Requirement(n) for n in ("pyfuse3", "pytest", "pytest-trio", "pytest-timeout", "hypothesis")]
 seen = {}
 while todo:
     req = todo.pop()
@@ -122,6 +131,61 @@ echo o > /proc/sysrq-trigger
 sleep 10
 INIT
   chmod +x "$ROOT/sbin/irdma-vm-init"
+  install_systemd_test_unit
+}
+
+install_systemd_test_unit() {
+  # GUEST_INIT=systemd: the same job as irdma-vm-init, as a unit started once
+  # the system is up. SuccessAction/FailureAction power off without stopping
+  # the other units one by one (a daemon left running would write its final
+  # snapshot first).
+  cat > "$ROOT/sbin/irdma-vm-systemd-run" <<'RUN'
+#!/bin/sh
+# ExecStart of irdma-vm-test.service: mount the shares, run /src/tests/rdma/guest.sh.
+o=trans=virtio,version=9p2000.L,msize=524288
+if mount -t 9p -o $o,ro src /src && mount -t 9p -o $o results /results; then
+  sh /src/tests/rdma/guest.sh > /results/guest.log 2>&1
+  rc=$?
+else
+  rc=97
+fi
+echo "$rc" > /results/rc
+sync; umount /results
+echo "IRDMA_VM_DONE rc=$rc"
+RUN
+  chmod +x "$ROOT/sbin/irdma-vm-systemd-run"
+  local S=$ROOT/etc/systemd/system
+  cat > "$S/irdma-vm-test.service" <<'UNIT'
+[Unit]
+Description=irdma VM test: /src/tests/rdma/guest.sh, then power off
+After=basic.target systemd-udevd.service
+SuccessAction=poweroff-force
+FailureAction=poweroff-force
+
+[Service]
+Type=oneshot
+ExecStart=/sbin/irdma-vm-systemd-run
+Environment=HOME=/root PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+TimeoutStartSec=infinity
+StandardOutput=journal+console
+StandardError=journal+console
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+  mkdir -p "$S/multi-user.target.wants"
+  ln -sf ../irdma-vm-test.service "$S/multi-user.target.wants/irdma-vm-test.service"
+  # Nothing logs in; no D-Bus (systemctl reaches PID 1 on its private socket),
+  # so no logind; no periodic jobs. Each would cost seconds under TCG.
+  local u
+  for u in getty@.service serial-getty@.service getty-static.service systemd-logind.service apt-daily.timer \
+           apt-daily-upgrade.timer e2scrub_all.timer e2scrub_reap.service fstrim.timer \
+           systemd-firstboot.service; do
+    ln -sf /dev/null "$S/$u"
+  done
+  echo irdma-vm > "$ROOT/etc/hostname"
+  # A fixed machine id: not a first boot (no systemd-firstboot prompts).
+  echo 3f9a1c5e7b2d4f6081a3c5e7092b4d6f > "$ROOT/etc/machine-id"
 }
 
 build_initramfs() {  # static busybox and the modules for virtio, ext4 and 9p
@@ -141,8 +205,11 @@ mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 for m in $(cat /modules.order); do insmod /lib/modules/$m 2>/dev/null; done
 i=0; while [ ! -b /dev/vda ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
 mount -t ext4 /dev/vda /newroot || { echo "IRDMA_VM_DONE rc=98 (root mount)"; echo o > /proc/sysrq-trigger; }
+# irdma.init=systemd on the kernel command line: systemd as PID 1.
+INIT=/sbin/irdma-vm-init
+for a in $(cat /proc/cmdline); do [ "$a" = irdma.init=systemd ] && INIT=/lib/systemd/systemd; done
 mount --move /dev /newroot/dev; umount /proc /sys
-exec switch_root /newroot /sbin/irdma-vm-init
+exec switch_root /newroot $INIT
 INIT
   chmod +x "$T/init"
   (cd "$T" && find . | cpio -o -H newc --quiet | gzip -1) > "$D/initramfs.cpio.gz"
@@ -169,17 +236,36 @@ build() {
   log "guest image built in $((SECONDS - t0)) s: $D"
 }
 
+wait_for_other_guests() {
+  local waited=0 limit=${VM_WAIT:-0}
+  while pgrep -f qemu-system-x86_64 >/dev/null; do
+    if [ "$waited" -ge "$limit" ]; then
+      [ "$limit" -gt 0 ] && log "another qemu guest still runs after ${limit} s; booting anyway"
+      return 0
+    fi
+    [ "$waited" -eq 0 ] && log "another qemu guest runs here (pid $(pgrep -f qemu-system-x86_64 | head -1)); waiting up to ${limit} s"
+    sleep 20; waited=$((waited + 20))
+  done
+}
+
 run_vm() {
   local results=$1
   [ -f "$results/cmd.sh" ] || { log "missing $results/cmd.sh"; exit 92; }
   local K; K=$(ls "$ROOT/boot" | grep '^vmlinuz-' | head -1)
   rm -f "$results/rc" "$results/guest.log"
-  log "booting the guest (qemu TCG, ${SMP} vCPUs, ${MEM} MiB, MTU $MTU)"
+  local append="console=ttyS0 panic=-1 quiet irdma.mtu=$MTU"
+  case ${GUEST_INIT:-minimal} in
+    minimal) ;;
+    systemd) append="$append irdma.init=systemd systemd.show_status=1" ;;
+    *) log "GUEST_INIT=$GUEST_INIT: minimal or systemd"; exit 2 ;;
+  esac
+  wait_for_other_guests
+  log "booting the guest (qemu TCG, ${SMP} vCPUs, ${MEM} MiB, MTU $MTU, init ${GUEST_INIT:-minimal})"
   local t0=$SECONDS
   timeout "$QEMU_TIMEOUT" qemu-system-x86_64 -machine q35,accel=tcg -cpu max \
     -smp "$SMP" -m "$MEM" -nographic -no-reboot -monitor none -nic none \
     -kernel "$ROOT/boot/$K" -initrd "$D/initramfs.cpio.gz" \
-    -append "console=ttyS0 panic=-1 quiet irdma.mtu=$MTU" \
+    -append "$append" \
     -drive "file=$D/rootfs.ext4,if=virtio,format=raw,snapshot=on" \
     -virtfs "local,path=$REPO,mount_tag=src,security_model=none,readonly=on,id=src" \
     -virtfs "local,path=$results,mount_tag=results,security_model=none,id=results" \
