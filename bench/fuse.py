@@ -5,7 +5,10 @@ Starts ``irdma local`` and ``irdma mount`` (default, page-cache mode) and
 measures, in interleaved rounds: the client's read and write; ``np.save`` and
 ``np.load`` through the mount; ``dd`` with 4 MiB blocks in and out of the
 mount; and a re-read of an unchanged file (served by the page cache) against
-a plain memory copy. Prints medians and ratios. Run as root (FUSE).
+a plain memory copy. The same steps also run against ``fuse_ceiling.py``
+(pyfuse3 serving one file from memory, with the same options): what any
+pyfuse3 filesystem can reach here. Prints medians and ratios against the
+client and against that ceiling. Run as root (FUSE).
 
     python bench/fuse.py [--size 256MiB] [--rounds 5] [--json]
 """
@@ -68,6 +71,21 @@ def mount(config: Path, where: Path) -> subprocess.Popen:
     return proc
 
 
+def mount_ceiling(where: Path, capacity: int) -> subprocess.Popen:
+    script = Path(__file__).with_name("fuse_ceiling.py")
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(where), "--capacity", str(capacity)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while not where.is_mount():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("the pyfuse3 ceiling mount did not come up")
+        time.sleep(0.05)
+    return proc
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="256MiB")
@@ -82,6 +100,9 @@ def main() -> int:
     mnt = tmp / "mnt"
     mnt.mkdir()
     fuse = mount(config, mnt)
+    ceil = tmp / "ceiling"
+    ceil.mkdir()
+    ceiling = mount_ceiling(ceil, 2 * size + (1 << 20))
     res: dict[str, list[float]] = {
         k: []
         for k in (
@@ -93,6 +114,10 @@ def main() -> int:
             "dd_read",
             "page_cache_reread",
             "memory_copy",
+            "ceiling_np_save",
+            "ceiling_np_load",
+            "ceiling_dd_write",
+            "ceiling_dd_read",
         )
     }
     try:
@@ -124,12 +149,18 @@ def main() -> int:
             np.save(mnt / "bench" / "g.npy", arrays[(r + 1) % 2])  # new version: cold cache
             res["dd_read"].append(dd(mnt / "bench" / "g.npy", Path("/dev/null")))
             res["page_cache_reread"].append(dd(mnt / "bench" / "g.npy", Path("/dev/null")))
+            # The same on the pyfuse3 ceiling (keep_cache off: every open is cold).
+            res["ceiling_np_save"].append(timed(lambda a=a: np.save(ceil / "data", a)))
+            res["ceiling_np_load"].append(timed(lambda: np.load(ceil / "data")))
+            res["ceiling_dd_write"].append(dd(local_npy, ceil / "data"))
+            res["ceiling_dd_read"].append(dd(ceil / "data", Path("/dev/null")))
             dst = np.empty_like(a)
             dst[:] = 0
             res["memory_copy"].append(timed(lambda a=a, dst=dst: np.copyto(dst, a)))
     finally:
-        fuse.send_signal(signal.SIGTERM)
-        fuse.wait(30)
+        for proc in (fuse, ceiling):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
         local.send_signal(signal.SIGTERM)
         local.wait(30)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -142,6 +173,14 @@ def main() -> int:
         "np_save/client_write": gbps["np_save"] / gbps["client_write"],
         "dd_write/client_write": gbps["dd_write"] / gbps["client_write"],
         "page_cache_reread/memory_copy": gbps["page_cache_reread"] / gbps["memory_copy"],
+        # What the mount reaches of what pyfuse3 can give at all on this machine.
+        "np_load/ceiling_np_load": gbps["np_load"] / gbps["ceiling_np_load"],
+        "dd_read/ceiling_dd_read": gbps["dd_read"] / gbps["ceiling_dd_read"],
+        "np_save/ceiling_np_save": gbps["np_save"] / gbps["ceiling_np_save"],
+        "dd_write/ceiling_dd_write": gbps["dd_write"] / gbps["ceiling_dd_write"],
+        # The most the target ratio could be, were the mount as fast as pyfuse3 itself.
+        "ceiling_dd_read/client_read": gbps["ceiling_dd_read"] / gbps["client_read"],
+        "ceiling_dd_write/client_write": gbps["ceiling_dd_write"] / gbps["client_write"],
     }
     if args.json:
         print(
