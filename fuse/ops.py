@@ -92,6 +92,10 @@ def fuse_errors(fn: F) -> F:
             elif code == errno.EINVAL:
                 log.warning("%s: refused: %s", fn.__name__, exc)
             raise pyfuse3.FUSEError(code) from exc
+        except Exception as exc:
+            # A fault of ours must cost this call, not the whole mount.
+            log.exception("%s: internal error, answered EIO: %s", fn.__name__, exc)
+            raise pyfuse3.FUSEError(errno.EIO) from exc
 
     return wrapper  # type: ignore[return-value]
 

@@ -488,10 +488,25 @@ class AsyncClient:
                     with contextlib.suppress(Exception):
                         await self._request(node, Header(op=Op.DELETE, key=meta.key))
             raise
+        if replace and created_on:
+            # A redefinition with fewer shards (or another shard size) leaves
+            # the old tensor on daemons that hold none of the new shards.
+            await self._drop_elsewhere(meta.key, nodes)
         self._meta[name] = meta
-        for index in range(meta.num_shards):
-            self._seen.pop((meta.key, index), None)
+        # Versions start again with a new layout: what this client saw of
+        # the old one says nothing about the new.
+        self._seen = {k: v for k, v in self._seen.items() if k[0] != meta.key}
         return self._info_from([r for r in results if r], meta)
+
+    async def _drop_elsewhere(self, key: int, holders: Sequence[Node]) -> None:
+        """Delete tensor ``key`` on every daemon not in ``holders`` (best effort)."""
+
+        async def drop_on(node: Node) -> None:
+            with contextlib.suppress(TensorNotFound, DaemonUnavailable):
+                await self._request(node, Header(op=Op.DELETE, key=key))
+
+        keep = {n.name for n in holders}
+        await self._gather(partial(drop_on, n) for n in self.config.nodes if n.name not in keep)
 
     def _info_from(
         self, records: list[dict[str, Any]], meta: TensorMeta | None = None

@@ -313,8 +313,20 @@ class Server:
                 f"{self.node.name} is not the primary of shard {shard} (primary: {where})",
             )
 
-    def _check_fresh(self, version: int, have: int, index: int) -> None:
-        if version > have:
+    def _behind(self, key: int, index: int, seen: int, have: int) -> bool:
+        """True when this copy lacks an update the client saw acknowledged.
+
+        The shard's acting primary is never behind: it applied every
+        acknowledged update, so a client that saw more saw an older tensor
+        of the same name (recreated since), and follows this one.
+        """
+        if seen <= have:
+            return False
+        primary = self.membership.acting_primary(key, index)
+        return primary is None or primary.name != self.node.name
+
+    def _check_fresh(self, key: int, version: int, have: int, index: int) -> None:
+        if self._behind(key, index, version, have):
             raise StoreError(
                 Status.BEHIND,
                 f"{self.node.name} has shard {index} at version {have}, the client saw "
@@ -476,7 +488,7 @@ class Server:
         shard, view = self.store.read_view(
             header.key, header.shard, header.offset, header.size, header.layout, header.dtype
         )
-        self._check_fresh(header.version, shard.version, shard.index)
+        self._check_fresh(header.key, header.version, shard.version, shard.index)
         block = self.store.pin(shard.block)
         if (
             conn.memory is not None
@@ -659,7 +671,7 @@ class Server:
                 except StoreError as exc:
                     answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=exc.status))
                     continue
-                if e.version > shard.version:  # the client saw a newer one acknowledged
+                if self._behind(e.key, e.shard, e.version, shard.version):
                     answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=Status.BEHIND))
                     continue
                 total += e.length

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -11,9 +12,9 @@ import trio
 
 import irdma
 from irdma import AsyncClient, Client
-from irdma.protocol import tensor_key
+from irdma.protocol import HEADER_SIZE, Header, Op, Status, decode_json, tensor_key, unpack_header
 
-from .conftest import Cluster, make_cluster
+from .conftest import Cluster, make_cluster, recv_exactly
 
 DTYPES = [
     np.bool_,
@@ -335,3 +336,57 @@ def test_client_without_config_uses_env(cluster: Cluster, monkeypatch) -> None:
         assert c.read("env/x").sum() == 3
     with pytest.raises(irdma.ClientClosed):
         c.read("env/x")
+
+
+def raw_list(cluster: Cluster, name: str, prefix: str) -> list[dict]:
+    """What one daemon holds under ``prefix`` (LIST over a raw socket)."""
+    node = cluster.config.node(name)
+    body = prefix.encode()
+    with socket.create_connection((node.address.host, node.address.port), 5.0) as s:
+        s.sendall(Header(op=Op.LIST, length=len(body)).pack() + body)
+        header = unpack_header(recv_exactly(s, HEADER_SIZE))
+        assert header.status == Status.OK
+        return decode_json(recv_exactly(s, header.length))
+
+
+@pytest.fixture(scope="module")
+def two_copies(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    cluster = make_cluster(tmp_path_factory.mktemp("two-copies"), 3, replicas=2)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.mark.parametrize("how", ["delete", "replace"])
+def test_a_tensor_recreated_by_another_client_reads_at_once(two_copies: Cluster, how: str) -> None:
+    """Versions start again when another process recreates a tensor: readers follow the primary."""
+    shard = 64 << 10
+    x = np.arange(4 * shard // 8, dtype=np.float64)
+    with Client(two_copies.config_path, timeout=3.0) as a, Client(two_copies.config_path) as b:
+        a.write(f"again/{how}", x, replace=True)
+        for _ in range(4):  # a sees versions well above what a new tensor starts at
+            a.accumulate(f"again/{how}", np.ones_like(x))
+        assert np.array_equal(a.read(f"again/{how}"), x + 4)
+        y = x[::-1].copy()
+        if how == "delete":
+            b.delete(f"again/{how}")
+            b.write(f"again/{how}", y)
+        else:  # redefined: another dtype
+            y = y.astype(np.float32)
+            b.write(f"again/{how}", y, replace=True)
+        # Answered by the primary, not refused by every copy as behind.
+        assert np.array_equal(a.read(f"again/{how}"), y)
+
+
+def test_replacing_with_fewer_shards_leaves_no_old_copy(two_copies: Cluster) -> None:
+    shard = 64 << 10
+    with Client(two_copies.config_path) as c:
+        c.write("shrink/t", np.ones(12 * shard // 4, dtype=np.float32))  # 12 shards: every daemon
+        c.write("shrink/t", np.zeros(100, dtype=np.int8), replace=True)  # 1 shard: 2 daemons
+        key = tensor_key("shrink/t")
+        holders = {n.name for n in c.config.replicas_for(key, 0)}
+        for node in c.config.nodes:
+            held = [t["meta"]["name"] for t in raw_list(two_copies, node.name, "shrink/")]
+            assert ("shrink/t" in held) == (node.name in holders), (node.name, held)
+        assert np.array_equal(c.read("shrink/t"), np.zeros(100, dtype=np.int8))

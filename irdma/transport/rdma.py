@@ -82,7 +82,16 @@ PROBE_BYTES = 8
 
 
 class RdmaUnavailable(Exception):
-    """RDMA cannot be used for this daemon here (no pyverbs, no device, daemon without RDMA)."""
+    """RDMA cannot be used for this daemon here.
+
+    ``expected`` when there simply is none (no pyverbs, no device for the
+    route, a daemon without RDMA); otherwise something is wrong with a setup
+    that has it (memlock, GID index, MTU, a path that does not work).
+    """
+
+    def __init__(self, reason: str, *, expected: bool = False) -> None:
+        super().__init__(reason)
+        self.expected = expected
 
 
 class _Completions:
@@ -322,6 +331,8 @@ class RdmaConnection(TcpConnection):
     def __init__(self, stream: FramedSocket, timeout: float = 10.0) -> None:
         super().__init__(stream, timeout)
         self.link: _Link | None = None
+        # The daemon took RDMA_CONNECT: it answers reads here MAPPED from now on.
+        self.daemon_attached = False
         self._linked = trio.Event()
         self.staging: Allocator | None = None
         self._space_freed = trio.Event()
@@ -348,25 +359,32 @@ class RdmaConnection(TcpConnection):
         mtu: int | None = None,
         required: bool = False,
         quiet: bool = False,
-    ) -> RdmaConnection:
+    ) -> TcpConnection:
         """Open the TCP connection, then set up RDMA on it.
 
-        Where RDMA cannot be had (no pyverbs, no device for the route to
-        the daemon, a daemon without RDMA) the connection stays TCP and says
-        why in one log line (at debug level when ``quiet``: RDMA was only
-        tried because it might be there), unless ``required``: then
-        StreamBroken names the reason. A device that is there but misconfigured (GID index, MTU)
-        raises StreamBroken either way.
+        Where RDMA cannot be had, or fails to set up (the reason is in one
+        log line), the client talks TCP to this daemon: on this connection,
+        or on a new one when the daemon had already attached RDMA to it.
+        With ``required`` it raises StreamBroken naming the reason instead.
+        ``quiet``: RDMA was only tried because it might be there, so its
+        plain absence is logged at debug level.
         """
         conn = await cls.open(host, port, nursery, peer=peer, timeout=timeout, secret=secret)
         try:
             await conn._attach(staging_size, gid_index, mtu)
         except RdmaUnavailable as exc:
+            peer = conn.stream.peer
             if required:
                 await conn.aclose()
-                raise StreamBroken(f"rdma transport to {conn.stream.peer}: {exc}") from None
-            level = logging.DEBUG if quiet else logging.WARNING
-            log.log(level, "%s: RDMA not used, staying on TCP: %s", conn.stream.peer, exc)
+                raise StreamBroken(f"rdma transport to {peer}: {exc}") from None
+            level = logging.DEBUG if quiet and exc.expected else logging.WARNING
+            log.log(level, "%s: RDMA not used, using TCP: %s", peer, exc)
+            if conn.broken or conn.daemon_attached:
+                # The daemon answers this connection for RDMA now: start afresh.
+                await conn.aclose()
+                return await TcpConnection.open(
+                    host, port, nursery, peer=peer, timeout=timeout, secret=secret
+                )
         except BaseException:
             await conn.aclose()
             raise
@@ -379,23 +397,27 @@ class RdmaConnection(TcpConnection):
             gid = find_gid(local_ip, index=gid_index)
             endpoint = Endpoint(gid, mtu=mtu)
         except (NoDevice, VerbsUnavailable) as exc:
-            raise RdmaUnavailable(str(exc)) from None
+            raise RdmaUnavailable(str(exc), expected=True) from None
         except VerbsError as exc:
-            raise StreamBroken(f"rdma transport to {peer}: {exc}") from None
+            raise RdmaUnavailable(str(exc)) from None
         try:
             link = _Link(endpoint, staging_size, peer)
-        except BaseException:
+        except BaseException as exc:
             endpoint.close()
+            if isinstance(exc, VerbsError):
+                raise RdmaUnavailable(str(exc)) from None
             raise
         try:
             body = encode_json(
                 {"qp": link.local.to_json(), "mtu": endpoint.mtu, "staging": staging_size}
             )
             reply = await super().request(Header(op=Op.RDMA_CONNECT, length=len(body)), [body])
+            said = reply.data.decode(errors="replace")
             if reply.header.status == Status.BAD_OP:
-                raise RdmaUnavailable(reply.data.decode(errors="replace"))
+                raise RdmaUnavailable(said, expected=True)
             if reply.header.status != Status.OK:
-                raise StreamBroken(f"{peer} refused RDMA: {reply.data.decode(errors='replace')}")
+                raise RdmaUnavailable(f"the daemon refused: {said}")
+            self.daemon_attached = True
             answer = decode_json(reply.data)
             if not isinstance(answer, dict) or any(k not in answer for k in RDMA_ANSWER_KEYS):
                 raise ProtocolError(f"{peer}: malformed RDMA_CONNECT answer")
@@ -410,7 +432,7 @@ class RdmaConnection(TcpConnection):
             try:
                 endpoint.connect(link.qp, link.local, remote_qp, access, path_mtu)
             except VerbsError as exc:
-                raise StreamBroken(f"rdma transport to {peer}: {exc}") from None
+                raise RdmaUnavailable(str(exc)) from None
             self._activate(link)
             await self._probe(link, remote_qp, path_mtu)
         except BaseException:
@@ -446,7 +468,7 @@ class RdmaConnection(TcpConnection):
                 min(self.timeout, 5.0),
             )
         except (StreamBroken, StreamTimeout) as exc:
-            raise StreamBroken(
+            raise RdmaUnavailable(
                 f"the RDMA path to {self.stream.peer} does not work ({exc}); the daemon is at "
                 f"GID {remote_qp.gid} ({ipv4_of(remote_qp.gid)}), MTU {mtu}: check that this "
                 "host routes to that address over its RDMA device, that both ports use RoCE v2 "

@@ -254,8 +254,14 @@ class Endpoint:
         """A memory region over ``size`` bytes at ``addr`` (the caller keeps the memory alive)."""
         from pyverbs.mr import MR
 
-        with verbs_errors(f"registering {what} with {self.name}"):
-            return MR(self.pd, size, access, address=addr)
+        try:
+            with verbs_errors(f"registering {what} with {self.name}"):
+                return MR(self.pd, size, access, address=addr)
+        except VerbsError as exc:
+            problem = memlock_problem(size)
+            if problem is None and "Errno 12" not in str(exc):
+                raise
+            raise VerbsError(f"{exc} ({problem or 'out of locked memory'})") from exc.__cause__
 
     def buffer(self, size: int, access: int) -> PinnedBuffer:
         return PinnedBuffer(self, size, access)
@@ -333,7 +339,7 @@ def memlock_problem(nbytes: int) -> str | None:
     if _has_cap_ipc_lock():
         return None  # the limit does not apply
     return (
-        f"RLIMIT_MEMLOCK is {soft} bytes but the arena needs {nbytes} bytes registered: "
+        f"RLIMIT_MEMLOCK is {soft} bytes but {nbytes} bytes must be registered: "
         "set LimitMEMLOCK=infinity in the systemd unit, or run `ulimit -l unlimited` "
         "(or raise memlock in /etc/security/limits.conf) before starting psd"
     )
