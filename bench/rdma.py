@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -66,6 +67,23 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def wait_listening(config: Path, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+    """Until the daemon accepts connections (slow to start under emulation)."""
+    from irdma.cluster import load_config
+
+    node = load_config(config).nodes[0]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("psd exited before it served")
+        try:
+            socket.create_connection((node.address.host, node.address.port), 1.0).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"psd did not listen within {timeout:g} s")
+
+
 def irdma_round(client: Client, name: str, data: np.ndarray, pid: int) -> dict[str, float]:
     out = np.empty_like(data)
     t = time.perf_counter()
@@ -104,6 +122,7 @@ def main() -> int:
         log = open(Path(tmp) / "n1.log", "wb")  # noqa: SIM115 (closed below)
         daemon = subprocess.Popen(psd_command(config, "n1"), stdout=log, stderr=log)
         try:
+            wait_listening(config, daemon)
             data = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
             rows: dict[str, list[float]] = {}
             with (
