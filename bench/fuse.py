@@ -150,10 +150,10 @@ def main() -> int:
             res["dd_read"].append(dd(mnt / "bench" / "g.npy", Path("/dev/null")))
             res["page_cache_reread"].append(dd(mnt / "bench" / "g.npy", Path("/dev/null")))
             # The same on the pyfuse3 ceiling (keep_cache off: every open is cold).
-            res["ceiling_np_save"].append(timed(lambda a=a: np.save(ceil / "data", a)))
-            res["ceiling_np_load"].append(timed(lambda: np.load(ceil / "data")))
-            res["ceiling_dd_write"].append(dd(local_npy, ceil / "data"))
-            res["ceiling_dd_read"].append(dd(ceil / "data", Path("/dev/null")))
+            res["ceiling_np_save"].append(timed(lambda a=a: np.save(ceil / "data.npy", a)))
+            res["ceiling_np_load"].append(timed(lambda: np.load(ceil / "data.npy")))
+            res["ceiling_dd_write"].append(dd(local_npy, ceil / "data.npy"))
+            res["ceiling_dd_read"].append(dd(ceil / "data.npy", Path("/dev/null")))
             dst = np.empty_like(a)
             dst[:] = 0
             res["memory_copy"].append(timed(lambda a=a, dst=dst: np.copyto(dst, a)))

@@ -4,7 +4,7 @@
 The ceiling for any pyfuse3 filesystem on this machine, measured in the same
 run as the irdma mount (``bench/fuse.py`` starts it): the same mount options
 and read-ahead as ``irdma mount``, a ``bytearray`` behind one file named
-``data`` that reads slice and writes copy into, and ``keep_cache`` off so
+``data.npy`` that reads slice and writes copy into, and ``keep_cache`` off so
 every open reads through FUSE, as a cold open of a changed tensor does.
 
     python bench/fuse_ceiling.py MOUNTPOINT [--capacity 1GiB]
@@ -27,7 +27,7 @@ from irdma_fuse.mount import _raise_read_ahead  # the same read-ahead as irdma m
 from irdma.cluster import parse_size
 
 FILE_INODE = pyfuse3.ROOT_INODE + 1
-NAME = b"data"
+NAME = b"data.npy"
 
 
 class MemoryFile(pyfuse3.Operations):
