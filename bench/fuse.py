@@ -48,42 +48,27 @@ def dd(src: Path, dst: Path) -> float:
     )
 
 
-def mount(config: Path, where: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "irdma.cli",
-            "--config",
-            str(config),
-            "mount",
-            str(where),
-            "--foreground",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+def start_mount(command: list[str], where: Path, what: str) -> subprocess.Popen:
+    """Run a FUSE server and wait (30 s at most) until ``where`` is mounted."""
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while not where.is_mount():
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("irdma mount did not come up")
+            proc.kill()
+            raise SystemExit(f"{what} did not come up")
         time.sleep(0.05)
     return proc
+
+
+def mount(config: Path, where: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "irdma.cli", "--config", str(config), "mount", str(where)]
+    return start_mount([*command, "--foreground"], where, "irdma mount")
 
 
 def mount_ceiling(where: Path, capacity: int) -> subprocess.Popen:
     script = Path(__file__).with_name("fuse_ceiling.py")
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(where), "--capacity", str(capacity)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while not where.is_mount():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("the pyfuse3 ceiling mount did not come up")
-        time.sleep(0.05)
-    return proc
+    command = [sys.executable, str(script), str(where), "--capacity", str(capacity)]
+    return start_mount(command, where, "the pyfuse3 ceiling mount")
 
 
 def main() -> int:

@@ -104,11 +104,13 @@ async def run_daemon(
                 # systemd stops expecting pings once it is told STOPPING=1, so
                 # the watchdog goes with the serving tasks, before the final snapshot.
                 nursery.start_soon(lifecycle.watchdog)
-                await nursery.start(server.serve)
+                # The unix socket first: once the TCP port answers (which is
+                # what clients and tests wait for), shm answers too.
                 try:
                     await nursery.start(ShmListener(server).serve)
                 except OSError as exc:
                     log.warning("%s: no shm transport for same-host clients: %s", node.name, exc)
+                await nursery.start(server.serve)
                 await start_metrics(nursery, server)  # when the node has a metrics_address
                 await nursery.start(replicator.run)
                 nursery.start_soon(periodic_snapshots, config, store, node, lifecycle)

@@ -16,9 +16,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import trio
 
-from ..protocol import Header
+from ..protocol import Header, ProtocolError
 
 Buffer = Any  # an object supporting the buffer protocol (bytes, memoryview, ndarray)
 
@@ -77,6 +78,31 @@ class ByteStream(Protocol):
     async def recv_exactly_into(self, view: memoryview) -> None: ...
 
     async def drain(self, nbytes: int) -> None: ...
+
+
+class MemoryStream:
+    """A ByteStream over bytes already in memory (a mapped arena, a buffer RDMA filled).
+
+    One-sided transports hand a sink this instead of the socket: the sink
+    copies straight from where the bytes are.
+    """
+
+    __slots__ = ("memory", "offset")
+
+    def __init__(self, memory: np.ndarray, offset: int) -> None:
+        self.memory = memory
+        self.offset = offset
+
+    async def recv_exactly_into(self, view: memoryview | bytearray) -> None:
+        dest = np.frombuffer(view, dtype=np.uint8)
+        end = self.offset + len(dest)
+        if end > len(self.memory):
+            raise ProtocolError("a one-sided answer points past the end of its memory")
+        np.copyto(dest, self.memory[self.offset : end])
+        self.offset = end
+
+    async def drain(self, nbytes: int) -> None:
+        self.offset += nbytes
 
 
 class Sink(abc.ABC):

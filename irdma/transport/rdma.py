@@ -47,7 +47,15 @@ from ..protocol import (
     decode_json,
     encode_json,
 )
-from .base import Buffer, Reply, Sink, StreamBroken, StreamClosed, StreamTimeout
+from .base import (
+    Buffer,
+    MemoryStream,
+    Reply,
+    Sink,
+    StreamBroken,
+    StreamClosed,
+    StreamTimeout,
+)
 from .tcp import FramedSocket, TcpConnection
 from .verbs import (
     MTU_BYTES,
@@ -208,24 +216,6 @@ class _Located(Sink):
 
     async def receive(self, stream, header: Header) -> None:  # type: ignore[no-untyped-def]
         await self.sink.receive(stream, header)
-
-
-class _LocalRegion:
-    """A ByteStream over bytes an RDMA READ placed in the client's buffer."""
-
-    __slots__ = ("offset", "view")
-
-    def __init__(self, view: np.ndarray, offset: int) -> None:
-        self.view = view
-        self.offset = offset
-
-    async def recv_exactly_into(self, view: memoryview | bytearray) -> None:
-        dest = np.frombuffer(view, dtype=np.uint8)
-        np.copyto(dest, self.view[self.offset : self.offset + len(dest)])
-        self.offset += len(dest)
-
-    async def drain(self, nbytes: int) -> None:
-        self.offset += nbytes
 
 
 @dataclasses.dataclass(slots=True)
@@ -542,7 +532,7 @@ class RdmaConnection(TcpConnection):
             )
             self._release(rid)
             await sink.receive(
-                _LocalRegion(link.buffer.view, local), dataclasses.replace(reply.header, length=n)
+                MemoryStream(link.buffer.view, local), dataclasses.replace(reply.header, length=n)
             )
         except BaseException as exc:
             self._abandon(exc)

@@ -55,7 +55,7 @@ from ..protocol import (
     unpack_header,
 )
 from .auth import authenticate
-from .base import Buffer, Reply, Sink, StreamBroken, StreamTimeout
+from .base import Buffer, MemoryStream, Reply, Sink, StreamBroken, StreamTimeout
 from .tcp import FramedSocket, TcpConnection, to_stdlib
 
 SOCKET_NAME = "psd.sock"
@@ -172,27 +172,6 @@ def make_staging(size: int) -> int:
         os.close(fd)
         raise
     return fd
-
-
-class _ArenaRegion:
-    """A ByteStream that yields bytes of the mapped arena (for a MAPPED answer)."""
-
-    __slots__ = ("arena", "offset")
-
-    def __init__(self, arena: np.ndarray, offset: int) -> None:
-        self.arena = arena
-        self.offset = offset
-
-    async def recv_exactly_into(self, view: memoryview | bytearray) -> None:
-        dest = np.frombuffer(view, dtype=np.uint8)
-        end = self.offset + len(dest)
-        if end > len(self.arena):
-            raise ProtocolError("MAPPED answer points past the end of the arena")
-        np.copyto(dest, self.arena[self.offset : end])
-        self.offset = end
-
-    async def drain(self, nbytes: int) -> None:
-        self.offset += nbytes
 
 
 class ShmConnection(TcpConnection):
@@ -315,7 +294,7 @@ class ShmConnection(TcpConnection):
             await self.stream.recv_exactly_into(loc)
             (offset,) = LOCATION.unpack(loc)
             data_header = dataclasses.replace(header, length=header.size)
-            await sink.receive(_ArenaRegion(self.arena, offset), data_header)
+            await sink.receive(MemoryStream(self.arena, offset), data_header)
             self.mapped_bytes += header.size
             return False
         await sink.receive(self.stream, header)
