@@ -35,7 +35,7 @@ import numpy as np
 from irdma import Client
 from irdma.cluster import parse_size
 from irdma.local import psd_command, write_config
-from irdma.transport.verbs import find_gid
+from irdma.transport.verbs import MTU_BYTES, find_gid
 
 PERFTEST_MSG = 4 << 20
 
@@ -112,7 +112,7 @@ def main() -> int:
     from pyverbs.device import Context
 
     with Context(name=gid.device) as ctx:
-        mtu = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}[int(ctx.query_port(gid.port).active_mtu)]
+        mtu = MTU_BYTES[int(ctx.query_port(gid.port).active_mtu)]
     print(f"device {gid.device} port {gid.port} GID[{gid.index}] {gid.gid} MTU {mtu}", flush=True)
 
     with tempfile.TemporaryDirectory() as tmp:

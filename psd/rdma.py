@@ -23,8 +23,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from irdma.cluster import ClusterConfig, Node
 from irdma.errors import ConfigError
 from irdma.protocol import Status
@@ -41,6 +39,7 @@ from irdma.transport.verbs_compat import VerbsUnavailable
 
 from .arena import Block
 from .errors import StoreError
+from .staged import StagedMemory
 from .store import Store
 
 log = logging.getLogger("psd")
@@ -77,7 +76,7 @@ class ConnectRequest:
         return cls(QpInfo.from_json(obj.get("qp")), mtu, staging)
 
 
-class RdmaSession:
+class RdmaSession(StagedMemory):
     """One client's queue pair and staging block, for the life of its TCP connection."""
 
     transport = "rdma"
@@ -85,21 +84,12 @@ class RdmaSession:
     mapped_min = 1
 
     def __init__(self, service: RdmaService, qp: Any, staging: Block, mr: Any, peer: str) -> None:
+        super().__init__(service.store.arena.view(staging))
         self.service = service
         self.qp = qp
         self.staging = staging
         self.mr = mr
         self.peer = peer
-
-    def read_staged(self, offset: int, size: int, into: np.ndarray) -> None:
-        """Copy ``size`` staged bytes at ``offset`` (written by the client) into ``into``."""
-        if offset + size > self.staging.size:
-            raise StoreError(
-                Status.OUT_OF_RANGE,
-                f"staged data [{offset}, {offset + size}) is outside the "
-                f"{self.staging.size}-byte staging area",
-            )
-        np.copyto(into[:size], self.service.store.arena.view(self.staging, offset, size))
 
     def close(self) -> None:
         # The queue pair goes first: nothing may write the staging block once
@@ -127,7 +117,6 @@ class RdmaService:
             f"the {arena.capacity}-byte arena",
         )
         self.cq = endpoint.completion_queue(SERVER_QP_DEPTH * 2)
-        self.sessions = 0
 
     @classmethod
     def open(cls, config: ClusterConfig, node: Node, store: Store) -> RdmaService | None:
@@ -208,7 +197,6 @@ class RdmaService:
                         obj.close()
             self.store.arena.free(staging)
             raise
-        self.sessions += 1
         answer = {
             "qp": local.to_json(),
             "mtu": mtu,

@@ -54,7 +54,7 @@ from .auth import authenticate
 from .metrics import RequestMetrics
 from .rdma import ConnectRequest, RdmaService, RdmaSession
 from .replication import Replicator
-from .shm import ShmSession
+from .staged import StagedMemory
 from .state import StateReader
 from .store import Store, StoreError, Update
 
@@ -85,7 +85,7 @@ class _Conn:
     send_lock: trio.Lock = field(default_factory=trio.Lock)
     # One-sided memory for bulk data: a same-host client attached over the
     # unix socket (shm), or an RDMA queue pair set up over this connection.
-    memory: ShmSession | RdmaSession | None = None
+    memory: StagedMemory | None = None
     authenticated: bool = False  # the peer proved the cluster's secret (or none is set)
     deferred: bool = False  # the request in dispatch is answered later, by its own task
 
@@ -162,7 +162,7 @@ class Server:
         self,
         sock: stdsocket.socket,
         peer: str,
-        memory: ShmSession | None = None,
+        memory: StagedMemory | None = None,
         *,
         authenticated: bool = False,
     ) -> None:

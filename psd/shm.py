@@ -23,7 +23,6 @@ import stat
 import struct
 from typing import TYPE_CHECKING
 
-import numpy as np
 import trio
 
 from irdma.protocol import Header, Op, ProtocolError, Status, decode_json, encode_json
@@ -40,7 +39,7 @@ from irdma.transport.shm import (
 from irdma.transport.tcp import to_stdlib
 
 from .auth import authenticate
-from .errors import StoreError
+from .staged import StagedMemory
 
 if TYPE_CHECKING:
     from .server import Server
@@ -54,29 +53,19 @@ MAPPED_MIN = 256 << 10
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
-class ShmSession:
+class ShmSession(StagedMemory):
     """What the daemon keeps for one attached client: a read-only mapping of its staging memory."""
 
     transport = "shm"
+    mapped_min = MAPPED_MIN
 
     def __init__(self, staging_fd: int, staging_size: int, peer: str) -> None:
-        self.mapped_min = MAPPED_MIN
-        self.staging_size = staging_size
         self.peer = peer
-        self._map, self.staging = map_shared(staging_fd, staging_size, writable=False)
-
-    def read_staged(self, offset: int, size: int, into: np.ndarray) -> None:
-        """Copy ``size`` bytes at ``offset`` of the client's staging memory into ``into``."""
-        if offset + size > self.staging_size:
-            raise StoreError(
-                Status.OUT_OF_RANGE,
-                f"staged data [{offset}, {offset + size}) is outside the "
-                f"{self.staging_size}-byte staging area",
-            )
-        np.copyto(into[:size], self.staging[offset : offset + size])
+        self._map, view = map_shared(staging_fd, staging_size, writable=False)
+        super().__init__(view)
 
     def close(self) -> None:
-        self.staging = None  # type: ignore[assignment]
+        self.view = None  # type: ignore[assignment]
         with contextlib.suppress(BufferError):  # a view still alive keeps it mapped
             self._map.close()
 

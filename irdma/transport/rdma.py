@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import trio
 
-from ..extents import Allocator, ArenaFullError
 from ..protocol import (
     LOCATION,
     RDMA_ANSWER_KEYS,
@@ -56,9 +55,11 @@ from .base import (
     StreamClosed,
     StreamTimeout,
 )
+from .staging import StagingArea
 from .tcp import FramedSocket, TcpConnection
 from .verbs import (
     MTU_BYTES,
+    WC_REMOTE_ACCESS_ERROR,
     WC_STATUS,
     Endpoint,
     NoDevice,
@@ -148,11 +149,11 @@ class _Completions:
         n, wcs = self.cq.poll(POLL_BATCH)
         for wc in wcs:
             if wc.status != 0:
-                reason = WC_STATUS.get(int(wc.status), f"status {wc.status}")
-                raise StreamBroken(
-                    f"RDMA transfer with {self.peer} failed: {reason}"
-                    + (" (the daemon refused the key or address)" if int(wc.status) == 10 else "")
-                )
+                status = int(wc.status)
+                reason = WC_STATUS.get(status, f"status {status}")
+                if status == WC_REMOTE_ACCESS_ERROR:
+                    reason += " (the daemon refused the key or address)"
+                raise StreamBroken(f"RDMA transfer with {self.peer} failed: {reason}")
             event = self._waiters.pop(int(wc.wr_id), None)
             if event is not None:
                 event.set()
@@ -189,8 +190,6 @@ class _Completions:
 
     async def _run_channel(self, fd: int) -> None:
         """Sleep on the completion channel's fd (rdma-core >= 57); drain on every event."""
-        import os
-
         os.set_blocking(fd, False)
         self.cq.req_notify()
         while True:
@@ -324,8 +323,7 @@ class RdmaConnection(TcpConnection):
         # The daemon took RDMA_CONNECT: it answers reads here MAPPED from now on.
         self.daemon_attached = False
         self._linked = trio.Event()
-        self.staging: Allocator | None = None
-        self._space_freed = trio.Event()
+        self.staging: StagingArea | None = None
         # Bytes moved by RDMA READ and RDMA WRITE rather than the socket.
         self.pulled_bytes = 0
         self.pushed_bytes = 0
@@ -442,7 +440,7 @@ class RdmaConnection(TcpConnection):
     def _activate(self, link: _Link) -> None:
         """Requests use ``link`` from now on; its completions are drained in the background."""
         self.link = link
-        self.staging = Allocator(link.buffer.view.size, STAGING_ALIGN)
+        self.staging = StagingArea(link.buffer.view, STAGING_ALIGN, "RDMA buffer")
         self._linked.set()
 
     async def _probe(self, link: _Link, remote_qp: QpInfo, mtu: int) -> None:
@@ -518,9 +516,12 @@ class RdmaConnection(TcpConnection):
         n = reply.header.size
         rid = reply.header.request_id
         if located.offset + n > link.remote.arena_size:
-            self._fail(ProtocolError(f"{self.stream.peer}: MAPPED answer past the arena's end"))
-            raise StreamBroken(f"{self.stream.peer}: MAPPED answer past the arena's end")
-        local = await self._take(n)
+            broken = StreamBroken(f"{self.stream.peer}: MAPPED answer past the arena's end")
+            self._fail(broken)
+            raise broken
+        staging = self.staging
+        assert staging is not None
+        local = await staging.take(n, self)
         try:
             await link.transfer(
                 link.e.IBV_WR_RDMA_READ,
@@ -532,13 +533,13 @@ class RdmaConnection(TcpConnection):
             )
             self._release(rid)
             await sink.receive(
-                MemoryStream(link.buffer.view, local), dataclasses.replace(reply.header, length=n)
+                MemoryStream(staging.view, local), dataclasses.replace(reply.header, length=n)
             )
         except BaseException as exc:
             self._abandon(exc)
             raise
         finally:
-            self._give(local, n)
+            staging.give(local, n, self)
         self.pulled_bytes += n
         return reply
 
@@ -547,13 +548,11 @@ class RdmaConnection(TcpConnection):
     ) -> Reply:
         assert link.remote is not None
         n = header.length
-        local = await self._take(n)
+        staging = self.staging
+        assert staging is not None
+        local = await staging.take(n, self)
         try:
-            pos = local
-            for buf in payload:
-                src = np.frombuffer(buf, dtype=np.uint8)
-                np.copyto(link.buffer.view[pos : pos + len(src)], src)
-                pos += len(src)
+            staging.fill(local, payload)
             try:
                 await link.transfer(
                     link.e.IBV_WR_RDMA_WRITE,
@@ -573,7 +572,7 @@ class RdmaConnection(TcpConnection):
             self.pushed_bytes += n
             return reply
         finally:
-            self._give(local, n)
+            staging.give(local, n, self)
 
     def _abandon(self, exc: BaseException) -> None:
         """A transfer failed or was cancelled mid-way: the connection cannot be trusted."""
@@ -582,26 +581,3 @@ class RdmaConnection(TcpConnection):
             if isinstance(exc, StreamBroken | StreamClosed)
             else StreamClosed(f"RDMA transfer with {self.stream.peer} abandoned")
         )
-
-    async def _take(self, nbytes: int) -> int:
-        """Room for ``nbytes`` in the registered buffer; waits while other requests hold it."""
-        assert self.staging is not None
-        if nbytes > self.staging.capacity:
-            raise StreamBroken(
-                f"{nbytes} bytes do not fit the {self.staging.capacity}-byte RDMA buffer"
-            )
-        while True:
-            if self.broken:
-                raise StreamBroken(f"connection to {self.stream.peer} failed")
-            try:
-                return self.staging.alloc(nbytes)
-            except ArenaFullError:
-                await self._space_freed.wait()
-
-    def _give(self, offset: int, nbytes: int) -> None:
-        # On a broken connection a transfer may still be under way into (or a
-        # staged frame still be applied from) these bytes: never reuse them.
-        if not self.broken and self.staging is not None:
-            self.staging.free(offset, nbytes)
-        self._space_freed.set()
-        self._space_freed = trio.Event()

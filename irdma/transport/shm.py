@@ -40,7 +40,6 @@ import numpy as np
 import trio
 
 from ..errors import AuthFailed
-from ..extents import Allocator, ArenaFullError
 from ..protocol import (
     ATTACH_KEYS,
     HEADER_SIZE,
@@ -56,6 +55,7 @@ from ..protocol import (
 )
 from .auth import authenticate
 from .base import Buffer, MemoryStream, Reply, Sink, StreamBroken, StreamTimeout
+from .staging import StagingArea
 from .tcp import FramedSocket, TcpConnection, to_stdlib
 
 SOCKET_NAME = "psd.sock"
@@ -189,9 +189,8 @@ class ShmConnection(TcpConnection):
     ) -> None:
         super().__init__(stream, timeout)
         self._arena_map, self.arena = map_shared(arena_fd, arena_size, writable=False)
-        self._staging_map, self.staging_view = map_shared(staging_fd, staging_size, writable=True)
-        self.staging = Allocator(staging_size, STAGING_ALIGN)
-        self._staging_freed = trio.Event()
+        self._staging_map, view = map_shared(staging_fd, staging_size, writable=True)
+        self.staging = StagingArea(view, STAGING_ALIGN, "staging area")
         # Bytes moved through shared memory rather than the socket.
         self.mapped_bytes = 0
         self.staged_bytes = 0
@@ -306,38 +305,13 @@ class ShmConnection(TcpConnection):
         if header.op not in STAGEABLE or header.length < INLINE_MAX:
             return await super().request(header, payload, sink)
         n = header.length
-        offset = await self._stage(n)
+        offset = await self.staging.take(n, self)
         try:
-            pos = offset
-            for buf in payload:
-                src = np.frombuffer(buf, dtype=np.uint8)
-                np.copyto(self.staging_view[pos : pos + len(src)], src)
-                pos += len(src)
+            self.staging.fill(offset, payload)
             self.staged_bytes += n
             staged = dataclasses.replace(
                 header, flags=header.flags | Flag.STAGED, length=LOCATION.size
             )
             return await super().request(staged, [LOCATION.pack(offset)], sink)
         finally:
-            # On a broken connection the frame may still sit in the daemon's
-            # socket buffer and be applied from these bytes: never reuse them.
-            if not self.broken:
-                self.staging.free(offset, n)
-            # Wake every waiter; each tries again (or sees the connection
-            # broken), and waits on the next event.
-            self._staging_freed.set()
-            self._staging_freed = trio.Event()
-
-    async def _stage(self, nbytes: int) -> int:
-        """Room for ``nbytes`` in staging; waits while other requests hold it."""
-        if nbytes > self.staging.capacity:
-            raise StreamBroken(
-                f"{nbytes} bytes do not fit the {self.staging.capacity}-byte staging area"
-            )
-        while True:
-            if self.broken:
-                raise StreamBroken(f"connection to {self.stream.peer} failed")
-            try:
-                return self.staging.alloc(nbytes)
-            except ArenaFullError:
-                await self._staging_freed.wait()
+            self.staging.give(offset, n, self)

@@ -34,6 +34,7 @@ ROCE_V2 = "RoCE v2"
 MTU_BYTES = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
 MTU_ENUM = {size: code for code, size in MTU_BYTES.items()}
 PORT_ACTIVE = 4
+WC_REMOTE_ACCESS_ERROR = 10
 # Outstanding RDMA READs per queue pair, as initiator and as target.
 RD_ATOMIC_MAX = 16
 PSN_MASK = 0xFFFFFF
@@ -222,7 +223,6 @@ class Endpoint:
 
         self.gid = gid
         self.name = f"{gid.device}:{gid.port}"
-        self._closing: list[Any] = []
         with verbs_errors(f"opening RDMA device {gid.device}"):
             self.ctx = Context(name=gid.device)
         try:
