@@ -55,6 +55,7 @@ from .protocol import (
     unpack_entries,
     validate_name,
 )
+from .shells import BlockingShell, TrioShell, drive
 from .sinks import BatchReadSink, IntoSink
 from .transport.base import (
     Buffer,
@@ -65,7 +66,7 @@ from .transport.base import (
     StreamClosed,
     StreamTimeout,
 )
-from .transport.select import forced_transport, open_connection
+from .transport.select import forced_transport, may_use_rdma
 
 Progress = Callable[[int], None]
 T = TypeVar("T")
@@ -180,8 +181,6 @@ class AsyncClient:
         self.transport = forced_transport(transport)
         # Read now, so a missing or exposed secret file is reported at once.
         self._secret = cluster_secret(self.config)
-        self._conns: dict[str, Connection] = {}
-        self._connecting: dict[str, trio.Lock] = defaultdict(trio.Lock)
         self._meta: dict[str, TensorMeta] = {}
         # With replicas: the highest version of each (key, shard) this client
         # saw acknowledged or read, so no replica serves it anything older.
@@ -191,13 +190,16 @@ class AsyncClient:
         self._primary_hint: dict[str, Node] = {}
         self._failed_at: dict[str, float] = {}
         self._spread = random.randrange(1 << 16)
-        self._nursery: trio.Nursery | None = None
+        # Where requests run: TrioShell inside ``async with``, BlockingShell for ``Client``.
+        self._shell: Any = None
+        self._now: Callable[[], float] = trio.current_time  # the shell's clock
         self._stack: contextlib.AsyncExitStack | None = None
         self._closed = False
 
     async def __aenter__(self) -> AsyncClient:
         self._stack = contextlib.AsyncExitStack()
-        self._nursery = await self._stack.enter_async_context(trio.open_nursery())
+        nursery = await self._stack.enter_async_context(trio.open_nursery())
+        self._shell = TrioShell(self, nursery)
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
@@ -211,33 +213,20 @@ class AsyncClient:
     async def aclose(self) -> None:
         """Close every connection (pending requests fail with ClientClosed)."""
         self._closed = True
-        for conn in self._conns.values():
-            await conn.aclose()
-        self._conns.clear()
+        if isinstance(self._shell, TrioShell):
+            await self._shell.aclose()
 
     # -- connections and requests --------------------------------------------
 
+    @property
+    def _conns(self) -> dict[str, Connection]:
+        """Open connections by daemon name (the calling thread's, for ``Client``)."""
+        return self._shell.conns if self._shell is not None else {}
+
     async def _connection(self, node: Node) -> Connection:
-        if self._closed or self._nursery is None:
+        if self._closed or self._shell is None:
             raise ClientClosed("client is closed (use it inside 'async with')")
-        conn = self._conns.get(node.name)
-        if conn is not None and not conn.broken:
-            return conn
-        async with self._connecting[node.name]:
-            conn = self._conns.get(node.name)
-            if conn is None or conn.broken:
-                conn = await open_connection(
-                    node,
-                    self._nursery,
-                    forced=self.transport,
-                    timeout=self.timeout,
-                    shard_size=self.config.shard_size,
-                    secret=self._secret,
-                    rdma_gid_index=self.config.rdma_gid_index,
-                    rdma_mtu=self.config.rdma_mtu,
-                )
-                self._conns[node.name] = conn
-            return conn
+        return await self._shell.connection(node)
 
     def transport_of(self, node: Node) -> str | None:
         """How this client reaches ``node`` ("tcp", "shm" or "rdma"); None before it connects."""
@@ -281,26 +270,7 @@ class AsyncClient:
 
     async def _gather(self, calls: Iterable[Callable[[], Any]]) -> list[Any]:
         """Run calls concurrently; return results in order, or raise the first error."""
-        calls = list(calls)
-        results: list[Any] = [None] * len(calls)
-        if len(calls) == 1:
-            results[0] = await calls[0]()
-            return results
-        errors: list[BaseException] = []
-
-        async def run(i: int, call: Callable[[], Any]) -> None:
-            try:
-                results[i] = await call()
-            except Exception as exc:
-                errors.append(exc)
-                nursery.cancel_scope.cancel()
-
-        async with trio.open_nursery() as nursery:
-            for i, call in enumerate(calls):
-                nursery.start_soon(run, i, call)
-        if errors:
-            raise errors[0]
-        return results
+        return await self._shell.gather(list(calls))
 
     def _nodes_holding(self, meta: TensorMeta) -> list[Node]:
         names = {
@@ -332,7 +302,7 @@ class AsyncClient:
             self._spread += 1
             start = self._spread % len(replicas)
         order = replicas[start:] + replicas[:start]
-        now = trio.current_time()
+        now = self._now()
         recent = 2 * self.config.failure_timeout + self.timeout
         healthy = [n for n in order if now - self._failed_at.get(n.name, -1e9) > recent]
         if load is not None:
@@ -366,7 +336,7 @@ class AsyncClient:
         candidates = candidates or self._candidates(
             key, shard, _asks_primary(update, header.worker)
         )
-        deadline = trio.current_time() + self.timeout + 2 * self.config.failure_timeout
+        deadline = self._now() + self.timeout + 2 * self.config.failure_timeout
         attempt = 0
         last: Exception | None = None
         while True:
@@ -376,7 +346,7 @@ class AsyncClient:
             try:
                 reply = await self._request(node, header, payload, sink)
             except DaemonUnavailable as exc:
-                self._failed_at[node.name] = trio.current_time()
+                self._failed_at[node.name] = self._now()
                 # A daemon's own refusal says more than another's silence.
                 last = exc if not isinstance(last, DaemonError) else last
             except DaemonError as exc:
@@ -391,12 +361,12 @@ class AsyncClient:
                     self._failed_at.pop(node.name, None)
                 return reply
             attempt += 1
-            if trio.current_time() >= deadline:
+            if self._now() >= deadline:
                 assert last is not None
                 raise last
             if attempt % len(candidates) == 0:
                 # A whole round failed: give the cluster time to fail over.
-                await trio.sleep(min(0.1 * (attempt // len(candidates)), 0.5))
+                await self._shell.sleep(min(0.1 * (attempt // len(candidates)), 0.5))
 
     def _saw(self, key: int, shard: int, version: int, update: bool) -> None:
         if update:
@@ -483,7 +453,7 @@ class AsyncClient:
                 raise DaemonUnavailable("cluster", "", "no replica of the tensor answered")
         except BaseException:
             # All or nothing: remove what this call created.
-            with trio.CancelScope(shield=True):
+            with self._shell.shielded():
                 for node in created_on:
                     with contextlib.suppress(Exception):
                         await self._request(node, Header(op=Op.DELETE, key=meta.key))
@@ -888,7 +858,7 @@ class AsyncClient:
             ):
                 raise
             if isinstance(exc, DaemonUnavailable):
-                self._failed_at[node.name] = trio.current_time()
+                self._failed_at[node.name] = self._now()
             answers = [
                 BatchEntry(e.key, e.shard, e.offset, 0, status=Status.NOT_OWNER) for e in entries
             ]
@@ -1082,24 +1052,12 @@ def _check_delta(meta: TensorMeta, arr: np.ndarray) -> None:
         )
 
 
-class Client:
-    """Blocking facade over AsyncClient, for scripts and training loops.
+class _LoopThread:
+    """Runs an AsyncClient on a trio loop in one background thread, for a blocking
+    client that may use RDMA (its completions are awaited under trio)."""
 
-    ``Client()`` finds the config like the CLI; ``Client(path)`` uses that
-    file. Each method blocks until its async counterpart finishes. The async
-    client runs on a trio loop in one background thread (the one thread a
-    blocking facade needs); calls from any thread are handed to it.
-    """
-
-    def __init__(
-        self,
-        config: ClusterConfig | str | os.PathLike[str] | None = None,
-        *,
-        timeout: float | None = None,
-        transport: str | None = None,
-    ) -> None:
-        self._client = AsyncClient(config, timeout=timeout, transport=transport)
-        self.config = self._client.config
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
         self._ready = threading.Event()
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.Event | None = None
@@ -1124,7 +1082,7 @@ class Client:
             self._ready.set()
             await self._stop.wait()
 
-    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self._token is None or not self._thread.is_alive():
             raise ClientClosed("client is closed")
         try:
@@ -1133,11 +1091,54 @@ class Client:
             raise ClientClosed("client is closed") from None
 
     def close(self) -> None:
-        """Close connections and stop the client's loop thread."""
         if self._token is not None and self._thread.is_alive():
             with contextlib.suppress(trio.RunFinishedError):
                 trio.from_thread.run_sync(self._stop.set, trio_token=self._token)  # type: ignore[union-attr]
             self._thread.join()
+
+
+class Client:
+    """Blocking client, for scripts, training loops and threads.
+
+    ``Client()`` finds the config like the CLI; ``Client(path)`` uses that
+    file. It runs the same core as ``AsyncClient`` (routing, failover,
+    read-your-writes, the metadata cache) with every request made in the
+    calling thread over blocking sockets and shared memory: no event loop
+    and no hand-off to another thread (``irdma.shells.BlockingShell``). Each
+    thread that uses a Client gets connections of its own. Where RDMA may be
+    used (forced, ``rdma://`` addresses, or a verbs device on this host), the
+    requests run on a trio loop in one background thread instead.
+    """
+
+    def __init__(
+        self,
+        config: ClusterConfig | str | os.PathLike[str] | None = None,
+        *,
+        timeout: float | None = None,
+        transport: str | None = None,
+    ) -> None:
+        self._client = AsyncClient(config, timeout=timeout, transport=transport)
+        self.config = self._client.config
+        self._loop: _LoopThread | None = None
+        if may_use_rdma(self.config.nodes, self._client.transport):
+            self._loop = _LoopThread(self._client)
+        else:
+            self._client._shell = BlockingShell(self._client)
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self._loop is not None:
+            return self._loop.call(fn, *args, **kwargs)
+        if self._client._closed:
+            raise ClientClosed("client is closed")
+        return drive(fn(*args, **kwargs))
+
+    def close(self) -> None:
+        """Close every connection (and stop the loop thread, where there is one)."""
+        if self._loop is not None:
+            self._loop.close()
+        else:
+            self._client._closed = True
+            self._client._shell.close()
 
     def __enter__(self) -> Client:
         return self

@@ -375,6 +375,35 @@ class Header:
         )
 
 
+def pack_response(
+    request: Header, status: int = 0, length: int = 0, flags: int = 0, version: int | None = None
+) -> bytes:
+    """``request.response(...).pack()`` without building the response Header (the
+    daemon answers every request: this is on its hot path)."""
+    r = request
+    return HEADER.pack(
+        MAGIC,
+        r.proto,
+        r.op,
+        1 | flags,  # Flag.RESPONSE
+        status,
+        r.dtype,
+        r.shard,
+        r.request_id,
+        r.key,
+        r.offset,
+        r.size,
+        length,
+        r.version if version is None else version,
+        r.alpha,
+        r.layout,
+        r.worker,
+        0,
+        r.clock,
+        r.txn,
+    )
+
+
 def pack_header(**fields: Any) -> bytes:
     return Header(**fields).pack()
 

@@ -26,6 +26,7 @@ from typing import Any
 from irdma.cluster import ClusterConfig, Node
 from irdma.errors import ConfigError
 from irdma.protocol import Status
+from irdma.sizes import RDMA_MAPPED_MIN, RDMA_STAGING_ACCEPTED
 from irdma.transport.verbs import (
     MTU_BYTES,
     Endpoint,
@@ -45,8 +46,7 @@ from .store import Store
 log = logging.getLogger("psd")
 
 # Bounds on the staging area one client may ask for.
-STAGING_MIN = 64 << 10
-STAGING_MAX = 256 << 20
+STAGING_MIN, STAGING_MAX = RDMA_STAGING_ACCEPTED
 # The daemon posts nothing on its queue pairs; they need no depth.
 SERVER_QP_DEPTH = 1
 
@@ -81,7 +81,7 @@ class RdmaSession(StagedMemory):
 
     transport = "rdma"
     # Every read is answered MAPPED: the client pulls even small ones with RDMA READ.
-    mapped_min = 1
+    mapped_min = RDMA_MAPPED_MIN
 
     def __init__(self, service: RdmaService, qp: Any, staging: Block, mr: Any, peer: str) -> None:
         super().__init__(service.store.arena.view(staging))

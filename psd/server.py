@@ -43,8 +43,10 @@ from irdma.protocol import (
     decode_json,
     encode_json,
     pack_entries,
+    pack_response,
     unpack_entries,
 )
+from irdma.sizes import SMALL_REPLY, ZERO_COPY_MIN
 from irdma.transport.base import StreamBroken, StreamClosed, acquire_soon
 from irdma.transport.tcp import FramedSocket, to_stdlib
 from irdma.transport.verbs import VerbsError
@@ -60,9 +62,6 @@ from .store import Store, StoreError, Update
 
 log = logging.getLogger("psd")
 
-# Reads at least this large are sent zero-copy with sendfile and stay pinned
-# until the client releases them; smaller ones are copied by send.
-ZERO_COPY_MIN = 256 << 10
 _STAGED = int(Flag.STAGED)  # int math: enum ops are slow
 
 
@@ -212,19 +211,26 @@ class Server:
     async def _reply(
         self, conn: _Conn, header: Header, data: list, *, flags: int = 0, **fields: int
     ) -> None:
-        length = sum(memoryview(d).nbytes for d in data)
-        resp = header.response(Status.OK, length=length, flags=flags, **fields)
+        if len(data) == 1:
+            # One payload (a shard's bytes, a JSON answer): one buffer to send.
+            view = memoryview(data[0])
+            length = view.nbytes
+            frame = pack_response(header, 0, length, flags, fields.get("version"))
+            buffers = [frame + view] if length <= SMALL_REPLY else [frame, view]
+        else:
+            length = sum(memoryview(d).nbytes for d in data)
+            buffers = [pack_response(header, 0, length, flags, fields.get("version")), *data]
         self.metrics.series(header.op, conn.transport).sent += length
-        await conn.send([resp.pack(), *data])
+        await conn.send(buffers)
 
     async def _error(self, conn: _Conn, header: Header, status: Status, message: str) -> None:
         # Messages quote what the peer sent, which may hold a lone surrogate
         # (JSON "\ud800"): plain encode() raised UnicodeEncodeError here.
         data = message.encode(errors="backslashreplace")[:MAX_ERROR_MESSAGE]
-        resp = header.response(status, length=len(data))
+        frame = pack_response(header, int(status), len(data))
         self.metrics.series(header.op, conn.transport).sent += len(data)
         self.metrics.error(header.op, status)
-        await conn.send([resp.pack(), data])
+        await conn.send([frame + data])
 
     # -- dispatch -----------------------------------------------------------
 

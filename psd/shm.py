@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from irdma.protocol import Header, Op, ProtocolError, Status, decode_json, encode_json
+from irdma.sizes import ZERO_COPY_MIN
 from irdma.transport.base import StreamBroken
 from irdma.transport.shm import (
     framed_view,
@@ -49,7 +50,6 @@ log = logging.getLogger("psd")
 SOCKET_MODE = 0o660
 # Reads this large are answered MAPPED; below it, inline bytes cost less than
 # the extra RELEASE (the same size the daemon starts sending zero-copy at).
-MAPPED_MIN = 256 << 10
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -57,7 +57,7 @@ class ShmSession(StagedMemory):
     """What the daemon keeps for one attached client: a read-only mapping of its staging memory."""
 
     transport = "shm"
-    mapped_min = MAPPED_MIN
+    mapped_min = ZERO_COPY_MIN
 
     def __init__(self, staging_fd: int, staging_size: int, peer: str) -> None:
         self.peer = peer

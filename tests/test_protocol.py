@@ -34,6 +34,7 @@ from irdma.protocol import (
     encode_json,
     pack_entries,
     pack_header,
+    pack_response,
     tensor_key,
     unpack_entries,
     unpack_header,
@@ -178,6 +179,31 @@ def test_header_response() -> None:
     # A response to a response stays a response; the request itself is unchanged.
     assert ok.response().is_response
     assert not req.is_response
+
+
+def test_pack_response_is_the_packed_response_header() -> None:
+    req = Header(
+        op=Op.READ,
+        request_id=7,
+        key=3,
+        shard=2,
+        offset=9,
+        size=4096,
+        version=11,
+        alpha=0.25,
+        layout=5,
+        dtype=11,
+        worker=1,
+        clock=4,
+        txn=99,
+    )
+    for status, length, flags, version in (
+        (Status.OK, 4096, 0, 12),
+        (Status.OK, 8, Flag.PINNED | Flag.MAPPED, None),
+        (Status.NOT_FOUND, 17, 0, None),
+    ):
+        want = req.response(status, length=length, flags=flags, version=version).pack()
+        assert pack_response(req, status, length, flags, version) == want
 
 
 def test_header_count_is_shard_field() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import errno
+import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -70,6 +71,34 @@ def translate_socket_errors(what: str) -> Iterator[None]:
         yield
     except SOCKET_ERRORS as exc:
         raise translate_socket_error(exc, what) from exc
+
+
+class Waits(Protocol):
+    """How a FramedSocket waits when a system call would block."""
+
+    async def readable(self, sock: socket.socket) -> None: ...
+
+    async def writable(self, sock: socket.socket) -> None: ...
+
+    async def checkpoint(self) -> None: ...
+
+    def closing(self, sock: socket.socket) -> None: ...
+
+
+class TrioWaits:
+    """Waits under trio: the socket is registered with trio's epoll while waiting."""
+
+    readable = staticmethod(trio.lowlevel.wait_readable)
+    writable = staticmethod(trio.lowlevel.wait_writable)
+    checkpoint = staticmethod(trio.lowlevel.checkpoint)
+
+    @staticmethod
+    def closing(sock: socket.socket) -> None:
+        # Wakes tasks waiting on it (they get ClosedResourceError).
+        trio.lowlevel.notify_closing(sock)
+
+
+TRIO_WAITS = TrioWaits()
 
 
 class ByteStream(Protocol):

@@ -46,6 +46,7 @@ from ..protocol import (
     decode_json,
     encode_json,
 )
+from ..sizes import RDMA_STAGING_MIN, STAGING_ALIGN
 from .base import (
     Buffer,
     MemoryStream,
@@ -75,8 +76,6 @@ log = logging.getLogger("irdma")
 
 MAPPED = int(Flag.MAPPED)
 STAGEABLE = frozenset({Op.WRITE, Op.ACCUMULATE})
-STAGING_MIN = 4 << 20
-STAGING_ALIGN = 64
 # Largest single work request; longer transfers are chains of these.
 CHUNK = 1 << 20
 SEND_DEPTH = 256
@@ -342,7 +341,7 @@ class RdmaConnection(TcpConnection):
         peer: str = "",
         timeout: float = 10.0,
         secret: bytes | None = None,
-        staging_size: int = STAGING_MIN,
+        staging_size: int = RDMA_STAGING_MIN,
         gid_index: int | None = None,
         mtu: int | None = None,
         required: bool = False,

@@ -22,10 +22,11 @@ import trio
 
 from ..cluster import Node
 from ..errors import ConfigError
+from ..sizes import rdma_staging_size, shm_staging_size
 from .base import Connection, StreamBroken
-from .rdma import STAGING_MIN as RDMA_STAGING_MIN
+from .blocking import BlockingConnection, BlockingWaits, attach_shm, open_tcp
 from .rdma import RdmaConnection
-from .shm import STAGING_MIN, ShmConnection, ShmUnavailable, socket_path
+from .shm import ShmConnection, ShmUnavailable, socket_path
 from .tcp import TcpConnection
 
 log = logging.getLogger("irdma")
@@ -75,7 +76,7 @@ async def open_connection(
                 nursery,
                 peer=f"{node.name} (shm)",
                 timeout=timeout,
-                staging_size=max(STAGING_MIN, 4 * shard_size),
+                staging_size=shm_staging_size(shard_size),
                 node=node.name,
                 secret=secret,
             )
@@ -91,7 +92,7 @@ async def open_connection(
             peer=peer,
             timeout=timeout,
             secret=secret,
-            staging_size=max(RDMA_STAGING_MIN, 2 * shard_size),
+            staging_size=rdma_staging_size(shard_size),
             gid_index=rdma_gid_index,
             mtu=rdma_mtu,
             required=choice == "rdma",
@@ -101,3 +102,44 @@ async def open_connection(
     return await TcpConnection.open(
         node.address.host, node.address.port, nursery, peer=peer, timeout=timeout, secret=secret
     )
+
+
+def may_use_rdma(nodes: list[Node], forced: str) -> bool:
+    """Whether a client with these daemons and this choice may reach one over RDMA.
+
+    The blocking client runs requests in the calling thread over TCP and shm
+    only; where RDMA may be used it runs them on a trio loop instead.
+    """
+    if forced in ("tcp", "shm"):
+        return False
+    if forced == "rdma" or any(n.address.scheme == "rdma" for n in nodes):
+        return True
+    try:
+        return any(os.scandir("/sys/class/infiniband"))
+    except OSError:
+        return False
+
+
+async def open_blocking_connection(
+    node: Node, *, forced: str, waits: BlockingWaits, shard_size: int, secret: bytes | None
+) -> BlockingConnection:
+    """A blocking client's connection to ``node``: shm or TCP by the same rules as above."""
+    choice = choice_for(node, forced)
+    if choice not in ("shm", "tcp", "auto"):
+        raise StreamBroken(f"{node.name}: the blocking client has no {choice} transport")
+    if choice in ("shm", "auto"):
+        try:
+            return await attach_shm(
+                socket_path(node.data_dir),
+                f"{node.name} (shm)",
+                node.name,
+                waits,
+                secret,
+                shm_staging_size(shard_size),
+            )
+        except ShmUnavailable as exc:
+            if choice == "shm":
+                raise StreamBroken(f"shm transport: {exc}") from None
+            log.debug("%s: no shm (%s)", node.name, exc)
+    peer = f"{node.name} ({node.address})"
+    return await open_tcp(node.address.host, node.address.port, peer, waits, secret)

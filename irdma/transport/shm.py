@@ -35,6 +35,7 @@ import os
 import socket as stdsocket
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import trio
@@ -53,16 +54,24 @@ from ..protocol import (
     encode_json,
     unpack_header,
 )
+from ..sizes import INLINE_MAX, SHM_STAGING_MIN, STAGING_ALIGN
 from .auth import authenticate
-from .base import Buffer, MemoryStream, Reply, Sink, StreamBroken, StreamTimeout
+from .base import (
+    TRIO_WAITS,
+    Buffer,
+    ByteStream,
+    MemoryStream,
+    Reply,
+    Sink,
+    StreamBroken,
+    StreamTimeout,
+    Waits,
+)
 from .staging import StagingArea
 from .tcp import FramedSocket, TcpConnection, to_stdlib
 
 SOCKET_NAME = "psd.sock"
 # Writes below this go inline: a copy into staging would not pay for itself.
-INLINE_MAX = 64 << 10
-STAGING_MIN = 16 << 20
-STAGING_ALIGN = 64
 MAPPED = int(Flag.MAPPED)
 STAGEABLE = frozenset({Op.WRITE, Op.ACCUMULATE})
 # sun_path holds 108 bytes; longer paths are reached through /proc/self/fd.
@@ -101,7 +110,7 @@ def short_address(path: Path):  # type: ignore[no-untyped-def]
         os.close(fd)
 
 
-async def send_fds_frame(sock: trio.socket.SocketType, frame: bytes, fds: list[int]) -> None:
+async def send_fds_frame(sock: AttachSocket, frame: bytes, fds: list[int]) -> None:
     """Send a small frame with descriptors attached to its first byte."""
     anc = [(stdsocket.SOL_SOCKET, stdsocket.SCM_RIGHTS, array.array("i", fds))]
     sent = await sock.sendmsg([frame], anc)
@@ -110,7 +119,7 @@ async def send_fds_frame(sock: trio.socket.SocketType, frame: bytes, fds: list[i
 
 
 async def recv_fds_frame(
-    sock: trio.socket.SocketType, max_length: int = 1 << 16
+    sock: AttachSocket, max_length: int = 1 << 16
 ) -> tuple[Header, bytes, list[int]]:
     """Receive one frame and the descriptors that came with it."""
     fds: list[int] = []
@@ -139,7 +148,7 @@ async def recv_fds_frame(
     return header, bytes(buf[HEADER_SIZE:]), fds
 
 
-def framed_view(sock: trio.socket.SocketType, peer: str) -> FramedSocket:
+def framed_view(sock: AttachSocket, peer: str, waits: Waits = TRIO_WAITS) -> FramedSocket:
     """A FramedSocket on a duplicate of ``sock``'s descriptor, for the AUTH handshake.
 
     It reads and writes the same connection (exactly the handshake's frames),
@@ -148,7 +157,7 @@ def framed_view(sock: trio.socket.SocketType, peer: str) -> FramedSocket:
     """
     dup = stdsocket.socket(fileno=os.dup(sock.fileno()))
     dup.setblocking(False)
-    return FramedSocket(dup, peer)
+    return FramedSocket(dup, peer, waits)
 
 
 def map_shared(fd: int, size: int, *, writable: bool) -> tuple[mmap.mmap, np.ndarray]:
@@ -174,26 +183,159 @@ def make_staging(size: int) -> int:
     return fd
 
 
-class ShmConnection(TcpConnection):
-    """A connection to a same-host daemon: the TCP framing over its unix socket,
-    with bulk data through shared memory."""
+def check_attach_answer(
+    path: Path, peer: str, node: str | None, header: Header, data: bytes, arena_fd: int
+) -> int:
+    """Check a daemon's ATTACH answer and the arena descriptor with it; return the arena's size.
 
-    def __init__(
-        self,
-        stream: FramedSocket,
-        timeout: float,
-        arena_fd: int,
-        arena_size: int,
-        staging_fd: int,
-        staging_size: int,
-    ) -> None:
-        super().__init__(stream, timeout)
+    Raises AuthFailed when the daemon refused our secret, ShmUnavailable
+    when shared memory cannot be used with it (refused, another host or
+    network namespace, not ``node``, no or a short arena descriptor).
+    """
+    if header.status == Status.AUTH_FAILED:
+        reason = data.decode(errors="replace")
+        raise AuthFailed(f"daemon {peer} refused the connection: {reason}")
+    if header.status != Status.OK:
+        raise ShmUnavailable(f"{peer} refused: {data.decode(errors='replace')}")
+    answer = decode_json(data)
+    if not isinstance(answer, dict) or any(k not in answer for k in ATTACH_KEYS):
+        raise ShmUnavailable(f"{peer}: malformed ATTACH answer")
+    if node is not None and answer["node"] != node:
+        raise ShmUnavailable(f"{path} is the socket of {answer['node']}, not {node}")
+    if answer["host"] != host_identity():
+        raise ShmUnavailable(f"{peer} runs on another host or network namespace")
+    if arena_fd < 0:
+        raise ShmUnavailable(f"{peer} sent no arena descriptor")
+    if os.fstat(arena_fd).st_size < int(answer["arena_size"]):
+        # Mapping past a file's end faults (SIGBUS) on access.
+        raise ShmUnavailable(f"{peer}: arena descriptor is smaller than announced")
+    return int(answer["arena_size"])
+
+
+async def exchange_attach(
+    sock: AttachSocket,
+    path: Path,
+    peer: str,
+    node: str | None,
+    secret: bytes | None,
+    timeout: float,
+    staging_size: int,
+    waits: Waits = TRIO_WAITS,
+) -> SharedMemory:
+    """Connect ``sock`` to the daemon's unix socket, authenticate, exchange the memory
+    descriptors and map them (see ``ShmConnection.attach`` for what it raises).
+
+    ``sock`` is a trio socket, or a ``WaitingSocket`` for the blocking client;
+    the caller bounds the whole exchange by ``timeout`` (trio) or each wait is
+    (``waits``). The socket stays open for the connection's frames.
+    """
+    staging_fd = -1
+    arena_fd = -1
+    try:
+        try:
+            with short_address(path) as address:
+                await sock.connect(address)
+        except OSError as exc:
+            raise ShmUnavailable(f"no daemon socket at {path}: {exc.strerror or exc}") from None
+        if secret is not None:
+            view = framed_view(sock, peer, waits)
+            try:
+                await authenticate(view, secret, timeout)
+            finally:
+                view.close()
+        staging_fd = make_staging(staging_size)
+        await send_fds_frame(sock, attach_frame(staging_size), [staging_fd])
+        header, data, fds = await recv_fds_frame(sock)
+        arena_fd = fds[0] if fds else -1
+        for extra in fds[1:]:
+            os.close(extra)
+        arena_size = check_attach_answer(path, peer, node, header, data, arena_fd)
+        return SharedMemory(arena_fd, arena_size, staging_fd, staging_size)
+    finally:
+        # Mapped (or failed): the descriptors are no longer needed.
+        for fd in (staging_fd, arena_fd):
+            if fd >= 0:
+                os.close(fd)
+
+
+class AttachSocket(Protocol):
+    """What the ATTACH exchange needs of a unix socket (trio's, or a WaitingSocket)."""
+
+    async def connect(self, address: str) -> None: ...
+
+    async def sendmsg(self, buffers: list[bytes], ancdata: list) -> int: ...
+
+    async def send(self, data: bytes) -> int: ...
+
+    async def recvmsg(self, bufsize: int, ancbufsize: int) -> tuple: ...
+
+    def fileno(self) -> int: ...
+
+
+def attach_frame(staging_size: int) -> bytes:
+    """The ATTACH request: the staging size we offer (its memfd goes alongside)."""
+    body = encode_json({"staging": staging_size})
+    return Header(op=Op.ATTACH, length=len(body)).pack() + body
+
+
+class SharedMemory:
+    """The shm bulk path of one connection: the daemon's arena mapped read-only
+    (MAPPED answers are copied out of it) and this connection's staging area
+    (large writes are copied into it and sent STAGED)."""
+
+    def __init__(self, arena_fd: int, arena_size: int, staging_fd: int, staging_size: int) -> None:
         self._arena_map, self.arena = map_shared(arena_fd, arena_size, writable=False)
         self._staging_map, view = map_shared(staging_fd, staging_size, writable=True)
         self.staging = StagingArea(view, STAGING_ALIGN, "staging area")
         # Bytes moved through shared memory rather than the socket.
         self.mapped_bytes = 0
         self.staged_bytes = 0
+
+    async def receive(self, stream: ByteStream, header: Header, sink: Sink) -> None:
+        """Hand a successful answer to ``sink``: from the arena if MAPPED, else from ``stream``."""
+        if not header.flags & MAPPED:
+            await sink.receive(stream, header)
+            return
+        if header.length != LOCATION.size:
+            raise ProtocolError(f"MAPPED answer of {header.length} bytes")
+        loc = bytearray(LOCATION.size)
+        await stream.recv_exactly_into(loc)
+        (offset,) = LOCATION.unpack(loc)
+        data_header = dataclasses.replace(header, length=header.size)
+        await sink.receive(MemoryStream(self.arena, offset), data_header)
+        self.mapped_bytes += header.size
+
+    @staticmethod
+    def stages(header: Header) -> bool:
+        """Whether a request's payload goes through staging rather than the socket."""
+        return header.op in STAGEABLE and header.length >= INLINE_MAX
+
+    def staged(self, header: Header, offset: int, payload: Sequence[Buffer]) -> Header:
+        """Copy ``payload`` into the staging room at ``offset``; the STAGED header naming it."""
+        self.staging.fill(offset, payload)
+        self.staged_bytes += header.length
+        return dataclasses.replace(header, flags=header.flags | Flag.STAGED, length=LOCATION.size)
+
+
+class ShmConnection(TcpConnection):
+    """A connection to a same-host daemon: the TCP framing over its unix socket,
+    with bulk data through shared memory."""
+
+    def __init__(self, stream: FramedSocket, timeout: float, memory: SharedMemory) -> None:
+        super().__init__(stream, timeout)
+        self.memory = memory
+
+    @property
+    def mapped_bytes(self) -> int:
+        return self.memory.mapped_bytes
+
+    @property
+    def staged_bytes(self) -> int:
+        return self.memory.staged_bytes
+
+    @property
+    def staging(self) -> StagingArea:
+        return self.memory.staging
 
     @classmethod
     async def attach(
@@ -202,7 +344,7 @@ class ShmConnection(TcpConnection):
         nursery: trio.Nursery,
         peer: str = "",
         timeout: float = 10.0,
-        staging_size: int = STAGING_MIN,
+        staging_size: int = SHM_STAGING_MIN,
         node: str | None = None,
         secret: bytes | None = None,
     ) -> ShmConnection:
@@ -216,68 +358,19 @@ class ShmConnection(TcpConnection):
         """
         peer = peer or str(path)
         sock = trio.socket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM)
-        staging_fd = -1
-        arena_fd = -1
         try:
             with trio.move_on_after(timeout) as scope:
-                try:
-                    with short_address(path) as address:
-                        await sock.connect(address)
-                except OSError as exc:
-                    raise ShmUnavailable(
-                        f"no daemon socket at {path}: {exc.strerror or exc}"
-                    ) from None
-                if secret is not None:
-                    view = framed_view(sock, peer)
-                    try:
-                        await authenticate(view, secret, timeout)
-                    finally:
-                        view.close()
-                staging_fd = make_staging(staging_size)
-                body = encode_json({"staging": staging_size})
-                frame = Header(op=Op.ATTACH, length=len(body)).pack() + body
-                await send_fds_frame(sock, frame, [staging_fd])
-                header, data, fds = await recv_fds_frame(sock)
+                memory = await exchange_attach(
+                    sock, path, peer, node, secret, timeout, staging_size
+                )
             if scope.cancelled_caught:
                 # A daemon that takes connections but does not answer (hung,
                 # paused) would not answer over TCP either: no fallback.
                 raise StreamTimeout(f"{peer}: no answer to ATTACH within {timeout:g} s")
-            arena_fd = fds[0] if fds else -1
-            for extra in fds[1:]:
-                os.close(extra)
-            if header.status == Status.AUTH_FAILED:
-                reason = data.decode(errors="replace")
-                raise AuthFailed(f"daemon {peer} refused the connection: {reason}")
-            if header.status != Status.OK:
-                raise ShmUnavailable(f"{peer} refused: {data.decode(errors='replace')}")
-            answer = decode_json(data)
-            if not isinstance(answer, dict) or any(k not in answer for k in ATTACH_KEYS):
-                raise ShmUnavailable(f"{peer}: malformed ATTACH answer")
-            if node is not None and answer["node"] != node:
-                raise ShmUnavailable(f"{path} is the socket of {answer['node']}, not {node}")
-            if answer["host"] != host_identity():
-                raise ShmUnavailable(f"{peer} runs on another host or network namespace")
-            if arena_fd < 0:
-                raise ShmUnavailable(f"{peer} sent no arena descriptor")
-            if os.fstat(arena_fd).st_size < int(answer["arena_size"]):
-                # Mapping past a file's end faults (SIGBUS) on access.
-                raise ShmUnavailable(f"{peer}: arena descriptor is smaller than announced")
-            conn = cls(
-                FramedSocket(to_stdlib(sock), peer),
-                timeout,
-                arena_fd,
-                int(answer["arena_size"]),
-                staging_fd,
-                staging_size,
-            )
+            conn = cls(FramedSocket(to_stdlib(sock), peer), timeout, memory)
         except BaseException:
             sock.close()
             raise
-        finally:
-            # Mapped (or failed): the descriptors are no longer needed.
-            for fd in (staging_fd, arena_fd):
-                if fd >= 0:
-                    os.close(fd)
         nursery.start_soon(conn._run)
         return conn
 
@@ -286,32 +379,19 @@ class ShmConnection(TcpConnection):
         return "shm"
 
     async def _receive(self, header: Header, sink: Sink) -> bool:
-        if header.flags & MAPPED:
-            loc = bytearray(LOCATION.size)
-            if header.length != LOCATION.size:
-                raise ProtocolError(f"MAPPED answer of {header.length} bytes")
-            await self.stream.recv_exactly_into(loc)
-            (offset,) = LOCATION.unpack(loc)
-            data_header = dataclasses.replace(header, length=header.size)
-            await sink.receive(MemoryStream(self.arena, offset), data_header)
-            self.mapped_bytes += header.size
-            return False
-        await sink.receive(self.stream, header)
+        await self.memory.receive(self.stream, header, sink)
         return False
 
     async def request(
         self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
     ) -> Reply:
-        if header.op not in STAGEABLE or header.length < INLINE_MAX:
+        if not self.memory.stages(header):
             return await super().request(header, payload, sink)
         n = header.length
-        offset = await self.staging.take(n, self)
+        staging = self.memory.staging
+        offset = await staging.take(n, self)
         try:
-            self.staging.fill(offset, payload)
-            self.staged_bytes += n
-            staged = dataclasses.replace(
-                header, flags=header.flags | Flag.STAGED, length=LOCATION.size
-            )
+            staged = self.memory.staged(header, offset, payload)
             return await super().request(staged, [LOCATION.pack(offset)], sink)
         finally:
-            self.staging.give(offset, n, self)
+            staging.give(offset, n, self)

@@ -31,6 +31,7 @@ from ..protocol import (
 from .auth import authenticate
 from .base import (
     SOCKET_ERRORS,
+    TRIO_WAITS,
     Buffer,
     Connection,
     Reply,
@@ -38,6 +39,7 @@ from .base import (
     StreamBroken,
     StreamClosed,
     StreamTimeout,
+    Waits,
     acquire_soon,
     translate_socket_error,
     translate_socket_errors,
@@ -75,15 +77,18 @@ def to_stdlib(sock: trio.socket.SocketType) -> stdsocket.socket:
 class FramedSocket:
     """A non-blocking socket with the exact-size reads and scatter writes the protocol needs.
 
-    Each call first tries the system call and waits for readiness under trio
-    only when it would block, so a request whose bytes are already there
-    costs no trip through the scheduler (trio's socket wrappers add two per
-    call); ``YIELD_EVERY`` keeps that fair.
+    Each call first tries the system call and waits for readiness only when
+    it would block, so a request whose bytes are already there costs no trip
+    through the scheduler (trio's socket wrappers add two per call);
+    ``YIELD_EVERY`` keeps that fair. How it waits is ``waits``: under trio
+    (the default, for the daemon and ``AsyncClient``) or in the calling
+    thread (``irdma.shells.BlockingWaits``, for the blocking ``Client``).
     """
 
-    def __init__(self, sock: stdsocket.socket, peer: str = "") -> None:
+    def __init__(self, sock: stdsocket.socket, peer: str = "", waits: Waits | None = None) -> None:
         self.sock = sock
         self.peer = peer
+        self.waits = waits or TRIO_WAITS
         self._header_buf = bytearray(HEADER_SIZE)
         self._header_view = memoryview(self._header_buf)
         self._ops = 0
@@ -92,7 +97,7 @@ class FramedSocket:
         self._ops += 1
         if self._ops >= YIELD_EVERY:
             self._ops = 0
-            await trio.lowlevel.checkpoint()
+            await self.waits.checkpoint()
 
     async def _recv_into(self, view: memoryview) -> int:
         while True:
@@ -100,7 +105,7 @@ class FramedSocket:
                 return self.sock.recv_into(view, min(len(view), RECV_CHUNK))
             except BlockingIOError:
                 self._ops = 0
-                await trio.lowlevel.wait_readable(self.sock)
+                await self.waits.readable(self.sock)
 
     async def recv_exactly_into(self, view: memoryview | bytearray) -> None:
         """Fill ``view`` completely; raises StreamBroken on EOF or error."""
@@ -123,7 +128,7 @@ class FramedSocket:
                         self.sock.setsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_RCVLOWAT, want)
                         lowat = want
                     self._ops = 0
-                    await trio.lowlevel.wait_readable(self.sock)
+                    await self.waits.readable(self.sock)
                     continue
                 if k == 0:
                     raise StreamBroken(
@@ -174,7 +179,7 @@ class FramedSocket:
                 try:
                     sent = self.sock.sendmsg(views[:64])
                 except BlockingIOError:
-                    await trio.lowlevel.wait_writable(self.sock)
+                    await self.waits.writable(self.sock)
                     continue
                 while sent:
                     if sent >= views[0].nbytes:
@@ -195,12 +200,12 @@ class FramedSocket:
                 try:
                     offset += os.sendfile(fileno, fd, offset, end - offset)
                 except BlockingIOError:
-                    await trio.lowlevel.wait_writable(self.sock)
+                    await self.waits.writable(self.sock)
 
     def close(self) -> None:
         """Close the socket; tasks waiting on it get StreamClosed."""
         if self.sock.fileno() != -1:
-            trio.lowlevel.notify_closing(self.sock)
+            self.waits.closing(self.sock)
             self.sock.close()
 
 
@@ -233,6 +238,33 @@ class BytesSink(Sink):
         buf = bytearray(header.length)
         await stream.recv_exactly_into(buf)
         self.data = bytes(buf)
+
+
+async def next_answer(stream: FramedSocket) -> Header:
+    """The header of the next answer on a client's connection.
+
+    Raises StreamBroken when the daemon hung up, ProtocolError when it sent
+    a request, and AuthFailed when it refused the connection for want of
+    the secret (it closes it then, so every request on it fails alike).
+    """
+    header = await stream.recv_header()
+    if header is None:
+        raise StreamBroken(f"{stream.peer} closed the connection")
+    if not header.is_response:
+        raise ProtocolError(f"{stream.peer} sent a request, not a response")
+    if header.status == AUTH_FAILED:
+        sink = BytesSink(MAX_ERROR_MESSAGE)
+        await sink.receive(stream, header)
+        reason = sink.data.decode("utf-8", "replace")
+        raise AuthFailed(f"daemon {stream.peer} refused the connection: {reason}")
+    return header
+
+
+async def receive_unsunk(stream: FramedSocket, header: Header) -> Reply:
+    """An answer with no sink to take it (an error, or a request without one): its bytes."""
+    sink = BytesSink()
+    await sink.receive(stream, header)
+    return Reply(header, sink.data)
 
 
 class _Pending:
@@ -328,18 +360,7 @@ class TcpConnection(Connection):
 
     async def _read_loop(self) -> None:
         while True:
-            header = await self.stream.recv_header()
-            if header is None:
-                raise StreamBroken(f"{self.stream.peer} closed the connection")
-            if not header.is_response:
-                raise ProtocolError(f"{self.stream.peer} sent a request, not a response")
-            if header.status == AUTH_FAILED:
-                # The daemon wants a secret this connection did not show; it
-                # closes the connection, so every request on it fails the same way.
-                sink = BytesSink(MAX_ERROR_MESSAGE)
-                await sink.receive(self.stream, header)
-                reason = sink.data.decode("utf-8", "replace")
-                raise AuthFailed(f"daemon {self.stream.peer} refused the connection: {reason}")
+            header = await next_answer(self.stream)
             self._last_progress = trio.current_time()
             pending = self._pending.pop(header.request_id, None)
             if pending is None:
@@ -351,9 +372,7 @@ class TcpConnection(Connection):
                 release_later = await self._receive(header, pending.sink)
                 pending.reply = Reply(header)
             else:
-                sink = BytesSink()
-                await sink.receive(self.stream, header)
-                pending.reply = Reply(header, sink.data)
+                pending.reply = await receive_unsunk(self.stream, header)
             if header.flags & PINNED and not release_later:
                 self._release(header.request_id)
             pending.event.set()

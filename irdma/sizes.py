@@ -1,0 +1,44 @@
+"""The sizes that decide how bytes travel between a client and a daemon, in one place.
+
+Each transport reads its thresholds from here (client and daemon alike), so
+"large" means the same thing on both ends of every connection.
+"""
+
+from __future__ import annotations
+
+# Writes and accumulates below this go inline over the socket; from it up, an
+# shm client copies them into its staging memory and sends STAGED (a copy into
+# staging does not pay for itself on smaller payloads).
+INLINE_MAX = 64 << 10
+
+# Reads at least this large leave the daemon without a copy in its process:
+# over TCP with sendfile from the arena (pinned until RELEASE), over shm as a
+# MAPPED answer the client copies out of its mapping of the arena.
+ZERO_COPY_MIN = 256 << 10
+
+# Over RDMA every read is MAPPED: the client READs the bytes itself.
+RDMA_MAPPED_MIN = 1
+
+# Answers with at most this much payload are joined to their header and sent
+# as one buffer (a copy this small costs less than a scatter list).
+SMALL_REPLY = 64 << 10
+
+# Staging memory per connection, as the client asks for it: at least this,
+# and room for a few shards (shm: 4, rdma: 2) in flight.
+SHM_STAGING_MIN = 16 << 20
+RDMA_STAGING_MIN = 4 << 20
+# What a daemon accepts as an RDMA connection's staging area (it is a block of
+# its arena, for that connection alone).
+RDMA_STAGING_ACCEPTED = (64 << 10, 256 << 20)
+# Alignment of each request's room in staging memory.
+STAGING_ALIGN = 64
+
+
+def shm_staging_size(shard_size: int) -> int:
+    """Staging memory of one shm connection: room for four shards in flight."""
+    return max(SHM_STAGING_MIN, 4 * shard_size)
+
+
+def rdma_staging_size(shard_size: int) -> int:
+    """Staging memory (and registered buffer) of one RDMA connection: two shards."""
+    return max(RDMA_STAGING_MIN, 2 * shard_size)

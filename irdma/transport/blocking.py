@@ -1,0 +1,310 @@
+"""Connections of the blocking ``Client``: each request runs in the calling thread.
+
+A request sends its frame and reads its own answer on the same socket: no
+event loop, no reader task, no hand-off between threads. The framing, the
+answer rules (``next_answer``, PINNED then RELEASE) and the shm bulk path
+(``SharedMemory``: MAPPED answers copied out of the daemon's arena, large
+writes STAGED) are the ones the trio connections use; only the waiting
+differs (``BlockingWaits``).
+
+Waits happen in the calling thread (``poll`` with the client's timeout), or
+under trio while the blocking client runs the shards of one call
+concurrently (``BlockingWaits.in_trio``, see ``irdma.shells``).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket as stdsocket
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..errors import AuthFailed
+from ..protocol import (
+    LOCATION,
+    REQUEST_ID,
+    REQUEST_ID_OFFSET,
+    Flag,
+    Header,
+    Op,
+    Status,
+)
+from .auth import authenticate
+from .base import Buffer, Reply, Sink, StreamBroken, StreamClosed, StreamTimeout
+from .shm import SharedMemory, StagingArea, exchange_attach
+from .tcp import FramedSocket, next_answer, receive_unsunk, tune_socket
+
+PINNED = int(Flag.PINNED)
+OK = int(Status.OK)
+
+
+class BlockingWaits:
+    """How one thread's blocking connections wait: ``poll`` bounded by ``timeout``,
+    or trio's waits while ``in_trio`` (the thread is inside ``trio.run``)."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.in_trio = False
+        # While in trio: one lock per connection, so the concurrent shards of
+        # one call take turns on a socket that carries one request at a time.
+        self._locks: dict[int, trio.Lock] = {}
+
+    def _poll(self, sock: stdsocket.socket, events: int) -> None:
+        poller = select.poll()
+        poller.register(sock, events)
+        if not poller.poll(self.timeout * 1000):
+            raise StreamTimeout(f"no answer within {self.timeout:g} s")
+
+    async def _trio_wait(self, wait: Any, sock: stdsocket.socket) -> None:
+        with trio.move_on_after(self.timeout) as scope:
+            await wait(sock)
+        if scope.cancelled_caught:
+            raise StreamTimeout(f"no answer within {self.timeout:g} s")
+
+    async def readable(self, sock: stdsocket.socket) -> None:
+        if self.in_trio:
+            await self._trio_wait(trio.lowlevel.wait_readable, sock)
+        else:
+            self._poll(sock, select.POLLIN)
+
+    async def writable(self, sock: stdsocket.socket) -> None:
+        if self.in_trio:
+            await self._trio_wait(trio.lowlevel.wait_writable, sock)
+        else:
+            self._poll(sock, select.POLLOUT)
+
+    async def checkpoint(self) -> None:
+        if self.in_trio:
+            await trio.lowlevel.checkpoint()
+
+    def closing(self, sock: stdsocket.socket) -> None:
+        if self.in_trio:
+            trio.lowlevel.notify_closing(sock)
+
+    def enter_trio(self) -> None:
+        self.in_trio = True
+        self._locks = {}
+
+    def leave_trio(self) -> None:
+        self.in_trio = False
+        self._locks = {}
+
+    def lock_for(self, conn: object) -> trio.Lock:
+        """The lock giving a request exclusive use of ``conn`` while under trio."""
+        return self._locks.setdefault(id(conn), trio.Lock())
+
+
+class WaitingSocket:
+    """A non-blocking stdlib socket with the awaitable calls of a trio socket that the
+    shm ATTACH exchange uses, waiting through ``waits``."""
+
+    def __init__(self, sock: stdsocket.socket, waits: BlockingWaits) -> None:
+        self.sock = sock
+        self.waits = waits
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    async def connect(self, address: Any) -> None:
+        try:
+            self.sock.connect(address)
+        except BlockingIOError:
+            await self.waits.writable(self.sock)
+            err = self.sock.getsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_ERROR)
+            if err:
+                raise OSError(err, os.strerror(err)) from None
+
+    async def sendmsg(self, buffers: list[bytes], ancdata: list) -> int:
+        while True:
+            try:
+                return self.sock.sendmsg(buffers, ancdata)
+            except BlockingIOError:
+                await self.waits.writable(self.sock)
+
+    async def send(self, data: bytes) -> int:
+        while True:
+            try:
+                return self.sock.send(data)
+            except BlockingIOError:
+                await self.waits.writable(self.sock)
+
+    async def recvmsg(self, bufsize: int, ancbufsize: int) -> tuple:
+        while True:
+            try:
+                return self.sock.recvmsg(bufsize, ancbufsize)
+            except BlockingIOError:
+                await self.waits.readable(self.sock)
+
+
+class BlockingConnection:
+    """A client's connection to one daemon, one request at a time, run by the caller.
+
+    ``memory`` is the shm bulk path for a same-host daemon (None over TCP).
+    A request that fails part-way (timeout, broken socket, cancellation,
+    Ctrl-C) fails the connection: its socket may hold half a frame.
+    """
+
+    def __init__(
+        self, stream: FramedSocket, waits: BlockingWaits, memory: SharedMemory | None = None
+    ) -> None:
+        self.stream = stream
+        self.waits = waits
+        self.memory = memory
+        self._next_id = 1
+        self._failure: BaseException | None = None
+        self._closed = False
+
+    @property
+    def transport(self) -> str:
+        return "tcp" if self.memory is None else "shm"
+
+    @property
+    def broken(self) -> bool:
+        return self._failure is not None or self._closed
+
+    # What tests and ``irdma status`` read of an shm connection.
+    @property
+    def mapped_bytes(self) -> int:
+        return self.memory.mapped_bytes if self.memory is not None else 0
+
+    @property
+    def staged_bytes(self) -> int:
+        return self.memory.staged_bytes if self.memory is not None else 0
+
+    @property
+    def staging(self) -> StagingArea | None:
+        return self.memory.staging if self.memory is not None else None
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = exc
+        self.stream.close()
+
+    async def request(
+        self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
+    ) -> Reply:
+        """Send one request and read its answer (see ``Connection.request``)."""
+        if self._failure is not None:
+            raise StreamBroken(str(self._failure)) from self._failure
+        if self._closed:
+            raise StreamClosed(f"connection to {self.stream.peer} is closed")
+        if self.waits.in_trio:
+            # The concurrent shards of one call take turns on the socket.
+            async with self.waits.lock_for(self):
+                return await self._staged_exchange(header, payload, sink)
+        return await self._staged_exchange(header, payload, sink)
+
+    async def _staged_exchange(
+        self, header: Header, payload: Sequence[Buffer], sink: Sink | None
+    ) -> Reply:
+        memory = self.memory
+        if memory is None or not memory.stages(header):
+            return await self._exchange(header, payload, sink)
+        n = header.length
+        offset = await memory.staging.take(n, self)
+        try:
+            staged = memory.staged(header, offset, payload)
+            return await self._exchange(staged, [LOCATION.pack(offset)], sink)
+        finally:
+            memory.staging.give(offset, n, self)
+
+    async def _exchange(
+        self, header: Header, payload: Sequence[Buffer], sink: Sink | None
+    ) -> Reply:
+        rid = self._next_id
+        self._next_id += 1
+        frame = bytearray(header.pack())
+        REQUEST_ID.pack_into(frame, REQUEST_ID_OFFSET, rid)
+        stream = self.stream
+        try:
+            await stream.send_all([frame, *payload])
+            answer = await next_answer(stream)
+            if answer.request_id != rid:
+                raise StreamBroken(
+                    f"{stream.peer} answered request {answer.request_id}, expected {rid}"
+                )
+            if answer.status == OK and sink is not None:
+                if self.memory is not None:
+                    await self.memory.receive(stream, answer, sink)
+                else:
+                    await sink.receive(stream, answer)
+                reply = Reply(answer)
+            else:
+                reply = await receive_unsunk(stream, answer)
+            if answer.flags & PINNED:
+                # The daemon holds the answer's memory until told it was taken.
+                await stream.send_all([Header(op=Op.RELEASE, request_id=rid).pack()])
+            return reply
+        except (StreamBroken, StreamClosed, AuthFailed) as exc:
+            self._fail(exc)
+            raise
+        except Exception as exc:  # a malformed answer (ProtocolError) and the like
+            self._fail(exc)
+            raise StreamBroken(f"{stream.peer}: {exc}") from exc
+        except BaseException as exc:  # cancelled, Ctrl-C: half a frame may be in flight
+            self._fail(exc)
+            raise
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self.stream.close()
+
+
+async def open_tcp(
+    host: str, port: int, peer: str, waits: BlockingWaits, secret: bytes | None
+) -> BlockingConnection:
+    """Connect to a daemon over TCP (and authenticate with ``secret``)."""
+    last: OSError | None = None
+    try:
+        infos = stdsocket.getaddrinfo(host, port, type=stdsocket.SOCK_STREAM)
+    except OSError as exc:
+        raise StreamBroken(f"connecting to {peer}: {exc.strerror or exc}") from exc
+    for family, type_, proto, _, addr in infos:
+        sock = stdsocket.socket(family, type_, proto)
+        sock.setblocking(False)
+        try:
+            await WaitingSocket(sock, waits).connect(addr)
+        except StreamTimeout:
+            sock.close()
+            raise StreamTimeout(
+                f"connecting to {peer}: no answer within {waits.timeout:g} s"
+            ) from None
+        except OSError as exc:
+            sock.close()
+            last = exc
+            continue
+        tune_socket(sock)
+        stream = FramedSocket(sock, peer, waits)
+        if secret is not None:
+            await authenticate(stream, secret, waits.timeout)
+        return BlockingConnection(stream, waits)
+    reason = (last.strerror or str(last)) if last is not None else "no address"
+    raise StreamBroken(f"connecting to {peer}: {reason}")
+
+
+async def attach_shm(
+    path: Path,
+    peer: str,
+    node: str | None,
+    waits: BlockingWaits,
+    secret: bytes | None,
+    staging_size: int,
+) -> BlockingConnection:
+    """Attach to a same-host daemon's shared memory (raises like ``ShmConnection.attach``)."""
+    sock = stdsocket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        memory = await exchange_attach(
+            WaitingSocket(sock, waits), path, peer, node, secret, waits.timeout, staging_size, waits
+        )
+    except BaseException:
+        sock.close()
+        raise
+    return BlockingConnection(FramedSocket(sock, peer, waits), waits, memory)

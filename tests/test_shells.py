@@ -1,0 +1,111 @@
+"""The two shells of the client's core: the blocking Client runs in the calling thread.
+
+Real daemons (64 KiB shards, so a 1 MB tensor spans all three of them).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import numpy as np
+import pytest
+import trio
+
+from irdma import Client
+from irdma.client import AsyncClient
+from irdma.errors import DaemonTimeout
+from irdma.shells import BlockingShell, drive
+from irdma.transport.blocking import BlockingConnection
+from irdma.transport.select import may_use_rdma
+
+from .conftest import Cluster
+
+N = 250_000  # float32: ~1 MB, 15 shards of 64 KiB
+
+
+def test_drive_runs_a_coroutine_that_never_suspends_and_refuses_one_that_does() -> None:
+    async def plain(x: int) -> int:
+        return x + 1
+
+    assert drive(plain(1)) == 2
+    with pytest.raises(RuntimeError, match="tried to suspend"):
+        drive(trio.sleep(0))
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_calls_run_in_the_calling_thread_with_no_loop_thread(
+    cluster: Cluster, transport: str
+) -> None:
+    x = np.arange(N, dtype=np.float32)
+    before = {t.ident for t in threading.enumerate()}
+    with Client(cluster.config_path, transport=transport) as c:
+        assert isinstance(c._client._shell, BlockingShell)
+        c.write(f"shell/{transport}", x)
+        c.accumulate(f"shell/{transport}", x, alpha=0.5)
+        assert np.array_equal(c.read(f"shell/{transport}"), x * 1.5)
+        small = c.read_bytes(f"shell/{transport}", 8, 16)
+        assert np.array_equal(np.frombuffer(small, np.float32), x[2:6] * 1.5)
+        during = {t.ident for t in threading.enumerate()}
+        conns = list(c._client._conns.values())
+    # No thread was started to serve the calls: they ran in this one.
+    assert during == before
+    assert conns and all(isinstance(k, BlockingConnection) for k in conns)
+    assert {k.transport for k in conns} == {transport}
+    assert all(k.broken for k in conns)  # closed with the client
+
+
+def test_each_thread_gets_its_own_connections_and_sums_stay_exact(cluster: Cluster) -> None:
+    with Client(cluster.config_path) as c:
+        c.write("shell/threads", np.zeros(N, np.int64))
+        conns: dict[int, list[int]] = {}
+        errors: list[BaseException] = []
+
+        def worker(k: int) -> None:
+            try:
+                for _ in range(10):
+                    c.accumulate("shell/threads", np.full(N, k + 1, np.int64))
+                conns[k] = [id(v) for v in c._client._conns.values()]
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert np.array_equal(c.read("shell/threads"), np.full(N, 10 * (1 + 2 + 3 + 4)))
+    ids = [i for k in conns.values() for i in k]
+    assert len(conns) == 4 and len(ids) == len(set(ids)), conns
+
+
+async def test_a_blocking_client_works_from_inside_trio(cluster: Cluster) -> None:
+    """Inside a trio run the fan-out cannot nest trio.run: the shards go one by one."""
+    x = np.arange(N, dtype=np.float32) - 7
+    with Client(cluster.config_path) as c:
+        c.write("shell/in-trio", x)
+        assert np.array_equal(c.read("shell/in-trio"), x)
+    async with AsyncClient(cluster.config_path) as ac:
+        assert np.array_equal(await ac.read("shell/in-trio"), x)
+
+
+def test_a_paused_daemon_is_a_timeout_then_the_client_reconnects(fresh_cluster: Cluster) -> None:
+    c = fresh_cluster
+    x = np.arange(N, dtype=np.float32)
+    with Client(c.config_path) as client:
+        client.write("shell/paused", x)
+        c.signal("n1", signal.SIGSTOP)
+        try:
+            with pytest.raises(DaemonTimeout, match="n1"):
+                client.read("shell/paused")
+        finally:
+            c.signal("n1", signal.SIGCONT)
+        # The timed-out connection was dropped; a new one serves.
+        assert np.array_equal(client.read("shell/paused"), x)
+
+
+def test_rdma_may_be_used_only_where_asked_for_or_a_device_exists(cluster: Cluster) -> None:
+    nodes = cluster.config.nodes
+    assert may_use_rdma(nodes, "rdma")
+    assert not may_use_rdma(nodes, "tcp") and not may_use_rdma(nodes, "shm")
