@@ -19,12 +19,15 @@ import trio
 from irdma.client import AsyncClient, TensorInfo
 from irdma.errors import DtypeMismatch, OutOfRange, ShapeMismatch, StaleLayout, TensorNotFound
 
-from .npyfile import BadNpy, header_for, parse_header, parse_npy
+from .npyfile import BadNpy, check_start, header_for, parse_header, parse_npy
 from .paths import RAW_OPTION, Kind, Target
 
 log = logging.getLogger("irdma.fuse")
 
 SNAPSHOT_RETRIES = 8
+# Writes that reach into the first bytes of a .npy file have its header checked
+# at once; numpy's headers are 128 bytes for ordinary shapes, a few KiB at most.
+HEADER_CHECK_LIMIT = 1 << 16
 
 
 def identity(info: TensorInfo) -> tuple:
@@ -198,6 +201,12 @@ class Handle:
     redefine: bool = False  # size changed, truncated or new: push the whole file
     info: TensorInfo | None = None  # the tensor as it was when opened (None: new file)
     cached: bool = False  # served through the kernel page cache (not direct I/O)
+    # A new .npy file (created, truncated, an accumulate or a push) has its header
+    # checked as it is written, so a bad one fails the write() itself; rewrites
+    # of an existing file are checked at close, as they may pass through a bad
+    # header on the way to a good one.
+    checks_header: bool = False
+    header_end: int = 0  # the header's length once checked (0: not yet)
 
     def read(self, off: int, size: int) -> memoryview:
         """The bytes at ``off``: a view, no copy (pyfuse3 hands it to the kernel at once)."""
@@ -214,7 +223,10 @@ class Handle:
         return 0
 
     def write(self, off: int, data: bytes) -> int:
+        """Take a write into the buffer; BadNpy (EINVAL) leaves the buffer as it was."""
         assert self.buf is not None
+        if self.checks_header and self.header_end == 0 and off < HEADER_CHECK_LIMIT:
+            self._check_header_after(off, data)
         end = off + len(data)
         if end > len(self.buf):
             self.redefine = True
@@ -225,8 +237,27 @@ class Handle:
             self.dirty.append((off, end))
         return len(data)
 
+    def _check_header_after(self, off: int, data: bytes) -> None:
+        """Refuse a write that makes the start of a new .npy file impossible.
+
+        Only the bytes written from offset 0 without a gap count: a write past
+        a gap may be followed by the writer filling it, and is judged at close.
+        """
+        if off > contiguous_end(self.dirty):
+            return
+        extent = min(contiguous_end([*self.dirty, (off, off + len(data))]), HEADER_CHECK_LIMIT)
+        assert self.buf is not None
+        start = bytearray(self.buf.view()[:extent])
+        start[len(start) :] = bytes(extent - len(start))
+        start[off:extent] = data[: max(0, extent - off)]
+        try:
+            self.header_end = check_start(start) or 0
+        except BadNpy as exc:
+            raise BadNpy(f"{self.path}: {exc}") from None
+
     def truncate(self, size: int) -> None:
         assert self.buf is not None
+        self.checks_header = False  # zeros may stand where the header will go: judged at close
         self.buf.resize(size)
         self.redefine = True
         self.dirty.append((0, size))
@@ -234,6 +265,12 @@ class Handle:
     @property
     def is_dirty(self) -> bool:
         return bool(self.dirty) or self.redefine
+
+
+def contiguous_end(ranges: list[tuple[int, int]]) -> int:
+    """How far the byte ranges cover the file from offset 0 without a gap."""
+    out = merged(ranges)
+    return out[0][1] if out and out[0][0] == 0 else 0
 
 
 def merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -253,16 +290,19 @@ async def push(client: AsyncClient, handle: Handle) -> None:
         return
     t = handle.target
     data = handle.buf.view()
-    if t.kind == Kind.ACCUMULATE:
-        await client.accumulate(t.name, parse_npy(data))
-    elif t.kind == Kind.STEP:
-        await client.accumulate(t.name, parse_npy(data), worker=t.worker, step=t.step)
-    elif t.kind == Kind.SHARD:
-        await _push_shard(client, handle, data)
-    elif t.typed:
-        await _push_npy(client, handle, data)
-    else:
-        await _push_raw(client, handle, data)
+    try:
+        if t.kind == Kind.ACCUMULATE:
+            await client.accumulate(t.name, parse_npy(data))
+        elif t.kind == Kind.STEP:
+            await client.accumulate(t.name, parse_npy(data), worker=t.worker, step=t.step)
+        elif t.kind == Kind.SHARD:
+            await _push_shard(client, handle, data)
+        elif t.typed:
+            await _push_npy(client, handle, data)
+        else:
+            await _push_raw(client, handle, data)
+    except BadNpy as exc:  # the mount's log is where the reason goes: name the file
+        raise BadNpy(f"{handle.path}: {exc}") from None
     handle.dirty.clear()
     handle.redefine = False
     handle.info = (

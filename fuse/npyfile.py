@@ -76,6 +76,35 @@ def parse_header(data: bytes | bytearray | memoryview) -> NpyLayout:
     return NpyLayout(dtype, tuple(int(d) for d in shape), f.tell())
 
 
+MAGIC = b"\x93NUMPY"
+VERSIONS = ((1, 0), (2, 0), (3, 0))
+
+
+def check_start(data: bytes | bytearray | memoryview) -> int | None:
+    """Check the start of a .npy file being written, as far as it is there.
+
+    Returns the header's length once the whole header is there and valid,
+    None while it is incomplete but right so far; raises BadNpy as soon as
+    the bytes there cannot begin a .npy file (so a writer hears it at its
+    first write, not only at close).
+    """
+    head = bytes(data[: len(MAGIC)])
+    if head != MAGIC[: len(head)]:
+        raise BadNpy(f"not a .npy file: it starts with {head!r}, not the .npy magic {MAGIC!r}")
+    if len(data) < len(MAGIC) + 2:
+        return None
+    version = (data[len(MAGIC)], data[len(MAGIC) + 1])
+    if version not in VERSIONS:
+        raise BadNpy(f"unsupported .npy version {version[0]}.{version[1]}")
+    width = 2 if version == (1, 0) else 4
+    start = len(MAGIC) + 2 + width
+    if len(data) < start:
+        return None
+    if len(data) < start + int.from_bytes(bytes(data[start - width : start]), "little"):
+        return None
+    return parse_header(data).header_len
+
+
 def parse_npy(data: bytes | bytearray | memoryview) -> np.ndarray:
     """The array in a complete .npy file (a view of ``data`` where possible)."""
     layout = parse_header(data)

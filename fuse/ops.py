@@ -53,6 +53,11 @@ XATTR_PREFIX = "user.irdma."
 WORKER_DIR_TIMEOUT = 300.0
 # How old a getattr answer for a file held open only for reading may be.
 OPEN_ATTR_REUSE = 0.5
+# How long a lookup that failed because a daemon did not answer is answered
+# from memory. The kernel asks twice for one path (revalidating its cached
+# entry fails, so it drops the entry and looks the name up afresh), and each
+# ask would otherwise wait the whole client timeout again.
+LOOKUP_FAILURE_REUSE = 1.0
 
 
 def errno_for(exc: BaseException) -> int:
@@ -138,6 +143,8 @@ class IrdmaOperations(pyfuse3.Operations):
         self._step_infos: dict[str, TensorInfo] = {}
         # getattr answers for files held open for reading: path -> (when, attrs).
         self._open_attrs: dict[str, tuple[float, pyfuse3.EntryAttributes]] = {}
+        # Lookups that failed on an unreachable daemon: path -> (when, errno).
+        self._lookup_failures: dict[str, tuple[float, int]] = {}
         self._start_ns = time.time_ns()
 
     # -- inodes and attributes -------------------------------------------------
@@ -265,7 +272,27 @@ class IrdmaOperations(pyfuse3.Operations):
 
     @fuse_errors
     async def lookup(self, parent_inode, name, ctx=None):
-        return self._attrs(await self.resolve(self._child(parent_inode, name)))
+        path = self._child(parent_inode, name)
+        now = time.monotonic()
+        failed = self._lookup_failures.get(path)
+        if failed is not None and now - failed[0] < LOOKUP_FAILURE_REUSE:
+            raise pyfuse3.FUSEError(failed[1])  # logged when it happened
+        try:
+            res = await self.resolve(path)
+        except (DaemonUnavailable, ClientClosed) as exc:
+            self._remember_lookup_failure(path, time.monotonic(), errno_for(exc))
+            raise
+        self._lookup_failures.pop(path, None)
+        return self._attrs(res)
+
+    def _remember_lookup_failure(self, path: str, when: float, code: int) -> None:
+        # Old entries go as new ones come, so the table stays as small as the
+        # set of paths that failed in the last LOOKUP_FAILURE_REUSE seconds.
+        for p in [
+            p for p, (t, _) in self._lookup_failures.items() if when - t >= LOOKUP_FAILURE_REUSE
+        ]:
+            del self._lookup_failures[p]
+        self._lookup_failures[path] = (when, code)
 
     @fuse_errors
     async def getattr(self, inode, ctx=None):
@@ -453,10 +480,12 @@ class IrdmaOperations(pyfuse3.Operations):
             if not writable:
                 raise pyfuse3.FUSEError(errno.EACCES)
             handle.buf = FileBuffer()
+            handle.checks_header = True
             return handle
         if t.kind == Kind.STEP:
             if writable:  # a push: the gradient for this step, written whole
                 handle.buf = FileBuffer()
+                handle.checks_header = True
                 return handle
             # A pull: waits for the step, then is this open's own content.
             info, data = await load(self._c, t, res.info)
@@ -471,6 +500,7 @@ class IrdmaOperations(pyfuse3.Operations):
                 handle.buf = FileBuffer(capacity=expected)
                 handle.redefine = t.kind != Kind.SHARD
                 handle.dirty.append((0, 0))
+                handle.checks_header = t.typed and t.kind == Kind.TENSOR
             else:
                 info, data = await load(self._c, t, res.info)
                 handle.info = info
@@ -567,7 +597,9 @@ class IrdmaOperations(pyfuse3.Operations):
         if not await self._dir_exists(paths.parse(parent).name if parent else ""):
             raise pyfuse3.FUSEError(errno.ENOENT)
         target = paths.file_candidates(path)[0]  # .npy: typed; anything else: raw bytes
-        handle = Handle(path, target, True, buf=FileBuffer(), redefine=True)
+        handle = Handle(
+            path, target, True, buf=FileBuffer(), redefine=True, checks_header=target.typed
+        )
         self._pending[path] = handle
         self._modes[path] = stat.S_IMODE(mode)
         self._forget_content(path)

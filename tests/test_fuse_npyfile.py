@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from irdma_fuse.npyfile import BadNpy, NpyLayout, header_for, parse_header, parse_npy
+from irdma_fuse.npyfile import (
+    BadNpy,
+    NpyLayout,
+    check_start,
+    header_for,
+    parse_header,
+    parse_npy,
+)
 from numpy.lib import format as npformat
 
 DTYPES = [
@@ -355,3 +362,30 @@ def test_parse_rejects_structured_dtype(dtype) -> None:
         parse_header(data)
     with pytest.raises(BadNpy):
         parse_npy(data)
+
+
+@pytest.mark.parametrize("version", [(1, 0), (2, 0), (3, 0)])
+def test_check_start_is_patient_until_the_header_is_whole(version: tuple[int, int]) -> None:
+    """Every prefix of a valid header is right so far; the whole one gives its length."""
+    buf = io.BytesIO()
+    npformat.write_array(buf, np.zeros((3, 5), np.float32), version=version)
+    header = buf.getvalue()[: parse_header(buf.getvalue()).header_len]
+    for cut in range(len(header)):
+        assert check_start(header[:cut]) is None
+    assert check_start(header) == len(header)
+    assert check_start(header + bytes(60)) == len(header)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"g", b"garbage\n", b"\x93NUMPZ", b"\x93NUMPY\x07\x00", b"PK\x03\x04", bytes(9)],
+    ids=repr,
+)
+def test_check_start_refuses_what_cannot_begin_a_npy(data: bytes) -> None:
+    with pytest.raises(BadNpy):
+        check_start(data)
+
+
+def test_check_start_refuses_a_whole_bad_header() -> None:
+    with pytest.raises(BadNpy):
+        check_start(raw_header("{'descr': '|O', 'fortran_order': False, 'shape': (3,), }"))
