@@ -2,7 +2,8 @@
 
 Unmount with ``fusermount3 -u MOUNTPOINT`` or SIGTERM/Ctrl-C (pending writes
 are pushed first). Without ``--foreground`` the command returns once the
-mount is up and the filesystem keeps running in the background.
+mount is up and the filesystem keeps running in the background. Where the
+mount logs (a file, or the journal under systemd) is shown by ``irdma status``.
 """
 
 from __future__ import annotations
@@ -19,12 +20,20 @@ from pathlib import Path
 
 import trio
 
+from irdma import mounts
 from irdma.client import AsyncClient
 from irdma.cluster import ClusterConfig, load_config
 from irdma.errors import ConfigError, IrdmaError
 from irdma.sdnotify import Notifier
 
 log = logging.getLogger("irdma.fuse")
+
+DESCRIPTION = """\
+Serve the cluster's tensors as files under MOUNTPOINT: DIR/NAME.npy for each tensor
+(np.load, np.save, cp, dd), any other name as raw bytes, mkdir/rm/mv for names.
+Without --foreground it returns once mounted and logs to a file; under systemd it logs
+to the journal. irdma status shows each mount and where it logs.
+Unmount: fusermount3 -u MOUNTPOINT (pending writes are pushed first)."""
 
 READ_AHEAD_KB = 4096  # the page cache asks for up to this much at once (default 128)
 MOUNT_WAIT = 30.0
@@ -70,7 +79,12 @@ def _raise_read_ahead(mountpoint: Path) -> None:
 
 
 async def serve(
-    config: ClusterConfig, mountpoint: Path, *, allow_other: bool, direct_io: bool
+    config: ClusterConfig,
+    mountpoint: Path,
+    *,
+    allow_other: bool,
+    direct_io: bool,
+    timeout: float | None = None,
 ) -> None:
     """Mount, serve until unmounted or signalled, push pending writes, unmount."""
     import pyfuse3
@@ -82,39 +96,46 @@ async def serve(
     if allow_other:
         options.add("allow_other")
     notifier = Notifier.from_environ()  # under systemd (deploy/irdma-mount.service)
-    async with AsyncClient(config) as client:
-        ops.client = client
-        pyfuse3.init(ops, str(mountpoint), options)
-        # Mounted: a process that opens a file now is served once main() runs.
-        notifier.ready(f"serving {mountpoint}")
-        try:
-            async with trio.open_nursery() as nursery:
+    # Recorded before mounting, so `irdma status` shows it as soon as it is mounted
+    # (status shows only records of live mounts).
+    record = mounts.publish(mountpoint, config.path)
+    try:
+        async with AsyncClient(config, timeout=timeout) as client:
+            ops.client = client
+            pyfuse3.init(ops, str(mountpoint), options)
+            # Mounted: a process that opens a file now is served once main() runs.
+            log.info("serving %s; this log goes to %s", mountpoint, mounts.log_destination())
+            notifier.ready(f"serving {mountpoint}")
+            try:
+                async with trio.open_nursery() as nursery:
 
-                async def on_signals() -> None:
-                    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                        async for signum in signals:
-                            log.info(
-                                "%s: pushing pending writes, then unmounting",
-                                signal.Signals(signum).name,
-                            )
-                            notifier.stopping("pushing pending writes, then unmounting")
-                            await ops.flush_all()
-                            pyfuse3.terminate()
-                            return
+                    async def on_signals() -> None:
+                        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                            async for signum in signals:
+                                log.info(
+                                    "%s: pushing pending writes, then unmounting",
+                                    signal.Signals(signum).name,
+                                )
+                                notifier.stopping("pushing pending writes, then unmounting")
+                                await ops.flush_all()
+                                pyfuse3.terminate()
+                                return
 
-                async def tune() -> None:
-                    await trio.to_thread.run_sync(_raise_read_ahead, mountpoint)
+                    async def tune() -> None:
+                        await trio.to_thread.run_sync(_raise_read_ahead, mountpoint)
 
-                nursery.start_soon(on_signals)
-                nursery.start_soon(tune)
-                await pyfuse3.main()
-                nursery.cancel_scope.cancel()
-        finally:
-            await ops.flush_all()
-            # Never stat the mountpoint here: nothing serves it any more, so
-            # the call would wait forever. Unmounting twice is harmless.
-            pyfuse3.close(unmount=True)
-            notifier.close()
+                    nursery.start_soon(on_signals)
+                    nursery.start_soon(tune)
+                    await pyfuse3.main()
+                    nursery.cancel_scope.cancel()
+            finally:
+                await ops.flush_all()
+                # Never stat the mountpoint here: nothing serves it any more, so
+                # the call would wait forever. Unmounting twice is harmless.
+                pyfuse3.close(unmount=True)
+                notifier.close()
+    finally:
+        mounts.withdraw(record)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -147,7 +168,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         trio.run(
             lambda: serve(
-                config, mountpoint, allow_other=args.allow_other, direct_io=args.direct_io
+                config,
+                mountpoint,
+                allow_other=args.allow_other,
+                direct_io=args.direct_io,
+                timeout=args.timeout,
             )
         )
     except RuntimeError as exc:  # pyfuse3.init failures (permissions, fusermount)
@@ -161,29 +186,40 @@ def _background(args: argparse.Namespace, mountpoint: Path) -> int:
     argv = [sys.executable, "-m", "irdma.cli"]
     if args.config:
         argv += ["--config", args.config]
+    if args.timeout is not None:
+        argv += ["--timeout", str(args.timeout)]
     argv += ["mount", str(mountpoint), "--foreground"]
     if args.allow_other:
         argv.append("--allow-other")
     if args.direct_io:
         argv.append("--direct-io")
     # The detached child must not hold our caller's stdout/stderr open (a
-    # caller reading them would wait for the mount to end); it logs to a file.
-    fd, log_path = tempfile.mkstemp(prefix="irdma-mount-", suffix=".log")
-    with os.fdopen(fd, "wb") as log:
+    # caller reading them would wait for the mount to end); it logs to a file,
+    # or under systemd to the journal our own stderr goes to.
+    if mounts.log_destination().startswith("the journal"):
+        log_path = None
         child = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
         )
+    else:
+        fd, log_path = tempfile.mkstemp(prefix="irdma-mount-", suffix=".log")
+        with os.fdopen(fd, "wb") as log:
+            child = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            )
     deadline = time.monotonic() + MOUNT_WAIT
     while time.monotonic() < deadline:
         if os.path.ismount(mountpoint):
+            where = log_path or "the journal"
             print(
-                f"irdma mount: {mountpoint} mounted (pid {child.pid}, log {log_path}); "
-                f"unmount with fusermount3 -u {mountpoint}",
+                f"irdma mount: {mountpoint} mounted (pid {child.pid}, log {where}; irdma status "
+                f"shows it); unmount with fusermount3 -u {mountpoint}",
                 file=sys.stderr,
             )
             return 0
         if child.poll() is not None:
-            sys.stderr.write(Path(log_path).read_text(errors="replace"))
+            if log_path:
+                sys.stderr.write(Path(log_path).read_text(errors="replace"))
             return child.returncode or 1
         time.sleep(0.05)
     child.terminate()
@@ -194,9 +230,9 @@ def _background(args: argparse.Namespace, mountpoint: Path) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``irdma mount`` to the irdma command (an ``irdma.commands`` entry point)."""
     p = subparsers.add_parser(
-        "mount", help="mount the cluster as a filesystem (FUSE)", description=__doc__
+        "mount", help="mount the cluster as a filesystem (FUSE)", description=DESCRIPTION
     )
-    p.add_argument("mountpoint")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing directory")
     p.add_argument(
         "--foreground", "-f", action="store_true", help="stay in the foreground until unmounted"
     )

@@ -19,12 +19,14 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+# mkdir stores this zero-size tensor so an empty directory exists for every
+# mount (one definition with the command line, which hides it from listings).
+from irdma.names import DIR_MARKER
+
 NPY = ".npy"
 SHARDS = ".shards"
 ACCUMULATE = ".accumulate"
 WORKER = ".worker"
-# mkdir stores this zero-size tensor so an empty directory exists for every mount.
-DIR_MARKER = ".irdma-dir"
 RESERVED = frozenset({SHARDS, ACCUMULATE, WORKER, DIR_MARKER})
 # Tensors created through the mount from a file without .npy carry this option.
 RAW_OPTION = "raw"

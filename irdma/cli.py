@@ -1,190 +1,83 @@
+# PYTHON_ARGCOMPLETE_OK  (argcomplete's marker: this command completes in bash and zsh)
 """The ``irdma`` command: run a local cluster, move tensors, inspect and benchmark.
 
-irdma local --nodes 3 --dir /tmp/irdma     start daemons on loopback (foreground)
-irdma put NAME FILE                        .npy, or every array of a .npz/.safetensors
-irdma get NAME -o FILE                     .npy, or every tensor under NAME/ to .npz/.safetensors
-irdma ls [PREFIX] [-l]
-irdma stat NAME [--json]
-irdma rm NAME [-r]
-irdma status [--json]
-irdma bench [--size 256MiB] [--json]
-irdma doctor [--skip TOPIC] [--json]       what breaks RDMA, FUSE, memlock, daemons here
+examples:
+  irdma local --nodes 3 --dir /tmp/irdma      a local cluster (--background for scripts)
+  export IRDMA_CONFIG=/tmp/irdma/cluster.toml
+  irdma put resnet/fc.weight w.npy            one array; .npz/.safetensors: each under NAME/
+  irdma get resnet -o resnet.safetensors      .npy, .npz, .safetensors, DIR/ or - (stdout)
+  irdma ls -lh 'resnet/*'                     names, patterns (* ? [] **) or prefixes
+  irdma cp -r resnet backup/resnet; irdma rm -r backup
+  irdma status                                every daemon; exit 1 if any is down
+  irdma doctor                                what breaks RDMA, FUSE, memlock here
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import os
 import sys
-import time
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from pathlib import Path
+from typing import Any
 
-import numpy as np
 import trio
 
+from . import __version__
 from . import bench as benchmod
 from . import doctor as doctormod
 from . import local as localmod
 from . import status as statusmod
-from .client import AsyncClient, TensorInfo
+from .boundary import guarded
+from .client import AsyncClient
 from .cluster import load_config, parse_size
-from .errors import ConfigError, IrdmaError, TensorNotFound
-from .modes import describe_options
+from .tensorcmds import COMMANDS as TENSOR_COMMANDS
+from .tensorcmds import put_argument_problem
 
-PROGRESS_MIN_BYTES = 4 << 20
-
-
-def _progress(total: int, desc: str) -> tuple[Callable[[int], None] | None, Callable[[], None]]:
-    """A tqdm byte counter for transfers over a few MB (shown only on a terminal)."""
-    if total < PROGRESS_MIN_BYTES:
-        return None, lambda: None
-    from tqdm import tqdm
-
-    bar = tqdm(
-        total=total,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        desc=desc,
-        leave=False,
-        disable=None,
-    )
-    return bar.update, bar.close
+# How long `irdma status` waits for each daemon unless --timeout says: a paused
+# daemon is reported as down in the time `irdma doctor` gives it, not after
+# the whole client timeout.
+STATUS_TIMEOUT = doctormod.DEFAULT_TIMEOUT
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the descriptions' line breaks; adds "(default: X)" to options that have one."""
 
-
-def _load_arrays(path: Path) -> dict[str, np.ndarray]:
-    """The arrays in a .npy, .npz or .safetensors file, keyed by name ('' for .npy)."""
-    suffix = path.suffix.lower()
-    if suffix == ".npy":
-        return {"": np.load(path, allow_pickle=False)}
-    if suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    if suffix == ".safetensors":
-        from safetensors.numpy import load_file
-
-        return dict(load_file(str(path)))
-    raise ValueError(f"{path}: unknown file type {suffix!r} (use .npy, .npz or .safetensors)")
-
-
-def _save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    suffix = path.suffix.lower()
-    if suffix == ".npz":
-        np.savez(path, **arrays)
-    elif suffix == ".safetensors":
-        from safetensors.numpy import save_file
-
-        save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(path))
-    else:
-        raise ValueError(f"{path}: unknown file type {suffix!r} (use .npy, .npz or .safetensors)")
-
-
-async def cmd_put(client: AsyncClient, args: argparse.Namespace) -> int:
-    arrays = _load_arrays(Path(args.file))
-    total = sum(a.nbytes for a in arrays.values())
-    update, close = _progress(total, f"put {args.name}")
-    try:
-        for key, arr in arrays.items():
-            name = f"{args.name}/{key}" if key else args.name
-            await client.write(name, arr, replace=args.replace, progress=update)
-            if not update:
-                print(f"{name}\t{arr.dtype}\t{list(arr.shape)}")
-    finally:
-        close()
-    if update:
-        print(f"put {len(arrays)} tensor(s), {_human(total)}")
-    return 0
-
-
-async def cmd_get(client: AsyncClient, args: argparse.Namespace) -> int:
-    out = Path(args.output)
-    if out.suffix.lower() == ".npy":
-        info = await client.stat(args.name)
-        update, close = _progress(info.nbytes, f"get {args.name}")
-        try:
-            arr = await client.read(args.name, progress=update)
-        finally:
-            close()
-        np.save(out, arr, allow_pickle=False)
-        return 0
-    prefix = args.name.rstrip("/") + "/"
-    infos = await client.list(prefix)
-    if not infos:
-        raise TensorNotFound(f"no tensors under {prefix!r}")
-    total = sum(i.nbytes for i in infos)
-    update, close = _progress(total, f"get {prefix}")
-    try:
-        arrays = {i.name[len(prefix) :]: await client.read(i.name, progress=update) for i in infos}
-    finally:
-        close()
-    _save_arrays(out, arrays)
-    return 0
-
-
-def _info_row(i: TensorInfo) -> str:
-    shape = "x".join(map(str, i.shape)) or "scalar"
-    return f"{i.name}\t{i.dtype}\t{shape}\t{_human(i.nbytes)}\tv{i.version}"
-
-
-async def cmd_ls(client: AsyncClient, args: argparse.Namespace) -> int:
-    infos = await client.list(args.prefix)
-    if args.json:
-        print(json.dumps([i.to_dict() for i in infos], indent=2))
-        return 0
-    for i in infos:
-        print(_info_row(i) if args.long else i.name)
-    return 0
-
-
-async def cmd_stat(client: AsyncClient, args: argparse.Namespace) -> int:
-    info = await client.stat(args.name)
-    d = info.to_dict()
-    d["mode"] = describe_options(info.options)
-    if args.json:
-        print(json.dumps(d, indent=2))
-        return 0
-    d["mtime"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.mtime))
-    d["ctime"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.ctime))
-    width = max(map(len, d))
-    for k, v in d.items():
-        print(f"{k:<{width}}  {v}")
-    return 0
-
-
-async def cmd_rm(client: AsyncClient, args: argparse.Namespace) -> int:
-    if args.recursive:
-        prefix = args.name.rstrip("/") + "/"
-        infos = await client.list(prefix)
-        if not infos:
-            raise TensorNotFound(f"no tensors under {prefix!r}")
-        for i in infos:
-            await client.delete(i.name)
-        return 0
-    await client.delete(args.name)
-    return 0
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "%(default)" in text
+            or not action.option_strings
+            or default is None
+            or default is False
+            or default == []
+            or default is argparse.SUPPRESS
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 async def cmd_status(client: AsyncClient, args: argparse.Namespace) -> int:
-    """One row per daemon (see ``irdma.status``); exit 1 if any is down."""
+    """One row per daemon (see ``irdma.status``), then this host's mounts; exit 1 if any is down."""
+    import json
+
+    from . import mounts
+
     rows = await statusmod.gather(client)
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
     else:
         print(statusmod.render(rows, client.config))
+        for rec in mounts.live_mounts(client.config.path):
+            print(rec.line())
     return 0 if all(r.up for r in rows) else 1
 
 
 async def cmd_bench(client: AsyncClient, args: argparse.Namespace) -> int:
+    import json
+
     result = await benchmod.run(
         client, size=parse_size(args.size), repeat=args.repeat, latency_iters=args.latency_iters
     )
@@ -195,75 +88,203 @@ async def cmd_bench(client: AsyncClient, args: argparse.Namespace) -> int:
     return 0
 
 
-CLIENT_COMMANDS = {
-    "put": cmd_put,
-    "get": cmd_get,
-    "ls": cmd_ls,
-    "stat": cmd_stat,
-    "rm": cmd_rm,
+CLIENT_COMMANDS: dict[str, Callable] = {
+    **TENSOR_COMMANDS,
     "status": cmd_status,
     "bench": cmd_bench,
 }
+
+
+class PutItems(argparse.Action):
+    """put's NAME FILE list, checked while parsing so a mix-up is a usage error (exit 2)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        problem = put_argument_problem(values)
+        if problem:
+            parser.error(problem)
+        setattr(namespace, self.dest, values)
+
+
+def add_global_options(p: argparse.ArgumentParser, *, in_subcommand: bool) -> None:
+    """--config and --timeout, accepted before the subcommand and after it.
+
+    In a subcommand their default is SUPPRESS, so a value given before the
+    subcommand is not overwritten by the subcommand's default.
+    """
+    default = argparse.SUPPRESS if in_subcommand else None
+    for flags, kwargs in (
+        (
+            ("--config",),
+            {
+                "metavar": "FILE",
+                "help": "cluster config (default: $IRDMA_CONFIG, then /etc/irdma/cluster.toml)",
+            },
+        ),
+        (
+            ("--timeout",),
+            {
+                "type": float,
+                "metavar": "SECONDS",
+                "help": "seconds to wait for a daemon's answer (default: the config's "
+                "timeout; 2 for status and doctor)",
+            },
+        ),
+    ):
+        with contextlib.suppress(argparse.ArgumentError):  # a subcommand defines its own
+            p.add_argument(*flags, default=default, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="irdma",
         description="irdma parameter server: tensors on psd daemons.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__,
+        formatter_class=HelpFormatter,
+        epilog=__doc__.split("\n", 2)[2],
     )
-    p.add_argument(
-        "--config", help="cluster config (default: $IRDMA_CONFIG, then /etc/irdma/cluster.toml)"
-    )
-    p.add_argument("--timeout", type=float, help="seconds to wait for a daemon")
+    p.add_argument("--version", action="version", version=f"irdma {__version__}")
+    add_global_options(p, in_subcommand=False)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    s = sub.add_parser("local", help="run N daemons on loopback in the foreground")
-    s.add_argument("--nodes", type=int, default=3)
-    s.add_argument("--replicas", type=int, default=1)
-    s.add_argument("--dir", required=True, help="directory for the config and data dirs")
-    s.add_argument("--arena", default="1GiB", help="arena size per daemon (default 1GiB)")
-    s.add_argument("--shard-size", default="4MiB")
-    s.add_argument("--host", default="127.0.0.1")
+    def command(name: str, summary: str, description: str, **kwargs) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name,
+            help=summary,
+            description=description,
+            formatter_class=HelpFormatter,
+            **kwargs,
+        )
 
-    s = sub.add_parser("put", help="store a .npy/.npz/.safetensors file")
-    s.add_argument("name")
-    s.add_argument("file")
-    s.add_argument("--replace", action="store_true", help="allow a new dtype or shape")
+    localmod.add_arguments(
+        command(
+            "local",
+            "run N daemons on loopback (foreground, or --background)",
+            localmod.DESCRIPTION,
+        )
+    )
 
-    s = sub.add_parser("get", help="fetch tensors into a .npy/.npz/.safetensors file")
-    s.add_argument("name")
-    s.add_argument("-o", "--output", required=True)
+    s = command(
+        "put",
+        "store arrays from .npy/.npz/.safetensors files, a directory or stdin",
+        "Store the arrays in FILE as tensor NAME. A .npy (or - for a .npy on stdin) is one "
+        "tensor;\nevery array of a .npz or .safetensors, and every .npy under a directory, "
+        "is stored\nunder NAME/. Several NAME FILE pairs may follow each other. A NAME "
+        "ending in .npy is\nstored without it (the mount shows tensor m/w as m/w.npy).",
+    )
+    s.add_argument(
+        "items",
+        nargs="+",
+        metavar="NAME FILE",
+        action=PutItems,
+        help="tensor name (or prefix), then its file",
+    )
+    s.add_argument(
+        "--replace", action="store_true", help="redefine tensors that have another dtype or shape"
+    )
 
-    s = sub.add_parser("ls", help="list tensors")
-    s.add_argument("prefix", nargs="?", default="")
-    s.add_argument("-l", "--long", action="store_true")
-    s.add_argument("--json", action="store_true")
+    s = command(
+        "get",
+        "fetch tensors into a file, a directory or stdout",
+        "Fetch tensor NAME, every tensor under NAME/, or every tensor a pattern matches.\n"
+        "The output's type comes from -o: FILE.npy (one tensor), FILE.npz or "
+        "FILE.safetensors\n(named by their path below NAME/), DIR/ (one .npy per tensor) or "
+        "- (one .npy on stdout).",
+    )
+    s.add_argument("name", metavar="NAME", help="a tensor, a group (prefix) or a pattern")
+    s.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="OUT",
+        help="FILE.npy, .npz, .safetensors, DIR/ or -",
+    )
 
-    s = sub.add_parser("stat", help="show a tensor's metadata")
-    s.add_argument("name")
-    s.add_argument("--json", action="store_true")
+    s = command(
+        "cp",
+        "copy tensors to new names",
+        "Copy tensor SRC to DEST (DEST/ keeps the name's last part), or with -r every tensor\n"
+        "under SRC/ to the same names under DEST/. A pattern copies its matches under DEST/.",
+    )
+    s.add_argument("source", metavar="SRC", help="a tensor, a group with -r, or a pattern")
+    s.add_argument("dest", metavar="DEST", help="the new name, or a group ending in /")
+    s.add_argument("-r", "--recursive", action="store_true", help="copy every tensor under SRC/")
+    s.add_argument(
+        "--replace", action="store_true", help="redefine targets that have another dtype or shape"
+    )
 
-    s = sub.add_parser("rm", help="delete a tensor (or -r every tensor under NAME/)")
-    s.add_argument("name")
-    s.add_argument("-r", "--recursive", action="store_true")
+    # -h is "human-readable sizes" here, as in ls(1); --help still prints help.
+    s = command(
+        "ls",
+        "list tensors",
+        "List tensors whose names start with PREFIX, or match PATTERN (* and ? within one\n"
+        "part of the name, ** across parts, [...] a class). Directory markers left by mkdir\n"
+        "in the mount are hidden (-a shows them).",
+        add_help=False,
+    )
+    s.add_argument("--help", action="help", help="show this help message and exit")
+    s.add_argument("patterns", nargs="*", metavar="PREFIX|PATTERN", help="what to list (all)")
+    s.add_argument("-l", "--long", action="store_true", help="dtype, shape, bytes, version")
+    s.add_argument("-h", "--human", action="store_true", help="with -l: sizes in KiB, MiB, GiB")
+    s.add_argument("-a", "--all", action="store_true", help="show directory markers too")
+    s.add_argument("--json", action="store_true", help="one JSON record per tensor")
 
-    s = sub.add_parser("status", help="show every daemon; exit 1 if any is down")
-    s.add_argument("--json", action="store_true")
+    s = command("stat", "show tensors' metadata", "Show the metadata of each tensor NAME.")
+    s.add_argument("names", nargs="+", metavar="NAME", help="tensor names")
+    s.add_argument(
+        "--json", action="store_true", help="JSON (a record for one name, a list for several)"
+    )
 
-    s = sub.add_parser(
-        "doctor", help="check this host for what breaks RDMA and FUSE; exit 1 on any FAIL"
+    s = command(
+        "rm",
+        "delete tensors",
+        "Delete each tensor NAME, every tensor a pattern matches, or with -r every tensor\n"
+        "under NAME/ too.",
+    )
+    s.add_argument("names", nargs="+", metavar="NAME", help="tensors, groups (-r) or patterns")
+    s.add_argument(
+        "-r", "--recursive", action="store_true", help="also delete every tensor under NAME/"
+    )
+
+    s = command(
+        "status",
+        "show every daemon and this host's mounts; exit 1 if any daemon is down",
+        "One row per daemon: how this host reaches it, its state, version, tensors, shards\n"
+        "(primary/backup), arena use, last snapshot and, with replicas, shards behind another\n"
+        "replica. Then each irdma mount of this config on this host and where it logs.\n"
+        "A daemon that does not answer within --timeout (2 s) is shown DOWN with the reason.",
+    )
+    s.add_argument("--json", action="store_true", help="the daemons' rows as JSON records")
+
+    s = command(
+        "doctor",
+        "check this host for what breaks RDMA and FUSE; exit 1 on any FAIL",
+        "One line per check (OK, WARN or FAIL, with the fix) on RDMA devices and GIDs,\n"
+        "memlock limits against the arenas, /dev/fuse and fusermount3, and whether every\n"
+        "daemon answers within --timeout (2 s).",
     )
     doctormod.add_arguments(s)
     s.set_defaults(run=doctormod.run)
 
-    s = sub.add_parser("bench", help="read/write/accumulate throughput and latency")
+    s = command(
+        "bench",
+        "read/write/accumulate throughput and latency",
+        "Measure throughput (one tensor of --size) and 4 KiB round trips against the\n"
+        "cluster; the tensors it makes under _bench/ are removed afterwards.",
+    )
     s.add_argument("--size", default="256MiB", help="tensor size for throughput")
-    s.add_argument("--repeat", type=int, default=5)
-    s.add_argument("--latency-iters", type=int, default=2000)
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--repeat", type=int, default=5, help="rounds per measurement")
+    s.add_argument("--latency-iters", type=int, default=2000, help="4 KiB round trips to time")
+    s.add_argument("--json", action="store_true", help="the results as one JSON record")
     add_plugin_commands(sub)
+    for name, s in sub.choices.items():
+        s.formatter_class = HelpFormatter  # plugins' parsers too
+        if name != "local":  # it writes its own config
+            add_global_options(s, in_subcommand=True)
     return p
 
 
@@ -280,28 +301,43 @@ def add_plugin_commands(sub: argparse._SubParsersAction) -> None:
             print(f"irdma: command {ep.name!r} unavailable: {exc}", file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def complete(parser: argparse.ArgumentParser) -> None:
+    """Shell completion through argcomplete, when the shell asks for it and it is installed.
+
+    argcomplete sets _ARGCOMPLETE when completing; only then is it imported, so
+    an ordinary run pays nothing for it.
+    """
+    if "_ARGCOMPLETE" not in os.environ:
+        return
     try:
-        if args.command == "local":
-            return localmod.main(args)
-        if getattr(args, "run", None) is not None:
-            return args.run(args)
-        config = load_config(args.config)
+        import argcomplete
+    except ImportError:
+        return
+    argcomplete.autocomplete(parser)
 
-        async def run() -> int:
-            async with AsyncClient(config, timeout=args.timeout) as client:
-                return await CLIENT_COMMANDS[args.command](client, args)
 
-        return trio.run(run)
-    except ConfigError as exc:
-        print(f"irdma: {exc}", file=sys.stderr)
-        return 2
-    except (IrdmaError, ValueError, OSError) as exc:
-        print(f"irdma: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+def dispatch(args: argparse.Namespace) -> int:
+    if args.command == "local":
+        return localmod.main(args)
+    if getattr(args, "run", None) is not None:
+        return args.run(args)
+    config = load_config(args.config)
+    timeout = args.timeout
+    if timeout is None and args.command == "status":
+        timeout = min(config.timeout, STATUS_TIMEOUT)
+
+    async def run() -> int:
+        async with AsyncClient(config, timeout=timeout) as client:
+            return await CLIENT_COMMANDS[args.command](client, args)
+
+    return trio.run(run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    complete(parser)
+    args = parser.parse_args(argv)
+    return guarded("irdma", lambda: dispatch(args))
 
 
 if __name__ == "__main__":

@@ -1,29 +1,57 @@
-"""``irdma local``: N daemons on loopback with a generated config, in the foreground.
+"""``irdma local``: N daemons on loopback with a generated config.
 
 The embedded default for trying irdma and for tests: it writes
 ``DIR/cluster.toml``, starts one ``psd`` process per node, waits until every
 daemon answers, prints the config path on stdout, and stops the daemons
 cleanly on Ctrl-C, SIGTERM or SIGHUP (or stops the rest if one of them dies).
+``--background`` runs the same in a detached process and returns once the
+daemons answer; ``--stop`` stops it. The directory is locked, its ports and
+data are kept for the next start (``irdma.localdir``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import socket
 import subprocess
 import sys
+import time
+import tomllib
 from pathlib import Path
 
 import trio
 
+from . import localdir
 from .client import AsyncClient
-from .cluster import DEFAULT_TIMEOUT, ClusterConfig, load_config, parse_size, render_config
+from .cluster import (
+    DEFAULT_TIMEOUT,
+    ClusterConfig,
+    load_config,
+    parse_config,
+    parse_size,
+    render_config,
+)
 from .errors import ConfigError, IrdmaError
 
 READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
+LOG_FILE = "local.log"  # a --background run's output
+
+DESCRIPTION = """\
+Run N psd daemons on this host, on loopback, with a config written to DIR/cluster.toml
+(printed on stdout once every daemon answers). Ctrl-C, SIGTERM or SIGHUP stops them.
+
+The directory is the cluster: a second irdma local on it is refused; a restart reuses
+its ports and loads each daemon's snapshot (written when stopped, and every 60 s), so
+the tensors are kept; a restart with another --nodes is refused while it holds data.
+
+  irdma local --nodes 3 --dir /tmp/irdma                 in the foreground
+  export IRDMA_CONFIG=$(irdma local --dir /tmp/irdma --background)
+  irdma local --dir /tmp/irdma --stop
+"""
 
 
 def free_ports(host: str, n: int) -> list[int]:
@@ -67,12 +95,11 @@ def write_config(
         for i in range(nodes)
     ]
     path = directory / "cluster.toml"
-    path.write_text(
-        render_config(
-            entries, shard_size=shard_size, replicas=replicas, timeout=timeout, extra=extra
-        )
+    text = render_config(
+        entries, shard_size=shard_size, replicas=replicas, timeout=timeout, extra=extra
     )
-    load_config(path)  # validate what we wrote
+    parse_config(tomllib.loads(text), path)  # validate it before it replaces a good one
+    path.write_text(text)
     return path
 
 
@@ -120,9 +147,18 @@ async def stop_all(procs: dict[str, trio.Process]) -> None:
             await proc.wait()
 
 
-async def run_local(config_path: Path) -> int:
+async def run_local(
+    config_path: Path, lock: localdir.DirLock | None = None, ready_fd: int | None = None
+) -> int:
+    """Run the daemons of ``config_path`` until a signal or one of them exits.
+
+    ``lock``: the directory's lock, handed down to the daemons so it stays
+    held while any of them runs. ``ready_fd``: written the config path and
+    closed once every daemon answers (how ``--background`` learns it).
+    """
     config = load_config(config_path)
     procs: dict[str, trio.Process] = {}
+    keep = (lock.fd,) if lock is not None and lock.fd is not None else ()
     try:
         # SIGHUP too (its terminal closed): psd takes SIGHUP as "reload", so
         # the daemons would outlive this command otherwise.
@@ -130,16 +166,21 @@ async def run_local(config_path: Path) -> int:
             for node in config.nodes:
                 node.data_dir.mkdir(parents=True, exist_ok=True)
                 procs[node.name] = await trio.lowlevel.open_process(
-                    psd_command(config_path, node.name), stdin=subprocess.DEVNULL
+                    psd_command(config_path, node.name), stdin=subprocess.DEVNULL, pass_fds=keep
                 )
+            if lock is not None:
+                lock.record({name: p.pid for name, p in procs.items()})
             await wait_ready(config, procs)
             print(config_path, flush=True)
             print(
                 f"irdma local: {len(procs)} daemons ready; export IRDMA_CONFIG={config_path}; "
-                "Ctrl-C stops them",
+                f"Ctrl-C stops them (their tensors are kept in {config_path.parent})",
                 file=sys.stderr,
                 flush=True,
             )
+            if ready_fd is not None:
+                os.write(ready_fd, f"{config_path}\n".encode())
+                os.close(ready_fd)
             async with trio.open_nursery() as nursery:
                 exited: list[str] = []
 
@@ -162,13 +203,124 @@ async def run_local(config_path: Path) -> int:
             await stop_all(procs)
 
 
-def main(args: argparse.Namespace) -> int:
-    path = write_config(
-        Path(args.dir).resolve(),
-        args.nodes,
-        replicas=args.replicas,
-        arena_size=parse_size(args.arena),
-        shard_size=parse_size(args.shard_size),
-        host=args.host,
+def add_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument(
+        "--dir", required=True, metavar="DIR", help="directory for the config and the daemons' data"
     )
-    return trio.run(run_local, path)
+    s.add_argument("--nodes", type=int, default=3, metavar="N", help="number of daemons")
+    s.add_argument("--replicas", type=int, default=1, metavar="R", help="copies of each shard")
+    s.add_argument("--arena", default="1GiB", metavar="SIZE", help="memory per daemon")
+    s.add_argument("--shard-size", default="4MiB", metavar="SIZE", help="bytes per shard")
+    s.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="address to listen on")
+    mode = s.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--background",
+        action="store_true",
+        help=f"run detached, return once ready (output in DIR/{LOG_FILE})",
+    )
+    mode.add_argument(
+        "--stop", action="store_true", help="stop the irdma local running on --dir, then exit"
+    )
+    # Internal: the pipe a --background parent waits on.
+    s.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+
+
+def main(args: argparse.Namespace) -> int:
+    directory = Path(args.dir).resolve()
+    if args.stop:
+        return stop(directory)
+    if args.nodes < 1:
+        raise ConfigError("--nodes must be at least 1")
+    if args.background:
+        return background(args, directory)
+    lock = localdir.DirLock(directory)
+    lock.acquire()
+    try:
+        previous = localdir.previous_config(directory)
+        localdir.check_node_count(directory, previous, args.nodes)
+        ports, warnings = localdir.stable_ports(
+            previous, args.host, args.nodes, free_ports(args.host, args.nodes)
+        )
+        for warning in warnings:
+            print(f"irdma local: {warning}", file=sys.stderr)
+        path = write_config(
+            directory,
+            args.nodes,
+            replicas=args.replicas,
+            arena_size=parse_size(args.arena),
+            shard_size=parse_size(args.shard_size),
+            host=args.host,
+            ports=ports,
+        )
+        return trio.run(run_local, path, lock, args.ready_fd)
+    finally:
+        lock.release()
+
+
+def background(args: argparse.Namespace, directory: Path) -> int:
+    """Start ``irdma local`` detached (its own session, output in DIR/local.log);
+    print the config path once every daemon answers."""
+    if localdir.is_locked(directory):
+        raise localdir.DirectoryInUse(localdir.read_holder(directory).describe(directory))
+    directory.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "irdma.cli", "local", "--dir", str(directory)]
+    argv += ["--nodes", str(args.nodes), "--replicas", str(args.replicas)]
+    argv += ["--arena", args.arena, "--shard-size", args.shard_size, "--host", args.host]
+    log_path = directory / LOG_FILE
+    read_end, write_end = os.pipe()
+    try:
+        with open(log_path, "ab") as log:
+            child = subprocess.Popen(
+                [*argv, "--ready-fd", str(write_end)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                pass_fds=(write_end,),
+                start_new_session=True,  # Ctrl-C in the caller's terminal is not for it
+            )
+    finally:
+        os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as ready:
+            line = ready.readline().decode().strip()  # EOF if it exits before ready
+    except BaseException:
+        child.terminate()
+        raise
+    if not line:
+        status = child.wait()
+        sys.stderr.write(_tail(log_path))
+        print(f"irdma local: did not start (see {log_path})", file=sys.stderr)
+        return status or 1
+    print(line, flush=True)
+    print(
+        f"irdma local: running in the background (pid {child.pid}, log {log_path}); "
+        f"export IRDMA_CONFIG={line}; stop it with irdma local --stop --dir {directory}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "".join(f"{line}\n" for line in text)
+
+
+def stop(directory: Path) -> int:
+    """Stop the ``irdma local`` running on ``directory`` and wait until it has."""
+    if not localdir.is_locked(directory):
+        print(f"irdma local: nothing runs on {directory}", file=sys.stderr)
+        return 0
+    pids = localdir.stop_holder(directory)
+    deadline = time.monotonic() + STOP_TIMEOUT + 5
+    while localdir.is_locked(directory):
+        if time.monotonic() > deadline:
+            raise IrdmaError(
+                f"irdma local on {directory} still runs {STOP_TIMEOUT + 5:g} s after SIGTERM "
+                f"(pids {', '.join(map(str, pids))})"
+            )
+        time.sleep(0.05)
+    print(f"irdma local: stopped the cluster in {directory}", file=sys.stderr)
+    return 0

@@ -9,6 +9,7 @@ import sys
 
 import trio
 
+from irdma import __version__
 from irdma.auth import cluster_secret
 from irdma.cluster import LOG_LEVELS, ClusterConfig, Node, load_config
 from irdma.errors import ConfigError
@@ -139,6 +140,7 @@ async def run_daemon(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="psd", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"psd {__version__}")
     parser.add_argument(
         "--config", help="cluster config (default: $IRDMA_CONFIG or /etc/irdma/cluster.toml)"
     )

@@ -107,7 +107,8 @@ def test_errors_are_one_clear_line(cluster: Cluster, tmp_path: Path) -> None:
     proc = irdma(cluster, "put", "x", str(tmp_path / "missing.npy"), check=False)
     assert proc.returncode == 1 and "missing.npy" in proc.stderr
     proc = irdma(cluster, "put", "x", str(tmp_path / "file.txt"), check=False)
-    assert proc.returncode == 1 and "unknown file type" in proc.stderr
+    assert proc.returncode == 1 and "file.txt: irdma cannot read '.txt' files" in proc.stderr
+    assert ".npy (one tensor), .npz, .safetensors" in proc.stderr  # what it can read
     proc = irdma(None, "--config", str(tmp_path / "nope.toml"), "ls", check=False)
     assert proc.returncode == 2 and "nope.toml: config file not found" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -128,12 +129,14 @@ def test_status_and_bench_json(cluster: Cluster) -> None:
     )
     for key in ("read_GBps", "write_GBps", "accumulate_GBps", "read_4KiB_us_median"):
         assert res[key] > 0
-    assert not [i for i in Client(cluster.config_path).list("_bench/")]  # cleaned up
+    with Client(cluster.config_path) as c:
+        assert not c.list("_bench/")  # cleaned up
 
 
 def test_status_columns_with_one_copy(cluster: Cluster) -> None:
     x = np.zeros(100_000, np.float32)  # 400 KB in 64 KiB shards: 7 shards over the daemons
-    Client(cluster.config_path).write("cli-status/w", x)
+    with Client(cluster.config_path) as c:
+        c.write("cli-status/w", x)
     rows = json.loads(irdma(cluster, "status", "--json").stdout)
     for r in rows:
         assert r["version"] == irdma_version and r["ready"] and r["quorum"]

@@ -1,0 +1,7 @@
+"""``python -m irdma``: the irdma command, for environments without its script on PATH."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

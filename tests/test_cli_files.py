@@ -1,0 +1,220 @@
+"""``irdma put/get/cp/ls/stat/rm`` with the files, names and mistakes users bring."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from irdma import Client
+from irdma.names import DIR_MARKER
+
+from .conftest import Cluster
+from .test_cli import irdma
+
+
+def saved(path: Path, array: np.ndarray) -> str:
+    np.save(path, array)
+    return str(path)
+
+
+@pytest.fixture
+def weights(cluster: Cluster, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """Two tensors under a prefix of the test's own: PREFIX/fc.weight and PREFIX/fc.bias."""
+    prefix = request.node.name.replace("[", "_").replace("]", "")
+    with Client(cluster.config_path) as c:
+        c.write(f"{prefix}/fc.weight", np.arange(12, dtype=np.float32).reshape(3, 4))
+        c.write(f"{prefix}/fc.bias", np.ones(4, np.float16))
+    return prefix
+
+
+def test_get_to_an_unsupported_type_names_the_supported_ones(
+    cluster: Cluster, weights: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "w.bin"
+    proc = irdma(cluster, "get", f"{weights}/fc.weight", "-o", str(out), check=False)
+    assert proc.returncode == 1
+    assert f"{out}: irdma cannot write '.bin' files" in proc.stderr
+    for kind in (".npy", ".npz", ".safetensors", "directory", "- (stdin/stdout"):
+        assert kind in proc.stderr
+    assert not out.exists()
+
+
+def test_one_tensor_to_each_output_type(cluster: Cluster, weights: str, tmp_path: Path) -> None:
+    from safetensors.numpy import load_file
+
+    name = f"{weights}/fc.weight"
+    want = np.arange(12, dtype=np.float32).reshape(3, 4)
+    irdma(cluster, "get", name, "-o", str(tmp_path / "w.safetensors"))
+    assert list(load_file(str(tmp_path / "w.safetensors"))) == ["fc.weight"]
+    assert np.array_equal(load_file(str(tmp_path / "w.safetensors"))["fc.weight"], want)
+    irdma(cluster, "get", name, "-o", str(tmp_path / "w.npz"))
+    with np.load(tmp_path / "w.npz") as z:
+        assert np.array_equal(z["fc.weight"], want)
+    (tmp_path / "d").mkdir()
+    irdma(cluster, "get", name, "-o", str(tmp_path / "d"))
+    assert np.array_equal(np.load(tmp_path / "d" / "fc.weight.npy"), want)
+    proc = subprocess.run(
+        [sys.executable, "-m", "irdma", "get", name, "-o", "-"],
+        capture_output=True,
+        env=dict(os.environ, IRDMA_CONFIG=str(cluster.config_path)),
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert np.array_equal(np.load(io.BytesIO(proc.stdout)), want)
+
+
+def test_get_a_group_into_a_directory_and_not_into_one_npy(
+    cluster: Cluster, weights: str, tmp_path: Path
+) -> None:
+    proc = irdma(cluster, "get", weights, "-o", str(tmp_path / "back.npy"), check=False)
+    assert proc.returncode == 1
+    assert "is 2 tensors and a .npy holds one" in proc.stderr
+    assert f"-o {weights}.npz" in proc.stderr and "-o DIR/" in proc.stderr
+    irdma(cluster, "get", weights, "-o", f"{tmp_path}/out/")
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == ["fc.bias.npy", "fc.weight.npy"]
+    assert np.load(tmp_path / "out" / "fc.bias.npy").dtype == np.float16
+    # A directory goes back in as the same tensors.
+    irdma(cluster, "put", f"{weights}-copy", f"{tmp_path}/out")
+    with Client(cluster.config_path) as c:
+        assert [i.name for i in c.list(f"{weights}-copy/")] == [
+            f"{weights}-copy/fc.bias",
+            f"{weights}-copy/fc.weight",
+        ]
+
+
+def test_put_from_stdin_and_several_pairs(cluster: Cluster, tmp_path: Path) -> None:
+    a = saved(tmp_path / "a.npy", np.arange(3))
+    b = saved(tmp_path / "b.npy", np.zeros((2, 2), np.int8))
+    irdma(cluster, "put", "pairs/a", a, "pairs/b", b)
+    buf = io.BytesIO()
+    np.save(buf, np.full(4, 7, np.uint16))
+    subprocess.run(
+        [sys.executable, "-m", "irdma", "put", "pairs/stdin", "-"],
+        input=buf.getvalue(),
+        capture_output=True,
+        env=dict(os.environ, IRDMA_CONFIG=str(cluster.config_path)),
+        timeout=60,
+        check=True,
+    )
+    with Client(cluster.config_path) as c:
+        assert np.array_equal(c.read("pairs/a"), np.arange(3))
+        assert c.read("pairs/b").dtype == np.int8
+        assert np.array_equal(c.read("pairs/stdin"), np.full(4, 7, np.uint16))
+
+
+def test_put_a_text_file_named_npy_names_file_and_cause(cluster: Cluster, tmp_path: Path) -> None:
+    fake = tmp_path / "fake.npy"
+    fake.write_text("hello, I am text\n")
+    proc = irdma(cluster, "put", "x/fake", str(fake), check=False)
+    assert proc.returncode == 1
+    assert f"{fake}: not a .npy file" in proc.stderr and "numpy.save" in proc.stderr
+    assert "pickle" not in proc.stderr
+    pickled = tmp_path / "objects.npy"
+    np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    proc = irdma(cluster, "put", "x/objects", str(pickled), check=False)
+    assert proc.returncode == 1
+    assert f"{pickled}: holds Python objects" in proc.stderr and "allow_pickle" not in proc.stderr
+
+
+def test_put_with_swapped_arguments_says_so(cluster: Cluster, tmp_path: Path) -> None:
+    w = saved(tmp_path / "w.npy", np.zeros(3))
+    proc = irdma(cluster, "put", w, "resnet/fc.weight", check=False)
+    assert proc.returncode == 2  # a usage error
+    assert "tensor name first, then the file" in proc.stderr
+    assert f"irdma put resnet/fc.weight {w}" in proc.stderr
+    proc = irdma(cluster, "put", "a", w, "b", check=False)
+    assert proc.returncode == 2 and "NAME FILE pairs" in proc.stderr
+
+
+def test_a_layout_clash_names_replace_not_daemons(cluster: Cluster, tmp_path: Path) -> None:
+    irdma(cluster, "put", "clash/x", saved(tmp_path / "a.npy", np.zeros(4, np.float32)))
+    b = saved(tmp_path / "b.npy", np.zeros(5, np.float64))
+    proc = irdma(cluster, "put", "clash/x", b, check=False)
+    assert proc.returncode == 1
+    line = proc.stderr.strip()
+    assert line == (
+        f"irdma: clash/x is float32 [4] in the cluster and {b} is float64 [5]; "
+        "add --replace to redefine it"
+    )
+
+
+def test_put_name_ending_in_npy_is_stored_without_it(cluster: Cluster, tmp_path: Path) -> None:
+    irdma(cluster, "put", "suffix/w.npy", saved(tmp_path / "w.npy", np.arange(5)))
+    with Client(cluster.config_path) as c:
+        assert [i.name for i in c.list("suffix/")] == ["suffix/w"]
+
+
+def test_globs_for_ls_get_and_rm(cluster: Cluster, tmp_path: Path) -> None:
+    with Client(cluster.config_path) as c:
+        for name in ("g/a.weight", "g/a.bias", "g/b.weight", "g/sub/c.weight"):
+            c.write(name, np.zeros(2))
+    assert irdma(cluster, "ls", "g/*").stdout.split() == ["g/a.bias", "g/a.weight", "g/b.weight"]
+    assert irdma(cluster, "ls", "g/**.weight").stdout.split() == [
+        "g/a.weight",
+        "g/b.weight",
+        "g/sub/c.weight",
+    ]
+    proc = irdma(cluster, "ls", "g/*.nothing", check=False)
+    assert proc.returncode == 1 and "no tensor matches 'g/*.nothing'" in proc.stderr
+    irdma(cluster, "get", "g/*.weight", "-o", str(tmp_path / "w.npz"))
+    with np.load(tmp_path / "w.npz") as z:
+        assert sorted(z.files) == ["a.weight", "b.weight"]
+    irdma(cluster, "rm", "g/*.bias", "g/sub/c.weight")
+    assert irdma(cluster, "ls", "g/").stdout.split() == ["g/a.weight", "g/b.weight"]
+
+
+def test_stat_and_rm_take_several_names(cluster: Cluster) -> None:
+    with Client(cluster.config_path) as c:
+        c.write("many/a", np.zeros(3, np.int32))
+        c.write("many/b", np.zeros((2, 5), np.float32))
+    rows = json.loads(irdma(cluster, "stat", "many/a", "many/b", "--json").stdout)
+    assert [(r["name"], r["shape"]) for r in rows] == [("many/a", [3]), ("many/b", [2, 5])]
+    proc = irdma(cluster, "rm", "many/a", "many/none", "many/b", check=False)
+    assert proc.returncode == 1 and "no tensor named 'many/none'" in proc.stderr
+    assert irdma(cluster, "ls", "many/").stdout == ""  # the others are gone anyway
+    with Client(cluster.config_path) as c:
+        c.write("many/g/x", np.zeros(1))
+    proc = irdma(cluster, "rm", "many/g", check=False)
+    assert proc.returncode == 1 and "add -r" in proc.stderr
+
+
+def test_cp_between_names(cluster: Cluster) -> None:
+    with Client(cluster.config_path) as c:
+        c.write("cpsrc/w", np.arange(6.0))
+        c.write("cpsrc/sub/b", np.ones(2, np.int16))
+    irdma(cluster, "cp", "cpsrc/w", "cpdst/w2")
+    proc = irdma(cluster, "cp", "cpsrc", "cpall", check=False)
+    assert proc.returncode == 1 and "add -r" in proc.stderr
+    irdma(cluster, "cp", "-r", "cpsrc", "cpall")
+    with Client(cluster.config_path) as c:
+        assert np.array_equal(c.read("cpdst/w2"), np.arange(6.0))
+        assert [i.name for i in c.list("cpall/")] == ["cpall/sub/b", "cpall/w"]
+        assert c.read("cpall/sub/b").dtype == np.int16
+        c.write("cpsrc/w", np.arange(6.0) + 1)  # a copy, not a link
+        assert np.array_equal(c.read("cpall/w"), np.arange(6.0))
+
+
+def test_directory_markers_are_hidden_from_ls(cluster: Cluster) -> None:
+    with Client(cluster.config_path) as c:
+        c.create(f"marked/{DIR_MARKER}", (0,), np.uint8)
+        c.create(f"marked/empty/{DIR_MARKER}", (0,), np.uint8)
+        c.write("marked/w", np.zeros(2))
+    assert irdma(cluster, "ls", "marked/").stdout.split() == ["marked/w"]
+    assert f"marked/{DIR_MARKER}" in irdma(cluster, "ls", "-a", "marked/").stdout.split()
+
+
+def test_ls_lh_lists_human_sizes(cluster: Cluster) -> None:
+    with Client(cluster.config_path) as c:
+        c.write("lh/w", np.zeros(3 << 10, np.float32))
+    proc = irdma(cluster, "ls", "-lh", "lh/")
+    assert proc.stdout.split("\t")[:4] == ["lh/w", "float32", "3072", "12.0 KiB"]
+    assert "usage" not in proc.stdout
+    assert irdma(cluster, "ls", "-l", "lh/").stdout.split("\t")[3] == str(12 << 10)
