@@ -18,6 +18,8 @@ import fcntl
 import json
 import os
 import socket
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -182,19 +184,25 @@ def stable_ports(
 
 
 def tensors_held(data_dir: Path) -> list[str] | None:
-    """Names of the tensors in a data dir's snapshot ([] if none; None if it cannot be read)."""
+    """Names of the tensors in a data dir's snapshot ([] if none; None if it cannot be read).
+
+    psd reads its own format (``python -m irdma_psd.snapshot``), run as a command
+    as the daemons are: irdma does not import the daemon's package.
+    """
     path = data_dir / SNAPSHOT_FILE
     if not path.exists():
         return []
+    proc = subprocess.run(
+        [sys.executable, "-m", "irdma_psd.snapshot", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     try:
-        # psd's own reader: irdma local runs psd, so psd is installed with it.
-        from irdma_psd.snapshot import SnapshotError, read_snapshot_header
-    except ImportError:
+        names = json.loads(proc.stdout) if proc.returncode == 0 else None
+    except ValueError:
         return None
-    try:
-        return [t["meta"]["name"] for t in read_snapshot_header(path)["tensors"]]
-    except (SnapshotError, KeyError, TypeError):
-        return None
+    return names if isinstance(names, list) else None
 
 
 def check_node_count(directory: Path, previous: ClusterConfig | None, nodes: int) -> None:

@@ -658,3 +658,25 @@ def _no_space(store: Store, parsed: _Parsed, meta: TensorMeta, path: Path, free:
         f"for its shards held here, the whole snapshot needs {total} bytes here, and the "
         f"arena has {free} of {store.arena.capacity} bytes free"
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m irdma_psd.snapshot FILE``: the names of the tensors a snapshot holds,
+    as a JSON list (``irdma local`` asks, before it changes the number of daemons)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m irdma_psd.snapshot SNAPSHOT_FILE", file=sys.stderr)
+        return 2
+    try:
+        header = read_snapshot_header(Path(args[0]))
+    except SnapshotError as exc:
+        print(f"psd: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps([t["meta"]["name"] for t in header["tensors"]]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
