@@ -663,7 +663,7 @@ SHRINK_IN_PAGE_CACHE = pytest.mark.xfail(
     strict=True,
     reason="page-cache mode limit: the kernel keeps one file size per inode and an O_TRUNC "
     "open or a write past the end changes it for every open file, so an older reader's "
-    "view is cut at the new, shorter size (README: file interface); --direct-io passes",
+    "view is cut at the new, shorter size (docs/mount.md); --direct-io passes",
 )
 
 
