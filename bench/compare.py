@@ -65,6 +65,8 @@ SHARD_BYTES = 4 << 20
 SHARD_ELEMENTS = SHARD_BYTES // 4
 # Small sizes run several ops per round so one round is long enough to time.
 ROUND_BYTES = 16 << 20
+# Small ops are also timed one by one, this many of each, for median and p99.
+LATENCY_OPS = 2000
 MAX_OPS_PER_ROUND = 200
 SETUP_HINT = "or run bench/setup.sh as root"
 INSTALL = {
@@ -90,6 +92,7 @@ class Row:
     procs: int = 1
     seconds: float | None = None  # median time per op
     gbps: float | None = None
+    p99: float | None = None  # 99th percentile of single ops (small sizes only)
     note: str = ""
     detail: str = ""  # which library or connection classes served it (JSON only)
     refs: list[dict[str, Any]] = field(default_factory=list)  # [{"ref": label, "ratio": x}]
@@ -132,8 +135,27 @@ def nothing() -> None:
     """The sync step of a single process: none needed."""
 
 
-def result(op: str, size: int, seconds: list[float]) -> dict[str, Any]:
-    return {"op": op, "size": size, "seconds": seconds}
+def op_latencies(fn: Callable[[], Any], size: int) -> list[float] | None:
+    """[median, p99] of single ops timed one by one, for sizes up to LATENCY_MAX
+    (round trips: what a worker waits for each small pull or push)."""
+    if size > LATENCY_MAX:
+        return None
+    times = []
+    for _ in range(LATENCY_OPS):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return [statistics.median(times), times[int(len(times) * 0.99)]]
+
+
+def result(
+    op: str, size: int, seconds: list[float], latency: list[float] | None = None
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"op": op, "size": size, "seconds": seconds}
+    if latency is not None:
+        out["latency"] = latency
+    return out
 
 
 def float_array(size: int, value: float | None = None) -> np.ndarray:
@@ -152,20 +174,15 @@ def error_text(exc: BaseException) -> str:
 
 
 def irdma_worker(args: argparse.Namespace) -> dict[str, Any]:
-    """read / write / accumulate with one AsyncClient (transport from $IRDMA_TRANSPORT)."""
-    import trio
-
-    return trio.run(irdma_p2p, Path(args.config), args.sizes, args.rounds)
-
-
-async def irdma_p2p(config: Path, sizes: list[int], rounds: int) -> dict[str, Any]:
-    from irdma.client import AsyncClient
+    """read / write / accumulate with one blocking Client (transport from $IRDMA_TRANSPORT):
+    what a training script calls, and what redis-py is compared with."""
+    from irdma.client import Client
 
     results = []
     baseline = private_bytes()
     extra = 0  # the client's own memory beyond the two arrays it was given
-    async with AsyncClient(config, timeout=300) as client:
-        for size in sizes:
+    with Client(Path(args.config), timeout=300) as client:
+        for size in args.sizes:
             name = f"_compare/{os.getpid()}/{size}"
             data, out = float_array(size), np.empty(size // 4, dtype=np.float32)
             ops = {
@@ -175,16 +192,17 @@ async def irdma_p2p(config: Path, sizes: list[int], rounds: int) -> dict[str, An
             }
             try:
                 for op, fn in ops.items():
-                    results.append(result(op, size, await timed_rounds_async(fn, size, rounds)))
+                    times = timed_rounds(fn, nothing, size, args.rounds)
+                    results.append(result(op, size, times, op_latencies(fn, size)))
                     if op == "read" and not np.array_equal(out, data):
                         raise AssertionError(f"read back other bytes than written ({size} B)")
                     extra = max(extra, private_bytes() - baseline - data.nbytes - out.nbytes)
             finally:
                 with contextlib.suppress(Exception):
-                    await client.delete(name)
-        # Which connection classes served us: tells whether the transport was honoured.
-        kinds = sorted({type(c).__name__ for c in getattr(client, "_conns", {}).values()})
-    memory = {"extra_bytes": extra, "largest_tensor": max(sizes)}
+                    client.delete(name)
+        # Which transports served us: tells whether the transport was honoured.
+        kinds = sorted({c.transport for c in client._client._conns.values()})
+    memory = {"extra_bytes": extra, "largest_tensor": max(args.sizes)}
     return {"results": results, "connections": kinds, "memory": memory}
 
 
@@ -277,8 +295,7 @@ def group_worker(args: argparse.Namespace) -> dict[str, Any]:
                     results.append(result(op, size, times))
                 finally:
                     group.close()
-        inner = getattr(client, "_client", None)
-        kinds = sorted({type(c).__name__ for c in getattr(inner, "_conns", {}).values()})
+        kinds = sorted({c.transport for c in client._client._conns.values()})
     return {"results": results, "connections": kinds}
 
 
@@ -414,8 +431,11 @@ def rows_from(
     rows = []
     for r in results:
         sec = statistics.median(r["seconds"])
+        p99 = None
+        if "latency" in r:  # small ops: the median of single round trips
+            sec, p99 = r["latency"]
         gbps = r["size"] / sec / 1e9
-        rows.append(Row(system, r["op"], r["size"], procs, sec, gbps, detail=detail))
+        rows.append(Row(system, r["op"], r["size"], procs, sec, gbps, p99, detail=detail))
     return rows
 
 
@@ -512,7 +532,8 @@ def measure_redis(stack: contextlib.ExitStack, tmp: Path, args: argparse.Namespa
         for size in args.sizes:
             value = float_array(size).tobytes()
             for op, fn in (("SET", partial(r.set, "k", value)), ("GET", partial(r.get, "k"))):
-                results.append(result(op, size, timed_rounds(fn, nothing, size, args.rounds)))
+                times = timed_rounds(fn, nothing, size, args.rounds)
+                results.append(result(op, size, times, op_latencies(fn, size)))
             if r.get("k") != value:
                 raise AssertionError(f"redis GET returned other bytes ({size} B)")
             r.delete("k")
@@ -525,16 +546,18 @@ def measure_redis(stack: contextlib.ExitStack, tmp: Path, args: argparse.Namespa
     return rows_from(f"redis ({hiredis})", results, detail=f"redis-py {redis.__version__}")
 
 
-def start_cluster(stack: contextlib.ExitStack, tmp: Path, args: argparse.Namespace) -> Path:
+def start_cluster(
+    stack: contextlib.ExitStack, tmp: Path, args: argparse.Namespace, replicas: int = 1
+) -> Path:
     """``irdma local`` with NODES daemons and arenas that hold the largest collective."""
     biggest = max(args.sizes)
     # Group.gather keeps two slots of one tensor per member; shards hash unevenly
     # over the daemons, hence the 1.5.
     need = biggest * 2 * max(args.procs) if "group" in args.only else biggest
     arena = f"{int(1.5 * need / NODES) // (1 << 20) + 128}MiB"
-    directory = tmp / "cluster"
+    directory = tmp / f"cluster-r{replicas}"
     cmd = [sys.executable, "-m", "irdma.cli", "local", "--nodes", str(NODES)]
-    cmd += ["--dir", str(directory), "--arena", arena]
+    cmd += ["--dir", str(directory), "--arena", arena, "--replicas", str(replicas)]
     proc = start(stack, cmd, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline().strip() if proc.stdout else ""
     if not line:
@@ -548,14 +571,20 @@ def transport_env(transport: str) -> dict[str, str]:
 
 def check_transport(transport: str, kinds: list[str]) -> None:
     # A client that ignores IRDMA_TRANSPORT would silently measure tcp as shm.
-    if transport == "shm" and kinds and all(k.lower().startswith("tcp") for k in kinds):
-        raise RuntimeError(f"IRDMA_TRANSPORT=shm was not honoured: connections were {kinds}")
+    if kinds and set(kinds) != {transport}:
+        raise RuntimeError(
+            f"IRDMA_TRANSPORT={transport} was not honoured: connections were {kinds}"
+        )
 
 
 def measure_irdma(
-    config: Path, transport: str, args: argparse.Namespace, memory: list[dict[str, Any]]
+    config: Path,
+    transport: str,
+    args: argparse.Namespace,
+    memory: list[dict[str, Any]],
+    system: str = "",
 ) -> list[Row]:
-    system = f"irdma {transport}"
+    system = system or f"irdma {transport}"
     try:
         out = subprocess.run(
             worker_cmd("irdma_worker", args, config=config),
@@ -704,6 +733,31 @@ def measure_all(args: argparse.Namespace, memory: list[dict[str, Any]]) -> list[
             for transport in args.transports:
                 rows += measure_group(config, tmp, transport, args)
         memory += daemon_memory(config)
+        if "irdma" in args.only:
+            rows += measure_replicated(stack, tmp, args)
+    return rows
+
+
+def measure_replicated(
+    stack: contextlib.ExitStack, tmp: Path, args: argparse.Namespace
+) -> list[Row]:
+    """The small ops again on a cluster with each of ``--replicas`` (above 1):
+    what forwarding every update to the backups costs a round trip."""
+    rows: list[Row] = []
+    small = argparse.Namespace(**vars(args))
+    small.sizes = [s for s in args.sizes if s <= LATENCY_MAX]
+    for replicas in (r for r in args.replicas if r > 1):
+        if not small.sizes:
+            break
+        try:
+            config = start_cluster(stack, tmp, small, replicas)
+        except (RuntimeError, OSError) as exc:
+            rows += failed(f"irdma R={replicas}", exc)
+            continue
+        for transport in args.transports:
+            system = f"irdma {transport} R={replicas}"
+            # Small ops only: their memory says nothing next to the full run's.
+            rows += measure_irdma(config, transport, small, [], system)
     return rows
 
 
@@ -712,7 +766,7 @@ def measure_all(args: argparse.Namespace, memory: list[dict[str, Any]]) -> list[
 
 def references(row: Row) -> list[tuple[tuple[str, str, int, int], str]]:
     """The rows ``row`` is compared with: ((system, op, size, procs), label)."""
-    if row.system in ("irdma tcp", "irdma shm"):
+    if row.system.startswith(("irdma tcp", "irdma shm")):
         if row.size <= LATENCY_MAX:
             op = "GET" if row.op == "read" else "SET"
             return [(("redis", op, row.size, 1), f"redis {op}")]
@@ -764,19 +818,19 @@ def human_ratio(x: float | None) -> str:
 
 
 def table_cells(row: Row) -> list[str]:
-    """The eight columns, or four and a note when there are no figures."""
+    """The nine columns, or four and a note when there are no figures."""
     size = human_size(row.size) if row.size else "-"
     procs = str(row.procs) if row.procs > 1 else "-"
     if row.note:
         return [row.system, row.op, size, procs, row.note]
     refs = "; ".join(r["ref"] for r in row.refs)
     ratios = "; ".join(human_ratio(r["ratio"]) for r in row.refs)
-    figures = [human_time(row.seconds), f"{row.gbps:.3g}", refs, ratios]
+    figures = [human_time(row.seconds), human_time(row.p99), f"{row.gbps:.3g}", refs, ratios]
     return [row.system, row.op, size, procs, *figures]
 
 
 def format_table(rows: list[Row]) -> str:
-    head = ["system", "op", "size", "procs", "time/op", "GB/s", "reference", "ratio"]
+    head = ["system", "op", "size", "procs", "time/op", "p99", "GB/s", "reference", "ratio"]
     cells = [table_cells(r) for r in rows]
     # Notes run past the figures' columns, so only the first four count them.
     widths = [
@@ -888,6 +942,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--procs", default="2,4", help="process counts for collectives")
     ap.add_argument("--transports", default="tcp,shm", help="irdma transports (default tcp,shm)")
+    ap.add_argument(
+        "--replicas",
+        default="1,2",
+        help="replica counts; small ops (<= 64 KiB) are measured again at each above 1 "
+        "(default 1,2)",
+    )
     ap.add_argument("--only", default=",".join(PEERS), help=f"subset of {','.join(PEERS)}")
     ap.add_argument("--iperf-seconds", type=float, default=2.0)
     ap.add_argument("--worker-timeout", type=float, default=1800.0)
@@ -907,6 +967,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("sizes must be positive multiples of 4 bytes (float32 arrays)")
     args.procs = [int(p) for p in args.procs.split(",") if p]
     args.transports = [t for t in args.transports.split(",") if t]
+    args.replicas = [int(r) for r in args.replicas.split(",") if r]
     args.only = [p for p in args.only.split(",") if p]
     if unknown := set(args.only) - set(PEERS):
         ap.error(f"--only: unknown {sorted(unknown)}; choose from {','.join(PEERS)}")

@@ -47,7 +47,7 @@ from irdma.protocol import (
     encode_json,
 )
 from irdma.transport.base import StreamBroken, StreamClosed
-from irdma.transport.tcp import TcpConnection
+from irdma.transport.tcp import FramedConnection
 
 from .errors import StoreError
 from .membership import Membership
@@ -87,7 +87,7 @@ class Peer:
         self.node = node
         self.queue: deque[Item] = deque()
         self.wake = trio.Event()
-        self.conn: TcpConnection | None = None
+        self.conn: FramedConnection | None = None
         self.lock = trio.Lock()  # one connect at a time
         self.auth_error: str | None = None  # why the last link failed to authenticate
 
@@ -182,14 +182,14 @@ class Replicator:
 
     # -- connections -------------------------------------------------------------
 
-    async def _conn(self, peer: Peer) -> TcpConnection:
+    async def _conn(self, peer: Peer) -> FramedConnection:
         assert self._nursery is not None
         if peer.conn is not None and not peer.conn.broken:
             return peer.conn
         async with peer.lock:
             if peer.conn is None or peer.conn.broken:
                 addr = peer.node.address
-                peer.conn = await TcpConnection.open(
+                peer.conn = await FramedConnection.open(
                     addr.host,
                     addr.port,
                     self._nursery,

@@ -20,6 +20,7 @@ def test_compare_measures_both_transports_and_memory(tmp_path: Path) -> None:
         [
             *(sys.executable, str(BENCH / "compare.py"), "--sizes", "4KiB,8MiB", "--rounds", "1"),
             *("--only", "limits,irdma", "--json", str(out), "--png", str(tmp_path / "c.png")),
+            *("--replicas", "1,2"),
         ],
         capture_output=True,
         text=True,
@@ -32,7 +33,12 @@ def test_compare_measures_both_transports_and_memory(tmp_path: Path) -> None:
         for op in ("read", "write", "accumulate"):
             row = rows[(f"irdma {transport}", op, 8 << 20)]
             assert row["gbps"] > 0, row
-    assert "ShmConnection" in rows[("irdma shm", "read", 8 << 20)]["detail"]
+    assert rows[("irdma shm", "read", 8 << 20)]["detail"] == "shm"
+    # Small ops: single round trips, median and p99, on one copy and on two.
+    for system in ("irdma tcp", "irdma shm", "irdma tcp R=2", "irdma shm R=2"):
+        for op in ("read", "write", "accumulate"):
+            row = rows[(system, op, 4096)]
+            assert 0 < row["seconds"] <= row["p99"], row
     assert {m["what"].split(",")[0] for m in report["memory"]} >= {"daemon n1"}
     print(run.stdout)
 

@@ -39,8 +39,8 @@ from irdma.protocol import (
     unpack_header,
 )
 from irdma.transport.base import StreamBroken
-from irdma.transport.shm import ShmConnection, make_staging, short_address, socket_path
-from irdma.transport.tcp import TcpConnection
+from irdma.transport.shm import SharedMemory, make_staging, short_address, socket_path
+from irdma.transport.tcp import FramedConnection
 
 from .conftest import Cluster, make_cluster, recv_exactly
 
@@ -81,8 +81,8 @@ def test_read_write_accumulate_round_trip(cluster: Cluster, transport: str, nbyt
         assert np.array_equal(c.read(name), want)
         used = kinds(c)
         conns = list(c._client._conns.values())
-        mapped = sum(getattr(k, "mapped_bytes", 0) for k in conns)
-        staged = sum(getattr(k, "staged_bytes", 0) for k in conns)
+        mapped = sum(getattr(k.bulk, "mapped_bytes", 0) for k in conns)
+        staged = sum(getattr(k.bulk, "staged_bytes", 0) for k in conns)
     expected = {"tcp": {"tcp"}}.get(transport, {"shm"})
     assert used == expected
     if transport != "tcp" and nbytes >= SHARD:
@@ -318,7 +318,8 @@ def test_staged_data_out_of_range_or_over_tcp_changes_nothing(cluster: Cluster) 
                     flags=Flag.STAGED,
                 )
                 # Past the end of the 16 MiB staging area.
-                reply = await TcpConnection.request(conn, header, [LOCATION.pack(1 << 40)])
+                # The framed exchange itself: past the bulk path, which would stage.
+                reply = await conn.exchange(header, [LOCATION.pack(1 << 40)])
                 return reply.header.status, reply.data
 
         status, msg = trio.run(forge, "shm")
@@ -383,9 +384,9 @@ def test_long_data_dir_paths_work(tmp_path: Path) -> None:
 def test_shm_connection_class_is_what_auto_picks(cluster: Cluster) -> None:
     async def pick() -> type:
         async with AsyncClient(cluster.config_path) as c:
-            return type(await c._connection(cluster.config.node("n2")))
+            return type((await c._connection(cluster.config.node("n2"))).bulk)
 
-    assert trio.run(pick) is ShmConnection
+    assert trio.run(pick) is SharedMemory
 
 
 def test_shm_addresses_ask_for_shared_memory(tmp_path: Path) -> None:
@@ -444,11 +445,11 @@ def test_staging_of_a_failed_request_is_never_reused(cluster: Cluster, monkeypat
     async def run() -> tuple[int, str]:
         async with AsyncClient(cluster.config_path, transport="shm") as c:
             conn = await c._connection(node)
-            assert isinstance(conn, ShmConnection)
-            monkeypatch.setattr(TcpConnection, "request", broken_after_send)
+            assert isinstance(conn.bulk, SharedMemory)
+            monkeypatch.setattr(FramedConnection, "exchange", broken_after_send)
             with pytest.raises(StreamBroken):
                 await conn.request(header, [payload])
-            kept = conn.staging.used
+            kept = conn.bulk.staging.used
             with pytest.raises(StreamBroken) as again:  # no new staging on a dead connection
                 await conn.request(header, [payload])
             return kept, str(again.value)

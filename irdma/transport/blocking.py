@@ -25,7 +25,6 @@ import trio
 
 from ..errors import AuthFailed
 from ..protocol import (
-    LOCATION,
     REQUEST_ID,
     REQUEST_ID_OFFSET,
     Flag,
@@ -35,8 +34,8 @@ from ..protocol import (
 )
 from .auth import authenticate
 from .base import Buffer, Reply, Sink, StreamBroken, StreamClosed, StreamTimeout
-from .shm import SharedMemory, StagingArea, exchange_attach
-from .tcp import FramedSocket, next_answer, receive_unsunk, tune_socket
+from .shm import exchange_attach
+from .tcp import SOCKET, BulkPath, FramedSocket, next_answer, receive_unsunk, tune_socket
 
 PINNED = int(Flag.PINNED)
 OK = int(Status.OK)
@@ -143,78 +142,52 @@ class WaitingSocket:
 class BlockingConnection:
     """A client's connection to one daemon, one request at a time, run by the caller.
 
-    ``memory`` is the shm bulk path for a same-host daemon (None over TCP).
-    A request that fails part-way (timeout, broken socket, cancellation,
+    Bulk data takes ``bulk`` (``SOCKET`` over TCP, a ``SharedMemory`` for a
+    same-host daemon), the same objects the trio connections compose. A
+    request that fails part-way (timeout, broken socket, cancellation,
     Ctrl-C) fails the connection: its socket may hold half a frame.
     """
 
-    def __init__(
-        self, stream: FramedSocket, waits: BlockingWaits, memory: SharedMemory | None = None
-    ) -> None:
+    def __init__(self, stream: FramedSocket, waits: BlockingWaits, bulk: BulkPath = SOCKET) -> None:
         self.stream = stream
         self.waits = waits
-        self.memory = memory
+        self.bulk = bulk
         self._next_id = 1
         self._failure: BaseException | None = None
         self._closed = False
 
     @property
     def transport(self) -> str:
-        return "tcp" if self.memory is None else "shm"
+        return self.bulk.transport
 
     @property
     def broken(self) -> bool:
         return self._failure is not None or self._closed
 
-    # What tests and ``irdma status`` read of an shm connection.
-    @property
-    def mapped_bytes(self) -> int:
-        return self.memory.mapped_bytes if self.memory is not None else 0
-
-    @property
-    def staged_bytes(self) -> int:
-        return self.memory.staged_bytes if self.memory is not None else 0
-
-    @property
-    def staging(self) -> StagingArea | None:
-        return self.memory.staging if self.memory is not None else None
-
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
             self._failure = exc
         self.stream.close()
+        self.bulk.close()
 
     async def request(
         self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
     ) -> Reply:
         """Send one request and read its answer (see ``Connection.request``)."""
+        if self.waits.in_trio:
+            # The concurrent shards of one call take turns on the socket.
+            async with self.waits.lock_for(self):
+                return await self.bulk.request(self, header, payload, sink)
+        return await self.bulk.request(self, header, payload, sink)
+
+    async def exchange(
+        self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
+    ) -> Reply:
+        """Send one frame and read its answer on this socket."""
         if self._failure is not None:
             raise StreamBroken(str(self._failure)) from self._failure
         if self._closed:
             raise StreamClosed(f"connection to {self.stream.peer} is closed")
-        if self.waits.in_trio:
-            # The concurrent shards of one call take turns on the socket.
-            async with self.waits.lock_for(self):
-                return await self._staged_exchange(header, payload, sink)
-        return await self._staged_exchange(header, payload, sink)
-
-    async def _staged_exchange(
-        self, header: Header, payload: Sequence[Buffer], sink: Sink | None
-    ) -> Reply:
-        memory = self.memory
-        if memory is None or not memory.stages(header):
-            return await self._exchange(header, payload, sink)
-        n = header.length
-        offset = await memory.staging.take(n, self)
-        try:
-            staged = memory.staged(header, offset, payload)
-            return await self._exchange(staged, [LOCATION.pack(offset)], sink)
-        finally:
-            memory.staging.give(offset, n, self)
-
-    async def _exchange(
-        self, header: Header, payload: Sequence[Buffer], sink: Sink | None
-    ) -> Reply:
         rid = self._next_id
         self._next_id += 1
         frame = bytearray(header.pack())
@@ -228,10 +201,7 @@ class BlockingConnection:
                     f"{stream.peer} answered request {answer.request_id}, expected {rid}"
                 )
             if answer.status == OK and sink is not None:
-                if self.memory is not None:
-                    await self.memory.receive(stream, answer, sink)
-                else:
-                    await sink.receive(stream, answer)
+                await self.bulk.receive(self, answer, sink)
                 reply = Reply(answer)
             else:
                 reply = await receive_unsunk(stream, answer)
@@ -297,7 +267,7 @@ async def attach_shm(
     secret: bytes | None,
     staging_size: int,
 ) -> BlockingConnection:
-    """Attach to a same-host daemon's shared memory (raises like ``ShmConnection.attach``)."""
+    """Attach to a same-host daemon's shared memory (raises like ``shm.attach_connection``)."""
     sock = stdsocket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM)
     sock.setblocking(False)
     try:

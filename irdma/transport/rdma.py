@@ -57,7 +57,7 @@ from .base import (
     StreamTimeout,
 )
 from .staging import StagingArea
-from .tcp import FramedSocket, TcpConnection
+from .tcp import SOCKET, FramedConnection
 from .verbs import (
     MTU_BYTES,
     WC_REMOTE_ACCESS_ERROR,
@@ -313,73 +313,81 @@ class _Link:
         self.endpoint.close()
 
 
-class RdmaConnection(TcpConnection):
-    """A connection to a daemon with bulk data over RDMA verbs (plain TCP until attached)."""
+async def connect(
+    host: str,
+    port: int,
+    nursery: trio.Nursery,
+    *,
+    peer: str = "",
+    timeout: float = 10.0,
+    secret: bytes | None = None,
+    staging_size: int = RDMA_STAGING_MIN,
+    gid_index: int | None = None,
+    mtu: int | None = None,
+    required: bool = False,
+    quiet: bool = False,
+) -> FramedConnection:
+    """Open the TCP connection, then move its bulk data to RDMA (``RdmaPath``).
 
-    def __init__(self, stream: FramedSocket, timeout: float = 10.0) -> None:
-        super().__init__(stream, timeout)
+    Where RDMA cannot be had, or fails to set up (the reason is in one log
+    line), the connection keeps its socket path: this one, or a new one when
+    the daemon had already attached RDMA to it. With ``required`` it raises
+    StreamBroken naming the reason instead. ``quiet``: RDMA was only tried
+    because it might be there, so its plain absence is logged at debug level.
+    """
+    conn = await FramedConnection.open(
+        host, port, nursery, peer=peer, timeout=timeout, secret=secret
+    )
+    path = RdmaPath(conn.stream.peer, timeout)
+    try:
+        await path.attach(conn, staging_size, gid_index, mtu)
+    except RdmaUnavailable as exc:
+        peer = conn.stream.peer
+        if required:
+            await conn.aclose()
+            raise StreamBroken(f"rdma transport to {peer}: {exc}") from None
+        level = logging.DEBUG if quiet and exc.expected else logging.WARNING
+        log.log(level, "%s: RDMA not used, using TCP: %s", peer, exc)
+        if conn.broken or path.daemon_attached:
+            # The daemon answers this connection for RDMA now: start afresh.
+            await conn.aclose()
+            return await FramedConnection.open(
+                host, port, nursery, peer=peer, timeout=timeout, secret=secret
+            )
+    except BaseException:
+        await conn.aclose()
+        raise
+    return conn
+
+
+class RdmaPath:
+    """The RDMA bulk path of one connection: pulls are RDMA READs of MAPPED
+    answers, pushes RDMA WRITEs into the daemon's staging block then STAGED."""
+
+    transport = "rdma"
+
+    def __init__(self, peer: str, timeout: float) -> None:
+        self.peer = peer
+        self.timeout = timeout
         self.link: _Link | None = None
-        # The daemon took RDMA_CONNECT: it answers reads here MAPPED from now on.
+        # The daemon took RDMA_CONNECT: it answers reads MAPPED from now on.
         self.daemon_attached = False
-        self._linked = trio.Event()
         self.staging: StagingArea | None = None
         # Bytes moved by RDMA READ and RDMA WRITE rather than the socket.
         self.pulled_bytes = 0
         self.pushed_bytes = 0
 
-    @property
-    def transport(self) -> str:
-        return "rdma" if self.link is not None else "tcp"
-
-    @classmethod
-    async def connect(
-        cls,
-        host: str,
-        port: int,
-        nursery: trio.Nursery,
-        *,
-        peer: str = "",
-        timeout: float = 10.0,
-        secret: bytes | None = None,
-        staging_size: int = RDMA_STAGING_MIN,
-        gid_index: int | None = None,
-        mtu: int | None = None,
-        required: bool = False,
-        quiet: bool = False,
-    ) -> TcpConnection:
-        """Open the TCP connection, then set up RDMA on it.
-
-        Where RDMA cannot be had, or fails to set up (the reason is in one
-        log line), the client talks TCP to this daemon: on this connection,
-        or on a new one when the daemon had already attached RDMA to it.
-        With ``required`` it raises StreamBroken naming the reason instead.
-        ``quiet``: RDMA was only tried because it might be there, so its
-        plain absence is logged at debug level.
-        """
-        conn = await cls.open(host, port, nursery, peer=peer, timeout=timeout, secret=secret)
-        try:
-            await conn._attach(staging_size, gid_index, mtu)
-        except RdmaUnavailable as exc:
-            peer = conn.stream.peer
-            if required:
-                await conn.aclose()
-                raise StreamBroken(f"rdma transport to {peer}: {exc}") from None
-            level = logging.DEBUG if quiet and exc.expected else logging.WARNING
-            log.log(level, "%s: RDMA not used, using TCP: %s", peer, exc)
-            if conn.broken or conn.daemon_attached:
-                # The daemon answers this connection for RDMA now: start afresh.
-                await conn.aclose()
-                return await TcpConnection.open(
-                    host, port, nursery, peer=peer, timeout=timeout, secret=secret
-                )
-        except BaseException:
-            await conn.aclose()
-            raise
-        return conn
-
-    async def _attach(self, staging_size: int, gid_index: int | None, mtu: int | None) -> None:
-        peer = self.stream.peer
-        local_ip = self.stream.sock.getsockname()[0]
+    async def attach(
+        self,
+        conn: FramedConnection,
+        staging_size: int,
+        gid_index: int | None,
+        mtu: int | None,
+    ) -> None:
+        """Set up the queue pair with the daemon over ``conn``, check the path, and
+        make this the connection's bulk path. Raises RdmaUnavailable with the reason."""
+        peer = self.peer
+        local_ip = conn.stream.sock.getsockname()[0]
         try:
             gid = find_gid(local_ip, index=gid_index)
             endpoint = Endpoint(gid, mtu=mtu)
@@ -398,7 +406,7 @@ class RdmaConnection(TcpConnection):
             body = encode_json(
                 {"qp": link.local.to_json(), "mtu": endpoint.mtu, "staging": staging_size}
             )
-            reply = await super().request(Header(op=Op.RDMA_CONNECT, length=len(body)), [body])
+            reply = await conn.exchange(Header(op=Op.RDMA_CONNECT, length=len(body)), [body])
             said = reply.data.decode(errors="replace")
             if reply.header.status == Status.BAD_OP:
                 raise RdmaUnavailable(said, expected=True)
@@ -420,9 +428,15 @@ class RdmaConnection(TcpConnection):
                 endpoint.connect(link.qp, link.local, remote_qp, access, path_mtu)
             except VerbsError as exc:
                 raise RdmaUnavailable(str(exc)) from None
-            self._activate(link)
+            self.link = link
+            self.staging = StagingArea(link.buffer.view, STAGING_ALIGN, "RDMA buffer")
+            # Requests use the link from now on; its completions are drained by
+            # the loop ``use`` starts (the probe waits for one).
+            conn.use(self)
             await self._probe(link, remote_qp, path_mtu)
         except BaseException:
+            if conn.bulk is self:
+                conn.use(SOCKET)
             self.link = None
             self.staging = None
             link.close()
@@ -435,12 +449,6 @@ class RdmaConnection(TcpConnection):
             remote_qp.gid,
             path_mtu,
         )
-
-    def _activate(self, link: _Link) -> None:
-        """Requests use ``link`` from now on; its completions are drained in the background."""
-        self.link = link
-        self.staging = StagingArea(link.buffer.view, STAGING_ALIGN, "RDMA buffer")
-        self._linked.set()
 
     async def _probe(self, link: _Link, remote_qp: QpInfo, mtu: int) -> None:
         """One small RDMA READ: the path works, or an error says why it does not."""
@@ -456,71 +464,69 @@ class RdmaConnection(TcpConnection):
             )
         except (StreamBroken, StreamTimeout) as exc:
             raise RdmaUnavailable(
-                f"the RDMA path to {self.stream.peer} does not work ({exc}); the daemon is at "
+                f"the RDMA path to {self.peer} does not work ({exc}); the daemon is at "
                 f"GID {remote_qp.gid} ({ipv4_of(remote_qp.gid)}), MTU {mtu}: check that this "
                 "host routes to that address over its RDMA device, that both ports use RoCE v2 "
                 "GIDs, and rdma_gid_index / rdma_mtu in the config"
             ) from None
 
-    def _background(self) -> list[Any]:
+    def background(self) -> list[Any]:
         return [self._completion_loop]
 
     async def _completion_loop(self) -> None:
-        await self._linked.wait()
         link = self.link
         if link is not None and not link.closed:
             await link.completions.run()
 
-    def _fail(self, exc: BaseException) -> None:
-        super()._fail(exc)
+    def close(self) -> None:
         if self.link is not None:
-            # Destroyed now, not whenever the garbage collector gets to them:
-            # pyverbs objects freed in the wrong order (at exit, say) crash.
             # Every later use of the link checks ``closed`` first.
             self.link.close()
 
     # -- requests -------------------------------------------------------------
 
-    async def _receive(self, header: Header, sink: Sink) -> bool:
+    async def receive(self, conn: FramedConnection, header: Header, sink: Sink) -> bool:
         if header.flags & MAPPED and isinstance(sink, _Located):
             if header.length != LOCATION.size:
                 raise ProtocolError(f"MAPPED answer of {header.length} bytes")
-            (sink.offset,) = LOCATION.unpack(await self.stream.recv_bytes(LOCATION.size))
+            (sink.offset,) = LOCATION.unpack(await conn.stream.recv_bytes(LOCATION.size))
             return True  # RELEASE once the RDMA READ has the bytes
         if header.flags & MAPPED:
-            raise ProtocolError(
-                f"{self.stream.peer} answered MAPPED to a request that cannot take it"
-            )
-        await sink.receive(self.stream, header)
+            raise ProtocolError(f"{self.peer} answered MAPPED to a request that cannot take it")
+        await sink.receive(conn.stream, header)
         return False
 
     async def request(
-        self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
+        self,
+        conn: FramedConnection,
+        header: Header,
+        payload: Sequence[Buffer],
+        sink: Sink | None,
     ) -> Reply:
         link = self.link
         if link is None or link.remote is None:
-            return await super().request(header, payload, sink)
+            return await conn.exchange(header, payload, sink)
         if header.op == Op.READ and sink is not None:
-            return await self._pull(link, header, sink)
+            return await self._pull(conn, link, header, sink)
         if header.op in STAGEABLE and header.length:
-            return await self._push(link, header, payload, sink)
-        return await super().request(header, payload, sink)
+            return await self._push(conn, link, header, payload, sink)
+        return await conn.exchange(header, payload, sink)
 
-    async def _pull(self, link: _Link, header: Header, sink: Sink) -> Reply:
+    async def _pull(self, conn: FramedConnection, link: _Link, header: Header, sink: Sink) -> Reply:
         located = _Located(sink)
-        reply = await super().request(header, (), located)
+        reply = await conn.exchange(header, (), located)
         if located.offset is None:
             return reply  # answered inline, or refused
         assert link.remote is not None
         n = reply.header.size
         rid = reply.header.request_id
         if located.offset + n > link.remote.arena_size:
-            broken = StreamBroken(f"{self.stream.peer}: MAPPED answer past the arena's end")
-            self._fail(broken)
+            broken = StreamBroken(f"{self.peer}: MAPPED answer past the arena's end")
+            conn.abandon(broken)
             raise broken
         staging = self.staging
         assert staging is not None
-        local = await staging.take(n, self)
+        local = await staging.take(n, conn)
         try:
             await link.transfer(
                 link.e.IBV_WR_RDMA_READ,
@@ -530,26 +536,31 @@ class RdmaConnection(TcpConnection):
                 n,
                 self.timeout,
             )
-            self._release(rid)
+            conn.release(rid)
             await sink.receive(
                 MemoryStream(staging.view, local), dataclasses.replace(reply.header, length=n)
             )
         except BaseException as exc:
-            self._abandon(exc)
+            conn.abandon(exc)
             raise
         finally:
-            staging.give(local, n, self)
+            staging.give(local, n, conn)
         self.pulled_bytes += n
         return reply
 
     async def _push(
-        self, link: _Link, header: Header, payload: Sequence[Buffer], sink: Sink | None
+        self,
+        conn: FramedConnection,
+        link: _Link,
+        header: Header,
+        payload: Sequence[Buffer],
+        sink: Sink | None,
     ) -> Reply:
         assert link.remote is not None
         n = header.length
         staging = self.staging
         assert staging is not None
-        local = await staging.take(n, self)
+        local = await staging.take(n, conn)
         try:
             staging.fill(local, payload)
             try:
@@ -562,21 +573,13 @@ class RdmaConnection(TcpConnection):
                     self.timeout,
                 )
             except BaseException as exc:
-                self._abandon(exc)
+                conn.abandon(exc)
                 raise
             staged = dataclasses.replace(
                 header, flags=header.flags | Flag.STAGED, length=LOCATION.size
             )
-            reply = await super().request(staged, [LOCATION.pack(local)], sink)
+            reply = await conn.exchange(staged, [LOCATION.pack(local)], sink)
             self.pushed_bytes += n
             return reply
         finally:
-            staging.give(local, n, self)
-
-    def _abandon(self, exc: BaseException) -> None:
-        """A transfer failed or was cancelled mid-way: the connection cannot be trusted."""
-        self._fail(
-            exc
-            if isinstance(exc, StreamBroken | StreamClosed)
-            else StreamClosed(f"RDMA transfer with {self.stream.peer} abandoned")
-        )
+            staging.give(local, n, conn)

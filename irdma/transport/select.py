@@ -23,11 +23,11 @@ import trio
 from ..cluster import Node
 from ..errors import ConfigError
 from ..sizes import rdma_staging_size, shm_staging_size
+from . import rdma
 from .base import Connection, StreamBroken
 from .blocking import BlockingConnection, BlockingWaits, attach_shm, open_tcp
-from .rdma import RdmaConnection
-from .shm import ShmConnection, ShmUnavailable, socket_path
-from .tcp import TcpConnection
+from .shm import ShmUnavailable, attach_connection, socket_path
+from .tcp import FramedConnection
 
 log = logging.getLogger("irdma")
 
@@ -71,7 +71,7 @@ async def open_connection(
     peer = f"{node.name} ({node.address})"
     if choice in ("shm", "auto"):
         try:
-            return await ShmConnection.attach(
+            return await attach_connection(
                 socket_path(node.data_dir),
                 nursery,
                 peer=f"{node.name} (shm)",
@@ -85,7 +85,7 @@ async def open_connection(
                 raise StreamBroken(f"shm transport: {exc}") from None
             log.debug("%s: no shm (%s)", node.name, exc)
     if choice in ("rdma", "rdma?", "auto"):
-        return await RdmaConnection.connect(
+        return await rdma.connect(
             node.address.host,
             node.address.port,
             nursery,
@@ -99,7 +99,7 @@ async def open_connection(
             # Asked for by address or by name: say why it is not used.
             quiet=choice == "auto",
         )
-    return await TcpConnection.open(
+    return await FramedConnection.open(
         node.address.host, node.address.port, nursery, peer=peer, timeout=timeout, secret=secret
     )
 

@@ -59,7 +59,6 @@ from .auth import authenticate
 from .base import (
     TRIO_WAITS,
     Buffer,
-    ByteStream,
     MemoryStream,
     Reply,
     Sink,
@@ -68,7 +67,7 @@ from .base import (
     Waits,
 )
 from .staging import StagingArea
-from .tcp import FramedSocket, TcpConnection, to_stdlib
+from .tcp import Exchanger, FramedConnection, FramedSocket, to_stdlib
 
 SOCKET_NAME = "psd.sock"
 # Writes below this go inline: a copy into staging would not pay for itself.
@@ -281,7 +280,10 @@ def attach_frame(staging_size: int) -> bytes:
 class SharedMemory:
     """The shm bulk path of one connection: the daemon's arena mapped read-only
     (MAPPED answers are copied out of it) and this connection's staging area
-    (large writes are copied into it and sent STAGED)."""
+    (large writes are copied into it and sent STAGED). Serves a trio
+    FramedConnection and a blocking one alike."""
+
+    transport = "shm"
 
     def __init__(self, arena_fd: int, arena_size: int, staging_fd: int, staging_size: int) -> None:
         self._arena_map, self.arena = map_shared(arena_fd, arena_size, writable=False)
@@ -291,11 +293,30 @@ class SharedMemory:
         self.mapped_bytes = 0
         self.staged_bytes = 0
 
-    async def receive(self, stream: ByteStream, header: Header, sink: Sink) -> None:
-        """Hand a successful answer to ``sink``: from the arena if MAPPED, else from ``stream``."""
+    async def request(
+        self, conn: Exchanger, header: Header, payload: Sequence[Buffer], sink: Sink | None
+    ) -> Reply:
+        if header.op not in STAGEABLE or header.length < INLINE_MAX:
+            return await conn.exchange(header, payload, sink)
+        n = header.length
+        offset = await self.staging.take(n, conn)
+        try:
+            self.staging.fill(offset, payload)
+            self.staged_bytes += n
+            staged = dataclasses.replace(
+                header, flags=header.flags | Flag.STAGED, length=LOCATION.size
+            )
+            return await conn.exchange(staged, [LOCATION.pack(offset)], sink)
+        finally:
+            self.staging.give(offset, n, conn)
+
+    async def receive(self, conn: Exchanger, header: Header, sink: Sink) -> bool:
+        """Hand a successful answer to ``sink``: from the arena if MAPPED, else from
+        the stream. The bytes are taken when it returns (False: RELEASE at once)."""
+        stream = conn.stream
         if not header.flags & MAPPED:
             await sink.receive(stream, header)
-            return
+            return False
         if header.length != LOCATION.size:
             raise ProtocolError(f"MAPPED answer of {header.length} bytes")
         loc = bytearray(LOCATION.size)
@@ -304,94 +325,46 @@ class SharedMemory:
         data_header = dataclasses.replace(header, length=header.size)
         await sink.receive(MemoryStream(self.arena, offset), data_header)
         self.mapped_bytes += header.size
-
-    @staticmethod
-    def stages(header: Header) -> bool:
-        """Whether a request's payload goes through staging rather than the socket."""
-        return header.op in STAGEABLE and header.length >= INLINE_MAX
-
-    def staged(self, header: Header, offset: int, payload: Sequence[Buffer]) -> Header:
-        """Copy ``payload`` into the staging room at ``offset``; the STAGED header naming it."""
-        self.staging.fill(offset, payload)
-        self.staged_bytes += header.length
-        return dataclasses.replace(header, flags=header.flags | Flag.STAGED, length=LOCATION.size)
-
-
-class ShmConnection(TcpConnection):
-    """A connection to a same-host daemon: the TCP framing over its unix socket,
-    with bulk data through shared memory."""
-
-    def __init__(self, stream: FramedSocket, timeout: float, memory: SharedMemory) -> None:
-        super().__init__(stream, timeout)
-        self.memory = memory
-
-    @property
-    def mapped_bytes(self) -> int:
-        return self.memory.mapped_bytes
-
-    @property
-    def staged_bytes(self) -> int:
-        return self.memory.staged_bytes
-
-    @property
-    def staging(self) -> StagingArea:
-        return self.memory.staging
-
-    @classmethod
-    async def attach(
-        cls,
-        path: Path,
-        nursery: trio.Nursery,
-        peer: str = "",
-        timeout: float = 10.0,
-        staging_size: int = SHM_STAGING_MIN,
-        node: str | None = None,
-        secret: bytes | None = None,
-    ) -> ShmConnection:
-        """Connect to the daemon's unix socket and exchange the memory descriptors.
-
-        With ``secret``, the connection authenticates first, as over TCP: the
-        daemon hands out its memory only then. Raises ShmUnavailable when
-        there is no daemon socket at ``path``, the daemon refuses, runs on
-        another host or network namespace, or is not ``node``; AuthFailed
-        when authentication fails (no fallback to TCP, which would fail too).
-        """
-        peer = peer or str(path)
-        sock = trio.socket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM)
-        try:
-            with trio.move_on_after(timeout) as scope:
-                memory = await exchange_attach(
-                    sock, path, peer, node, secret, timeout, staging_size
-                )
-            if scope.cancelled_caught:
-                # A daemon that takes connections but does not answer (hung,
-                # paused) would not answer over TCP either: no fallback.
-                raise StreamTimeout(f"{peer}: no answer to ATTACH within {timeout:g} s")
-            conn = cls(FramedSocket(to_stdlib(sock), peer), timeout, memory)
-        except BaseException:
-            sock.close()
-            raise
-        nursery.start_soon(conn._run)
-        return conn
-
-    @property
-    def transport(self) -> str:
-        return "shm"
-
-    async def _receive(self, header: Header, sink: Sink) -> bool:
-        await self.memory.receive(self.stream, header, sink)
         return False
 
-    async def request(
-        self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
-    ) -> Reply:
-        if not self.memory.stages(header):
-            return await super().request(header, payload, sink)
-        n = header.length
-        staging = self.memory.staging
-        offset = await staging.take(n, self)
-        try:
-            staged = self.memory.staged(header, offset, payload)
-            return await super().request(staged, [LOCATION.pack(offset)], sink)
-        finally:
-            staging.give(offset, n, self)
+    def background(self) -> list:
+        return []
+
+    def close(self) -> None:
+        pass  # the mappings go with the connection object
+
+
+async def attach_connection(
+    path: Path,
+    nursery: trio.Nursery,
+    peer: str = "",
+    timeout: float = 10.0,
+    staging_size: int = SHM_STAGING_MIN,
+    node: str | None = None,
+    secret: bytes | None = None,
+) -> FramedConnection:
+    """A connection to a same-host daemon: the framing over its unix socket, bulk
+    data through shared memory (the connection's ``bulk`` is its SharedMemory).
+
+    With ``secret``, the connection authenticates first, as over TCP: the
+    daemon hands out its memory only then. Raises ShmUnavailable when there
+    is no daemon socket at ``path``, the daemon refuses, runs on another host
+    or network namespace, or is not ``node``; AuthFailed when authentication
+    fails (no fallback to TCP, which would fail too); StreamTimeout when the
+    daemon takes the connection but does not answer.
+    """
+    peer = peer or str(path)
+    sock = trio.socket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM)
+    try:
+        with trio.move_on_after(timeout) as scope:
+            memory = await exchange_attach(sock, path, peer, node, secret, timeout, staging_size)
+        if scope.cancelled_caught:
+            # A daemon that takes connections but does not answer (hung,
+            # paused) would not answer over TCP either: no fallback.
+            raise StreamTimeout(f"{peer}: no answer to ATTACH within {timeout:g} s")
+        conn = FramedConnection(FramedSocket(to_stdlib(sock), peer), timeout, memory)
+    except BaseException:
+        sock.close()
+        raise
+    nursery.start_soon(conn._run)
+    return conn

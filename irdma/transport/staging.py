@@ -19,7 +19,7 @@ from ..extents import Allocator, ArenaFullError
 from .base import Buffer, StreamBroken
 
 if TYPE_CHECKING:
-    from .tcp import TcpConnection
+    from .tcp import Exchanger
 
 
 class StagingArea:
@@ -36,7 +36,7 @@ class StagingArea:
         """Bytes held by requests (or kept from reuse after a failure)."""
         return self.allocator.used
 
-    async def take(self, nbytes: int, conn: TcpConnection) -> int:
+    async def take(self, nbytes: int, conn: Exchanger) -> int:
         """Room for ``nbytes``; waits while other requests of ``conn`` hold it."""
         capacity = self.allocator.capacity
         if nbytes > capacity:
@@ -57,7 +57,7 @@ class StagingArea:
             np.copyto(self.view[pos : pos + len(src)], src)
             pos += len(src)
 
-    def give(self, offset: int, nbytes: int, conn: TcpConnection) -> None:
+    def give(self, offset: int, nbytes: int, conn: Exchanger) -> None:
         """Return the room (unless ``conn`` broke) and wake every waiter to try again."""
         if not conn.broken:
             self.allocator.free(offset, nbytes)

@@ -12,6 +12,7 @@ import errno
 import os
 import socket as stdsocket
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 import trio
 
@@ -93,12 +94,6 @@ class FramedSocket:
         self._header_view = memoryview(self._header_buf)
         self._ops = 0
 
-    async def _maybe_yield(self) -> None:
-        self._ops += 1
-        if self._ops >= YIELD_EVERY:
-            self._ops = 0
-            await self.waits.checkpoint()
-
     async def _recv_into(self, view: memoryview) -> int:
         while True:
             try:
@@ -146,7 +141,10 @@ class FramedSocket:
         Raises ProtocolError for garbage (bad magic) and StreamBroken for a
         connection that ends inside a header.
         """
-        await self._maybe_yield()
+        self._ops += 1
+        if self._ops >= YIELD_EVERY:  # inline: one coroutine less per frame
+            self._ops = 0
+            await self.waits.checkpoint()
         mv = self._header_view
         try:
             k = await self._recv_into(mv)
@@ -277,19 +275,86 @@ class _Pending:
         self.error: BaseException | None = None
 
 
-class TcpConnection(Connection):
+class Exchanger(Protocol):
+    """What a bulk path needs of a connection (a trio FramedConnection or a
+    blocking one): its stream, whether it broke, and one framed exchange."""
+
+    stream: FramedSocket
+
+    @property
+    def broken(self) -> bool: ...
+
+    async def exchange(
+        self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
+    ) -> Reply: ...
+
+
+class BulkPath(Protocol):
+    """How a connection moves bulk data beside its frames: over the socket itself
+    (``SOCKET``), through shared memory (``shm.SharedMemory``) or RDMA verbs
+    (``rdma.RdmaPath``). A FramedConnection has one and may switch it."""
+
+    transport: str
+
+    async def request(
+        self, conn: Exchanger, header: Header, payload: Sequence[Buffer], sink: Sink | None
+    ) -> Reply:
+        """Send one request (placing its payload where this path puts it) via
+        ``conn.exchange`` and return the answer."""
+
+    async def receive(self, conn: Exchanger, header: Header, sink: Sink) -> bool:
+        """Hand a successful answer's payload to ``sink``. True: the bytes are not
+        taken yet, and the path sends RELEASE for a pinned answer itself."""
+
+    def background(self) -> list[Callable[[], Awaitable[None]]]:
+        """Loops the path needs while the connection lives (run like its reader)."""
+
+    def close(self) -> None:
+        """The connection failed or closed: release what the path holds."""
+
+
+class SocketPath:
+    """Bulk data travels with its frames on the socket (TCP)."""
+
+    transport = "tcp"
+
+    async def request(
+        self, conn: Exchanger, header: Header, payload: Sequence[Buffer], sink: Sink | None
+    ) -> Reply:
+        return await conn.exchange(header, payload, sink)
+
+    async def receive(self, conn: Exchanger, header: Header, sink: Sink) -> bool:
+        await sink.receive(conn.stream, header)
+        return False
+
+    def background(self) -> list[Callable[[], Awaitable[None]]]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+SOCKET = SocketPath()
+
+
+class FramedConnection(Connection):
     """One client connection to a daemon, carrying many requests at once.
 
     A reader task routes each response to its request by id; sends are
     serialised by a lock so frames never interleave. RELEASE notices for
     zero-copy replies go out from their own task so the reader never waits
     behind a large send (which could deadlock against a daemon that is
-    itself blocked sending to us).
+    itself blocked sending to us). Bulk data takes the connection's
+    ``bulk`` path; every medium shares this framing.
     """
 
-    def __init__(self, stream: FramedSocket, timeout: float = 10.0) -> None:
+    def __init__(
+        self, stream: FramedSocket, timeout: float = 10.0, bulk: BulkPath = SOCKET
+    ) -> None:
         self.stream = stream
         self.timeout = timeout
+        self.bulk = bulk
+        self._nursery: trio.Nursery | None = None
         # When the oldest outstanding request last saw the daemon answer
         # (or was sent, if nothing was outstanding before it).
         self._last_progress = 0.0
@@ -311,8 +376,8 @@ class TcpConnection(Connection):
         peer: str = "",
         timeout: float = 10.0,
         secret: bytes | None = None,
-    ) -> TcpConnection:
-        """Connect and start the connection's background tasks in ``nursery``.
+    ) -> FramedConnection:
+        """Connect over TCP and start the connection's background tasks in ``nursery``.
 
         A request that gets no answer for ``timeout`` seconds (while the
         daemon answers nothing else either) fails the connection with
@@ -334,22 +399,30 @@ class TcpConnection(Connection):
         return conn
 
     @property
+    def transport(self) -> str:
+        return self.bulk.transport
+
+    def use(self, bulk: BulkPath) -> None:
+        """Move bulk data over ``bulk`` from now on, its background loops started."""
+        self.bulk = bulk
+        if self._nursery is not None:
+            for loop in bulk.background():
+                self._nursery.start_soon(self._guard, loop)
+
+    @property
     def broken(self) -> bool:
         return self._failure is not None or self._closed
 
     async def _run(self) -> None:
         with self._cancel:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._guard, self._release_loop)
                 nursery.start_soon(self._guard, self._read_loop)
                 nursery.start_soon(self._guard, self._watchdog)
-                for loop in self._background():
+                for loop in self.bulk.background():
                     nursery.start_soon(self._guard, loop)
         self._fail(StreamClosed(f"connection to {self.stream.peer} closed"))
-
-    def _background(self) -> list[Callable[[], Awaitable[None]]]:
-        """More background loops a transport needs (run and guarded like the reader)."""
-        return []
 
     async def _guard(self, loop: Callable[[], Awaitable[None]]) -> None:
         """Run a background loop; any failure fails the connection, never the nursery."""
@@ -369,24 +442,15 @@ class TcpConnection(Connection):
                 )
             release_later = False
             if header.status == Status.OK and pending.sink is not None:
-                release_later = await self._receive(header, pending.sink)
+                release_later = await self.bulk.receive(self, header, pending.sink)
                 pending.reply = Reply(header)
             else:
                 pending.reply = await receive_unsunk(self.stream, header)
             if header.flags & PINNED and not release_later:
-                self._release(header.request_id)
+                self.release(header.request_id)
             pending.event.set()
 
-    async def _receive(self, header: Header, sink: Sink) -> bool:
-        """Hand a successful answer's payload to its sink (other transports place it elsewhere).
-
-        True means the bytes are not taken yet: the transport sends RELEASE
-        for a pinned answer itself, once it has them (``_release``).
-        """
-        await sink.receive(self.stream, header)
-        return False
-
-    def _release(self, request_id: int) -> None:
+    def release(self, request_id: int) -> None:
         """Tell the daemon (soon, from the release task) it may reuse a pinned answer's memory."""
         self._releases.append(request_id)
         self._release_wakeup.set()
@@ -429,10 +493,27 @@ class TcpConnection(Connection):
         self._pending.clear()
         self._cancel.cancel()
         self.stream.close()
+        # Verbs resources are destroyed now, not whenever the garbage collector
+        # gets to them (pyverbs objects freed in the wrong order crash).
+        self.bulk.close()
+
+    def abandon(self, exc: BaseException) -> None:
+        """A request failed or was cancelled mid-way: the connection cannot be trusted."""
+        self._fail(
+            exc
+            if isinstance(exc, StreamBroken | StreamClosed)
+            else StreamClosed(f"request to {self.stream.peer} abandoned")
+        )
 
     async def request(
         self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
     ) -> Reply:
+        return await self.bulk.request(self, header, payload, sink)
+
+    async def exchange(
+        self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
+    ) -> Reply:
+        """Send one frame and wait for its answer (the framing every bulk path uses)."""
         if self._failure is not None:
             raise StreamBroken(str(self._failure)) from self._failure
         if self._closed:
@@ -452,11 +533,7 @@ class TcpConnection(Connection):
             # Cancelled or failed part-way: the stream may hold half a frame,
             # or a reply may be arriving into the caller's buffer. Drop the
             # connection rather than let it touch memory the caller took back.
-            self._fail(
-                exc
-                if isinstance(exc, StreamBroken | StreamClosed)
-                else StreamClosed(f"request to {self.stream.peer} abandoned")
-            )
+            self.abandon(exc)
             raise
         if pending.error is not None:
             err = pending.error

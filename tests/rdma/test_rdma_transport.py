@@ -19,7 +19,7 @@ from irdma.client import AsyncClient
 from irdma.errors import IrdmaError
 from irdma.protocol import tensor_key
 from irdma.transport.base import StreamBroken
-from irdma.transport.rdma import RdmaConnection
+from irdma.transport.rdma import RdmaPath
 
 from ..conftest import Cluster
 from .conftest import SHARD, fresh
@@ -34,9 +34,9 @@ CASES = [
 ]
 
 
-def connections(client: Client | AsyncClient) -> list[RdmaConnection]:
+def connections(client: Client | AsyncClient) -> list:
     inner = client._client if isinstance(client, Client) else client
-    return list(inner._conns.values())  # type: ignore[arg-type]
+    return list(inner._conns.values())
 
 
 @pytest.mark.parametrize(("dtype", "n"), CASES, ids=["4KiB", "3.01shards", "64MiB"])
@@ -64,8 +64,8 @@ def test_write_read_accumulate(rdma_cluster: Cluster, dtype: type, n: int) -> No
         conns = connections(c)
         assert conns and {k.transport for k in conns} == {"rdma"}
         # Every byte went by RDMA READ and WRITE, not through the socket.
-        assert sum(k.pulled_bytes for k in conns) >= 2 * x.nbytes
-        assert sum(k.pushed_bytes for k in conns) >= 3 * x.nbytes
+        assert sum(k.bulk.pulled_bytes for k in conns) >= 2 * x.nbytes
+        assert sum(k.bulk.pushed_bytes for k in conns) >= 3 * x.nbytes
 
 
 WORKER = textwrap.dedent(
@@ -189,8 +189,8 @@ async def test_forged_stale_and_out_of_range_keys_are_refused(rdma_cluster: Clus
 
         async def link():  # type: ignore[no-untyped-def]
             conn = await c._connection(node)
-            assert isinstance(conn, RdmaConnection) and conn.link is not None
-            return conn, conn.link
+            assert isinstance(conn.bulk, RdmaPath) and conn.bulk.link is not None
+            return conn, conn.bulk.link
 
         # Where the victim's shard sits in the daemon's arena, seen on a real pull.
         conn, lk = await link()
