@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -102,7 +103,7 @@ def test_status_names_each_mounts_log(cluster: Cluster, tmp_path: Path) -> None:
         )
         try:
             assert started.returncode == 0, started.stderr
-            bg_log = started.stderr.split("log ")[1].split(";")[0]
+            bg_log = re.search(r"\(pid \d+, log (\S+);", started.stderr)[1]
             assert Path(bg_log).exists()
             out = irdma(cluster, "status").stdout.splitlines()
             mounts = sorted(line for line in out if line.startswith("mount "))
