@@ -9,9 +9,7 @@ revalidated when a daemon says the layout changed or the tensor is gone.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
-import random
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -55,6 +53,7 @@ from .protocol import (
     unpack_entries,
     validate_name,
 )
+from .routing import Router, asks_primary, new_txn
 from .shells import BlockingShell, TrioShell, drive
 from .sinks import BatchReadSink, IntoSink
 from .transport.base import (
@@ -182,19 +181,18 @@ class AsyncClient:
         # Read now, so a missing or exposed secret file is reported at once.
         self._secret = cluster_secret(self.config)
         self._meta: dict[str, TensorMeta] = {}
-        # With replicas: the highest version of each (key, shard) this client
-        # saw acknowledged or read, so no replica serves it anything older.
-        self._seen: dict[tuple[int, int], int] = {}
-        # The replica that last accepted updates for a replica set (by the
-        # name of its preferred primary), and replicas that failed recently.
-        self._primary_hint: dict[str, Node] = {}
-        self._failed_at: dict[str, float] = {}
-        self._spread = random.randrange(1 << 16)
         # Where requests run: TrioShell inside ``async with``, BlockingShell for ``Client``.
         self._shell: Any = None
         self._now: Callable[[], float] = trio.current_time  # the shell's clock
         self._stack: contextlib.AsyncExitStack | None = None
         self._closed = False
+        self._router = Router(
+            self.config,
+            self.timeout,
+            self._request,
+            lambda: self._now(),
+            lambda seconds: self._shell.sleep(seconds),
+        )
 
     async def __aenter__(self) -> AsyncClient:
         self._stack = contextlib.AsyncExitStack()
@@ -281,100 +279,6 @@ class AsyncClient:
     @property
     def replicated(self) -> bool:
         return self.config.replicas > 1
-
-    def _candidates(
-        self, key: int, shard: int, update: bool, load: dict[str, int] | None = None
-    ) -> list[Node]:
-        """The shard's replicas in the order to try them.
-
-        Updates start at the replica that last took updates for this replica
-        set (the primary); reads are spread over the replicas, skipping those
-        that failed in the last few seconds. ``load`` (bytes already given to
-        each daemon by the same call) makes a read start at the least loaded
-        replica, so one tensor's shards are spread evenly over the daemons
-        even where placement put more of them on one.
-        """
-        replicas = list(self.config.replicas_for(key, shard))
-        if update:
-            hint = self._primary_hint.get(replicas[0].name)
-            start = replicas.index(hint) if hint in replicas else 0
-        else:
-            self._spread += 1
-            start = self._spread % len(replicas)
-        order = replicas[start:] + replicas[:start]
-        now = self._now()
-        recent = 2 * self.config.failure_timeout + self.timeout
-        healthy = [n for n in order if now - self._failed_at.get(n.name, -1e9) > recent]
-        if load is not None:
-            healthy.sort(key=lambda n: load.get(n.name, 0))  # stable: ties keep the rotation
-        return healthy + [n for n in order if n not in healthy]
-
-    async def _on_replicas(
-        self,
-        key: int,
-        shard: int,
-        header: Header,
-        payload: Sequence[Buffer] = (),
-        sink: Sink | None = None,
-        *,
-        update: bool,
-        track: bool = True,
-        candidates: list[Node] | None = None,
-    ) -> Reply:
-        """A request for one shard, failing over to its other replicas.
-
-        ``track``: the reply's version is the shard's (not a stat's sum), so
-        remember it for read-your-writes.
-
-        Safe to repeat: reads always; updates because they carry a txn the
-        daemons remember, so a retried update is applied once. Gives up after
-        the client timeout plus two failure timeouts (time for the cluster
-        to notice a dead primary) with the last error.
-        """
-        if not self.replicated:
-            return await self._request(self.config.primary_for(key, shard), header, payload, sink)
-        candidates = candidates or self._candidates(
-            key, shard, _asks_primary(update, header.worker)
-        )
-        deadline = self._now() + self.timeout + 2 * self.config.failure_timeout
-        attempt = 0
-        last: Exception | None = None
-        while True:
-            node = candidates[attempt % len(candidates)]
-            if track and not update:
-                header = _with_version(header, self._seen.get((key, shard), 0))
-            try:
-                reply = await self._request(node, header, payload, sink)
-            except DaemonUnavailable as exc:
-                self._failed_at[node.name] = self._now()
-                # A daemon's own refusal says more than another's silence.
-                last = exc if not isinstance(last, DaemonError) else last
-            except DaemonError as exc:
-                if exc.status not in FAILOVER_STATUSES:
-                    raise
-                last = exc
-            else:
-                if track:
-                    self._saw(key, shard, reply.header.version, update)
-                if update:
-                    self._primary_hint[candidates[0].name] = node
-                    self._failed_at.pop(node.name, None)
-                return reply
-            attempt += 1
-            if self._now() >= deadline:
-                assert last is not None
-                raise last
-            if attempt % len(candidates) == 0:
-                # A whole round failed: give the cluster time to fail over.
-                await self._shell.sleep(min(0.1 * (attempt // len(candidates)), 0.5))
-
-    def _saw(self, key: int, shard: int, version: int, update: bool) -> None:
-        if update:
-            self._seen[(key, shard)] = max(version, self._seen.get((key, shard), 0))
-        else:
-            # A read is answered below what this client saw only by the
-            # primary itself (the tensor was recreated): follow it.
-            self._seen[(key, shard)] = version
 
     # -- metadata ---------------------------------------------------------
 
@@ -465,7 +369,7 @@ class AsyncClient:
         self._meta[name] = meta
         # Versions start again with a new layout: what this client saw of
         # the old one says nothing about the new.
-        self._seen = {k: v for k, v in self._seen.items() if k[0] != meta.key}
+        self._router.forget(meta.key)
         return self._info_from([r for r in results if r], meta)
 
     async def _drop_elsewhere(self, key: int, holders: Sequence[Node]) -> None:
@@ -500,7 +404,7 @@ class AsyncClient:
         validate_name(name)
         key = tensor_key(name)
         try:
-            reply = await self._on_replicas(
+            reply = await self._router.on_replicas(
                 key, 0, Header(op=Op.STAT, key=key), update=False, track=False
             )
         except TensorNotFound:
@@ -565,7 +469,7 @@ class AsyncClient:
             return True
 
         found = await self._gather(partial(delete_on, n) for n in self.config.nodes)
-        self._seen = {k: v for k, v in self._seen.items() if k[0] != key}
+        self._router.forget(key)
         if not any(found):
             raise TensorNotFound(f"no tensor named {name!r}")
 
@@ -611,10 +515,10 @@ class AsyncClient:
         # Reads: choose each shard's replica so the bytes spread evenly
         # (reads for a training step go to the primary: _on_replicas).
         choice: dict[int, list[Node]] = {}
-        if not _asks_primary(update, wid) and self.replicated:
+        if not asks_primary(update, wid) and self.replicated:
             load: dict[str, int] = {}
             for p in pieces:
-                choice[p.shard] = self._candidates(meta.key, p.shard, False, load)
+                choice[p.shard] = self._router.candidates(meta.key, p.shard, False, load)
                 first = choice[p.shard][0].name
                 load[first] = load.get(first, 0) + p.length
 
@@ -632,10 +536,10 @@ class AsyncClient:
                 dtype=code,
                 worker=wid,
                 clock=step,
-                txn=_new_txn() if update and self.replicated else 0,
+                txn=new_txn() if update and self.replicated else 0,
             )
             if op == Op.READ:
-                reply = await self._on_replicas(
+                reply = await self._router.on_replicas(
                     meta.key,
                     p.shard,
                     header,
@@ -644,7 +548,9 @@ class AsyncClient:
                     candidates=choice.get(p.shard),
                 )
             else:
-                reply = await self._on_replicas(meta.key, p.shard, header, [view], update=True)
+                reply = await self._router.on_replicas(
+                    meta.key, p.shard, header, [view], update=True
+                )
                 if progress is not None:
                     progress(p.length)
             return reply.header.version
@@ -800,11 +706,11 @@ class AsyncClient:
         """Send many tensors' shards as batch frames, one stream of frames per daemon."""
         per_node: dict[str, list[tuple[BatchEntry, memoryview]]] = defaultdict(list)
         update = op != Op.READ_BATCH
-        to_primary = _asks_primary(update, _worker_field(worker, step))
+        to_primary = asks_primary(update, _worker_field(worker, step))
         load: dict[str, int] | None = None if to_primary else {}
         for meta, buf in items:
             for p in shard_pieces(meta, 0, len(buf)):
-                node = self._candidates(meta.key, p.shard, to_primary, load)[0]
+                node = self._router.candidates(meta.key, p.shard, to_primary, load)[0]
                 if load is not None:
                     load[node.name] = load.get(node.name, 0) + p.length
                 entry = BatchEntry(
@@ -813,7 +719,7 @@ class AsyncClient:
                     p.shard_offset,
                     p.length,
                     # For reads: the least version a replica may answer with.
-                    version=0 if update else self._seen.get((meta.key, p.shard), 0),
+                    version=0 if update else self._router.seen(meta.key, p.shard),
                     alpha=alpha,
                     dtype=meta.dtype_code,
                 )
@@ -840,7 +746,7 @@ class AsyncClient:
         views = [v for _, v in chunk]
         head = pack_entries(entries)
         # Entry i of an update batch is update txn + i, on retries too.
-        txn = _new_txn() if op != Op.READ_BATCH and self.replicated else 0
+        txn = new_txn() if op != Op.READ_BATCH and self.replicated else 0
         try:
             if op == Op.READ_BATCH:
                 sink = BatchReadSink(views)
@@ -860,7 +766,7 @@ class AsyncClient:
             ):
                 raise
             if isinstance(exc, DaemonUnavailable):
-                self._failed_at[node.name] = self._now()
+                self._router.failed(node)
             answers = [
                 BatchEntry(e.key, e.shard, e.offset, 0, status=Status.NOT_OWNER) for e in entries
             ]
@@ -868,7 +774,7 @@ class AsyncClient:
         for i, a in enumerate(answers):
             if a.status == Status.OK:
                 if self.replicated:
-                    self._saw(a.key, a.shard, a.version, op != Op.READ_BATCH)
+                    self._router.saw(a.key, a.shard, a.version, op != Op.READ_BATCH)
                 continue
             if self.replicated and a.status in FAILOVER_STATUSES:
                 redo.append(i)
@@ -910,9 +816,11 @@ class AsyncClient:
             txn=(txn + index) % (1 << 64) if txn else 0,
         )
         if update:
-            await self._on_replicas(e.key, e.shard, header, [view], update=True)
+            await self._router.on_replicas(e.key, e.shard, header, [view], update=True)
         else:
-            await self._on_replicas(e.key, e.shard, header, sink=IntoSink(view), update=False)
+            await self._router.on_replicas(
+                e.key, e.shard, header, sink=IntoSink(view), update=False
+            )
 
     async def read_many(
         self,
@@ -971,26 +879,6 @@ class AsyncClient:
             _check_delta(metas[n], a)
         items = [(metas[n], _byte_view(a)) for n, a in arrs.items()]
         await self._batch(Op.ACCUMULATE_BATCH, items, alpha, worker, step)
-
-
-def _asks_primary(update: bool, worker_field: int) -> bool:
-    """Whether a request starts at the shard's primary rather than any replica.
-
-    Updates do, and so do reads for a training step: only the primary keeps
-    the step's state (who pushed, held deltas); a backup would refuse them.
-    """
-    return update or worker_field != NO_WORKER
-
-
-def _new_txn() -> int:
-    """A fresh update id (random: unique across clients without coordination)."""
-    return random.getrandbits(64) or 1
-
-
-def _with_version(header: Header, version: int) -> Header:
-    if header.version == version:
-        return header
-    return dataclasses.replace(header, version=version)
 
 
 def _merged_version(records: list[dict[str, Any]]) -> int:

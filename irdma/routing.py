@@ -1,0 +1,181 @@
+"""Which replica a shard's request goes to, and failing over to the others.
+
+The client's routing role (ps-lite's Postoffice and Customer for one
+worker): updates start at the replica that last took updates for a replica
+set; reads spread over the replicas by load and skip those that failed
+recently; a request that meets a dead daemon or a failover status is tried
+on the next replica; and the highest version this client saw of each shard
+rides on its reads (read-your-writes: a backup behind it answers BEHIND).
+One implementation for both shells: time and sleeps come from the client's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Awaitable, Callable, Sequence
+
+from .cluster import ClusterConfig, Node
+from .errors import FAILOVER_STATUSES, DaemonError, DaemonUnavailable
+from .protocol import NO_WORKER, Header
+from .transport.base import Buffer, Reply, Sink
+
+Request = Callable[[Node, Header, Sequence[Buffer], Sink | None], Awaitable[Reply]]
+
+
+def asks_primary(update: bool, worker_field: int) -> bool:
+    """Whether a request starts at the shard's primary rather than any replica.
+
+    Updates do, and so do reads for a training step: only the primary keeps
+    the step's state (who pushed, held deltas); a backup would refuse them.
+    """
+    return update or worker_field != NO_WORKER
+
+
+def new_txn() -> int:
+    """A fresh update id (random: unique across clients without coordination)."""
+    return random.getrandbits(64) or 1
+
+
+def _with_version(header: Header, version: int) -> Header:
+    if header.version == version:
+        return header
+    return dataclasses.replace(header, version=version)
+
+
+class Router:
+    """Replica choice and failover for one client.
+
+    ``request`` sends one request to one daemon (raising DaemonUnavailable,
+    DaemonTimeout or a DaemonError); ``now`` and ``sleep`` are the shell's.
+    """
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        timeout: float,
+        request: Request,
+        now: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]],
+    ) -> None:
+        self.config = config
+        self.timeout = timeout
+        self.request = request
+        self.now = now
+        self.sleep = sleep
+        # With replicas: the highest version of each (key, shard) this client
+        # saw acknowledged or read, so no replica serves it anything older.
+        self.seen_versions: dict[tuple[int, int], int] = {}
+        # The replica that last accepted updates for a replica set (by the
+        # name of its preferred primary), and replicas that failed recently.
+        self.primary_hint: dict[str, Node] = {}
+        self.failed_at: dict[str, float] = {}
+        self._spread = random.randrange(1 << 16)
+
+    @property
+    def replicated(self) -> bool:
+        return self.config.replicas > 1
+
+    def seen(self, key: int, shard: int) -> int:
+        """The highest version of the shard this client saw (0: none)."""
+        return self.seen_versions.get((key, shard), 0)
+
+    def saw(self, key: int, shard: int, version: int, update: bool) -> None:
+        if update:
+            self.seen_versions[(key, shard)] = max(version, self.seen(key, shard))
+        else:
+            # A read is answered below what this client saw only by the
+            # primary itself (the tensor was recreated): follow it.
+            self.seen_versions[(key, shard)] = version
+
+    def forget(self, key: int) -> None:
+        """The tensor was recreated or deleted: what was seen of it says nothing now."""
+        self.seen_versions = {k: v for k, v in self.seen_versions.items() if k[0] != key}
+
+    def failed(self, node: Node) -> None:
+        """``node`` did not answer: prefer the other replicas for a while."""
+        self.failed_at[node.name] = self.now()
+
+    def candidates(
+        self, key: int, shard: int, update: bool, load: dict[str, int] | None = None
+    ) -> list[Node]:
+        """The shard's replicas in the order to try them.
+
+        Updates start at the replica that last took updates for this replica
+        set (the primary); reads are spread over the replicas, skipping those
+        that failed in the last few seconds. ``load`` (bytes already given to
+        each daemon by the same call) makes a read start at the least loaded
+        replica, so one tensor's shards are spread evenly over the daemons
+        even where placement put more of them on one.
+        """
+        replicas = list(self.config.replicas_for(key, shard))
+        if update:
+            hint = self.primary_hint.get(replicas[0].name)
+            start = replicas.index(hint) if hint in replicas else 0
+        else:
+            self._spread += 1
+            start = self._spread % len(replicas)
+        order = replicas[start:] + replicas[:start]
+        now = self.now()
+        recent = 2 * self.config.failure_timeout + self.timeout
+        healthy = [n for n in order if now - self.failed_at.get(n.name, -1e9) > recent]
+        if load is not None:
+            healthy.sort(key=lambda n: load.get(n.name, 0))  # stable: ties keep the rotation
+        return healthy + [n for n in order if n not in healthy]
+
+    async def on_replicas(
+        self,
+        key: int,
+        shard: int,
+        header: Header,
+        payload: Sequence[Buffer] = (),
+        sink: Sink | None = None,
+        *,
+        update: bool,
+        track: bool = True,
+        candidates: list[Node] | None = None,
+    ) -> Reply:
+        """A request for one shard, failing over to its other replicas.
+
+        ``track``: the reply's version is the shard's (not a stat's sum), so
+        remember it for read-your-writes.
+
+        Safe to repeat: reads always; updates because they carry a txn the
+        daemons remember, so a retried update is applied once. Gives up after
+        the client timeout plus two failure timeouts (time for the cluster
+        to notice a dead primary) with the last error.
+        """
+        if not self.replicated:
+            return await self.request(self.config.primary_for(key, shard), header, payload, sink)
+        candidates = candidates or self.candidates(key, shard, asks_primary(update, header.worker))
+        deadline = self.now() + self.timeout + 2 * self.config.failure_timeout
+        attempt = 0
+        last: Exception | None = None
+        while True:
+            node = candidates[attempt % len(candidates)]
+            if track and not update:
+                header = _with_version(header, self.seen(key, shard))
+            try:
+                reply = await self.request(node, header, payload, sink)
+            except DaemonUnavailable as exc:
+                self.failed(node)
+                # A daemon's own refusal says more than another's silence.
+                last = exc if not isinstance(last, DaemonError) else last
+            except DaemonError as exc:
+                if exc.status not in FAILOVER_STATUSES:
+                    raise
+                last = exc
+            else:
+                if track:
+                    self.saw(key, shard, reply.header.version, update)
+                if update:
+                    self.primary_hint[candidates[0].name] = node
+                    self.failed_at.pop(node.name, None)
+                return reply
+            attempt += 1
+            if self.now() >= deadline:
+                assert last is not None
+                raise last
+            if attempt % len(candidates) == 0:
+                # A whole round failed: give the cluster time to fail over.
+                await self.sleep(min(0.1 * (attempt // len(candidates)), 0.5))
