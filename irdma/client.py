@@ -21,9 +21,9 @@ import numpy as np
 import trio
 
 from .auth import cluster_secret
+from .batching import Batches
 from .cluster import ClusterConfig, Node, load_config
 from .errors import (
-    FAILOVER_STATUSES,
     ClientClosed,
     DaemonError,
     DaemonTimeout,
@@ -36,10 +36,7 @@ from .errors import (
 )
 from .modes import Mode
 from .protocol import (
-    ENTRY_SIZE,
     MAX_NAME_BYTES,
-    NO_WORKER,
-    BatchEntry,
     Flag,
     Header,
     Op,
@@ -48,14 +45,13 @@ from .protocol import (
     decode_json,
     dtype_code,
     encode_json,
-    pack_entries,
     tensor_key,
-    unpack_entries,
     validate_name,
 )
-from .routing import Router, asks_primary, new_txn
+from .ranges import Piece, shard_pieces
+from .routing import Router, asks_primary, new_txn, worker_field
 from .shells import BlockingShell, TrioShell, drive
-from .sinks import BatchReadSink, IntoSink
+from .sinks import IntoSink
 from .transport.base import (
     Buffer,
     Connection,
@@ -69,10 +65,6 @@ from .transport.select import forced_transport, may_use_rdma
 
 Progress = Callable[[int], None]
 T = TypeVar("T")
-
-# Payload budget of one batch frame (the daemon accepts at least 64 MiB).
-BATCH_BYTES = 32 << 20
-BATCH_ENTRIES = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,37 +99,6 @@ class TensorInfo:
             "ctime": self.ctime,
             "options": self.options,
         }
-
-
-@dataclass(frozen=True, slots=True)
-class _Piece:
-    """The part of a byte range that lies in one shard."""
-
-    shard: int
-    shard_offset: int
-    length: int
-    buf_offset: int
-
-
-def shard_pieces(meta: TensorMeta, offset: int, size: int) -> list[_Piece]:
-    """Split bytes ``[offset, offset+size)`` of a tensor at shard boundaries."""
-    if offset < 0 or size < 0 or offset + size > meta.nbytes:
-        raise ValueError(
-            f"bytes [{offset}, {offset + size}) are outside {meta.name!r} ({meta.nbytes} bytes)"
-        )
-    if size == 0:
-        shard = min(offset // meta.shard_size, meta.num_shards - 1)
-        return [_Piece(shard, offset - shard * meta.shard_size, 0, 0)]
-    pieces = []
-    pos = offset
-    end = offset + size
-    while pos < end:
-        shard = pos // meta.shard_size
-        start = shard * meta.shard_size
-        n = min(end, start + meta.shard_size) - pos
-        pieces.append(_Piece(shard, pos - start, n, pos - offset))
-        pos += n
-    return pieces
 
 
 def as_stored_array(array: Any) -> np.ndarray:
@@ -192,6 +153,9 @@ class AsyncClient:
             self._request,
             lambda: self._now(),
             lambda seconds: self._shell.sleep(seconds),
+        )
+        self._batches = Batches(
+            self._router, self._request, self._gather, lambda name: self._meta.pop(name, None)
         )
 
     async def __aenter__(self) -> AsyncClient:
@@ -507,7 +471,7 @@ class AsyncClient:
 
         ``worker`` and ``step`` name a training worker's step (see ``irdma.modes``).
         """
-        wid = _worker_field(worker, step)
+        wid = worker_field(worker, step)
         pieces = shard_pieces(meta, offset, len(buf))
         code = meta.dtype_code
 
@@ -522,7 +486,7 @@ class AsyncClient:
                 first = choice[p.shard][0].name
                 load[first] = load.get(first, 0) + p.length
 
-        async def one(p: _Piece) -> int:
+        async def one(p: Piece) -> int:
             view = buf[p.buf_offset : p.buf_offset + p.length]
             header = Header(
                 op=op,
@@ -695,133 +659,6 @@ class AsyncClient:
         await self._gather(partial(self.stat, n) for n in missing)
         return {n: self._meta[n] for n in names}
 
-    async def _batch(
-        self,
-        op: Op,
-        items: list[tuple[TensorMeta, memoryview]],
-        alpha: float = 1.0,
-        worker: int | None = None,
-        step: int = 0,
-    ) -> None:
-        """Send many tensors' shards as batch frames, one stream of frames per daemon."""
-        per_node: dict[str, list[tuple[BatchEntry, memoryview]]] = defaultdict(list)
-        update = op != Op.READ_BATCH
-        to_primary = asks_primary(update, _worker_field(worker, step))
-        load: dict[str, int] | None = None if to_primary else {}
-        for meta, buf in items:
-            for p in shard_pieces(meta, 0, len(buf)):
-                node = self._router.candidates(meta.key, p.shard, to_primary, load)[0]
-                if load is not None:
-                    load[node.name] = load.get(node.name, 0) + p.length
-                entry = BatchEntry(
-                    meta.key,
-                    p.shard,
-                    p.shard_offset,
-                    p.length,
-                    # For reads: the least version a replica may answer with.
-                    version=0 if update else self._router.seen(meta.key, p.shard),
-                    alpha=alpha,
-                    dtype=meta.dtype_code,
-                )
-                per_node[node.name].append((entry, buf[p.buf_offset : p.buf_offset + p.length]))
-        names = {m.key: m.name for m, _ in items}
-        calls = []
-        for node_name, work in per_node.items():
-            node = self.config.node(node_name)
-            for chunk in _chunks(work):
-                calls.append(partial(self._batch_frame, op, node, chunk, names, worker, step))
-        await self._gather(calls)
-
-    async def _batch_frame(
-        self,
-        op: Op,
-        node: Node,
-        chunk: list[tuple[BatchEntry, memoryview]],
-        names: dict[int, str],
-        worker: int | None = None,
-        step: int = 0,
-    ) -> None:
-        wid = _worker_field(worker, step)
-        entries = [e for e, _ in chunk]
-        views = [v for _, v in chunk]
-        head = pack_entries(entries)
-        # Entry i of an update batch is update txn + i, on retries too.
-        txn = new_txn() if op != Op.READ_BATCH and self.replicated else 0
-        try:
-            if op == Op.READ_BATCH:
-                sink = BatchReadSink(views)
-                hdr = Header(op=op, shard=len(entries), length=len(head), worker=wid, clock=step)
-                await self._request(node, hdr, [head], sink)
-                answers = sink.entries
-            else:
-                length = len(head) + sum(len(v) for v in views)
-                hdr = Header(
-                    op=op, shard=len(entries), length=length, worker=wid, clock=step, txn=txn
-                )
-                reply = await self._request(node, hdr, [head, *views])
-                answers = unpack_entries(reply.data, len(entries))
-        except (DaemonUnavailable, DaemonError) as exc:
-            if not self.replicated or (
-                isinstance(exc, DaemonError) and exc.status not in FAILOVER_STATUSES
-            ):
-                raise
-            if isinstance(exc, DaemonUnavailable):
-                self._router.failed(node)
-            answers = [
-                BatchEntry(e.key, e.shard, e.offset, 0, status=Status.NOT_OWNER) for e in entries
-            ]
-        redo = []
-        for i, a in enumerate(answers):
-            if a.status == Status.OK:
-                if self.replicated:
-                    self._router.saw(a.key, a.shard, a.version, op != Op.READ_BATCH)
-                continue
-            if self.replicated and a.status in FAILOVER_STATUSES:
-                redo.append(i)
-                continue
-            if a.status in (Status.NOT_FOUND, Status.STALE_LAYOUT):
-                self._meta.pop(names.get(a.key, ""), None)
-            raise error_for_status(
-                a.status, f"{node.name}: {names.get(a.key, hex(a.key))!r} shard {a.shard}"
-            )
-        if redo:
-            # Those entries go one by one, failing over to other replicas.
-            await self._gather(
-                partial(self._redo_entry, op, entries[i], views[i], wid, step, txn, i) for i in redo
-            )
-
-    async def _redo_entry(
-        self,
-        op: Op,
-        e: BatchEntry,
-        view: memoryview,
-        wid: int,
-        step: int,
-        txn: int,
-        index: int,
-    ) -> None:
-        single = {Op.READ_BATCH: Op.READ, Op.WRITE_BATCH: Op.WRITE}.get(op, Op.ACCUMULATE)
-        update = single != Op.READ
-        header = Header(
-            op=single,
-            key=e.key,
-            shard=e.shard,
-            offset=e.offset,
-            size=e.length,
-            length=e.length if update else 0,
-            alpha=e.alpha,
-            dtype=e.dtype,
-            worker=wid,
-            clock=step,
-            txn=(txn + index) % (1 << 64) if txn else 0,
-        )
-        if update:
-            await self._router.on_replicas(e.key, e.shard, header, [view], update=True)
-        else:
-            await self._router.on_replicas(
-                e.key, e.shard, header, sink=IntoSink(view), update=False
-            )
-
     async def read_many(
         self,
         names: Iterable[str],
@@ -844,7 +681,7 @@ class AsyncClient:
         metas = await self._metas(names)
         out = {n: np.empty(m.shape, dtype=m.np_dtype) for n, m in metas.items()}
         items = [(metas[n], _byte_view(a)) for n, a in out.items()]
-        await self._batch(Op.READ_BATCH, items, worker=worker, step=step)
+        await self._batches.run(Op.READ_BATCH, items, worker=worker, step=step)
         return out
 
     async def write_many(self, arrays: Mapping[str, Any]) -> None:
@@ -859,7 +696,9 @@ class AsyncClient:
             metas[name] = meta
 
         await self._gather(partial(ensure, n, a) for n, a in arrs.items())
-        await self._batch(Op.WRITE_BATCH, [(metas[n], _byte_view(a)) for n, a in arrs.items()])
+        await self._batches.run(
+            Op.WRITE_BATCH, [(metas[n], _byte_view(a)) for n, a in arrs.items()]
+        )
 
     async def accumulate_many(
         self,
@@ -878,7 +717,7 @@ class AsyncClient:
         for n, a in arrs.items():
             _check_delta(metas[n], a)
         items = [(metas[n], _byte_view(a)) for n, a in arrs.items()]
-        await self._batch(Op.ACCUMULATE_BATCH, items, alpha, worker, step)
+        await self._batches.run(Op.ACCUMULATE_BATCH, items, alpha, worker, step)
 
 
 def _merged_version(records: list[dict[str, Any]]) -> int:
@@ -892,32 +731,6 @@ def _merged_version(records: list[dict[str, Any]]) -> int:
         else:
             plain += int(r.get("version", 0))
     return sum(shards.values()) + plain
-
-
-def _worker_field(worker: int | None, step: int) -> int:
-    """The header's worker field; checks the values a header can carry."""
-    if worker is None:
-        return NO_WORKER
-    if not isinstance(worker, int) or not 0 <= worker < NO_WORKER:
-        raise ValueError(f"worker must be a rank between 0 and {NO_WORKER - 1}, not {worker!r}")
-    if not isinstance(step, int) or not 0 <= step < 1 << 63:
-        raise ValueError(f"step must be a non-negative integer, not {step!r}")
-    return worker
-
-
-def _chunks(
-    work: list[tuple[BatchEntry, memoryview]],
-) -> Iterable[list[tuple[BatchEntry, memoryview]]]:
-    chunk: list[tuple[BatchEntry, memoryview]] = []
-    size = 0
-    for entry, view in work:
-        if chunk and (size + len(view) + ENTRY_SIZE > BATCH_BYTES or len(chunk) >= BATCH_ENTRIES):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append((entry, view))
-        size += len(view) + ENTRY_SIZE
-    if chunk:
-        yield chunk
 
 
 def _check_out(meta: TensorMeta, out: np.ndarray) -> None:

@@ -32,6 +32,17 @@ def asks_primary(update: bool, worker_field: int) -> bool:
     return update or worker_field != NO_WORKER
 
 
+def worker_field(worker: int | None, step: int) -> int:
+    """The header's worker field; checks the values a header can carry."""
+    if worker is None:
+        return NO_WORKER
+    if not isinstance(worker, int) or not 0 <= worker < NO_WORKER:
+        raise ValueError(f"worker must be a rank between 0 and {NO_WORKER - 1}, not {worker!r}")
+    if not isinstance(step, int) or not 0 <= step < 1 << 63:
+        raise ValueError(f"step must be a non-negative integer, not {step!r}")
+    return worker
+
+
 def new_txn() -> int:
     """A fresh update id (random: unique across clients without coordination)."""
     return random.getrandbits(64) or 1
