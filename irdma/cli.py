@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from typing import Any
 
 import trio
 
-from . import __version__
+from . import __version__, mounts
 from . import bench as benchmod
 from . import doctor as doctormod
 from . import local as localmod
@@ -61,10 +62,6 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 async def cmd_status(client: AsyncClient, args: argparse.Namespace) -> int:
     """One row per daemon (see ``irdma.status``), then this host's mounts; exit 1 if any is down."""
-    import json
-
-    from . import mounts
-
     rows = await statusmod.gather(client)
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
@@ -76,8 +73,6 @@ async def cmd_status(client: AsyncClient, args: argparse.Namespace) -> int:
 
 
 async def cmd_bench(client: AsyncClient, args: argparse.Namespace) -> int:
-    import json
-
     result = await benchmod.run(
         client, size=parse_size(args.size), repeat=args.repeat, latency_iters=args.latency_iters
     )

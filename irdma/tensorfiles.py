@@ -23,7 +23,7 @@ from numpy.lib import format as npformat
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
 SUPPORTED = (
-    ".npy (one tensor), .npz, .safetensors, a directory (one .npy per tensor) "
+    ".npy (one tensor), .npz, .safetensors, a directory (DIR/, one .npy per tensor) "
     "or - (stdin/stdout, one .npy)"
 )
 
