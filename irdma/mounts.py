@@ -151,8 +151,13 @@ def live_mounts(config: Path | None) -> list[MountRecord]:
                 rec = MountRecord(**json.loads(path.read_text()))
             except (OSError, ValueError, TypeError):
                 continue
-            if rec.mountpoint not in mounted or not _alive(rec.pid):
+            if not _alive(rec.pid):
+                # Its process died without removing it (killed, or a SIGTERM that
+                # came while it was already unmounting): tidy up for it.
+                withdraw(path)
                 continue
+            if rec.mountpoint not in mounted:
+                continue  # about to mount, or its mount went away
             if config is not None and rec.config != str(config):
                 continue
             found[rec.mountpoint] = rec
