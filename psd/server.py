@@ -54,6 +54,7 @@ from irdma.transport.verbs import VerbsError
 from .arena import Block
 from .auth import authenticate
 from .metrics import RequestMetrics
+from .payload import RequestPayload
 from .rdma import ConnectRequest, RdmaService, RdmaSession
 from .replication import Replicator
 from .staged import StagedMemory
@@ -86,6 +87,8 @@ class _Conn:
     # unix socket (shm), or an RDMA queue pair set up over this connection.
     memory: StagedMemory | None = None
     authenticated: bool = False  # the peer proved the cluster's secret (or none is set)
+    # The payload of the request being dispatched (its handler reads it).
+    payload: RequestPayload = field(init=False)
     deferred: bool = False  # the request in dispatch is answered later, by its own task
 
     @property
@@ -275,16 +278,18 @@ class Server:
                 f"payload of {header.length} bytes is over the {self.max_payload} limit",
             )
             return False
-        op = _OPS.get(header.op)
-        if op is None:
-            await conn.stream.drain(header.length)
-            await self._error(conn, header, Status.BAD_OP, f"unknown op {header.op}")
-            return True
-        handler = self._handlers[op]
+        conn.payload = payload = RequestPayload(conn.stream, header.length)
         try:
-            await handler(self, conn, header)
+            op = _OPS.get(header.op)
+            if op is None:
+                raise StoreError(Status.BAD_OP, f"unknown op {header.op}")
+            await self._handlers[op](self, conn, header)
         except StoreError as exc:
+            # A refused request's unread payload is skipped before the answer.
+            await payload.skip_rest()
             await self._error(conn, header, exc.status, exc.message)
+        else:
+            await payload.skip_rest()
         return True
 
     # -- replication gates ----------------------------------------------------
@@ -346,9 +351,8 @@ class Server:
 
     async def _payload_json(self, conn: _Conn, header: Header, limit: int = MAX_META_PAYLOAD):
         if header.length > limit:
-            await conn.stream.drain(header.length)
             raise StoreError(Status.TOO_LARGE, f"metadata of {header.length} bytes over {limit}")
-        data = await conn.stream.recv_bytes(header.length)
+        data = await conn.payload.read_bytes(header.length)
         try:
             return decode_json(data)
         except ProtocolError as exc:
@@ -356,11 +360,10 @@ class Server:
 
     async def _no_payload(self, conn: _Conn, header: Header) -> None:
         if header.length:
-            await conn.stream.drain(header.length)
             raise StoreError(Status.BAD_FRAME, f"op {Op(header.op).name} takes no payload")
 
     async def _hello(self, conn: _Conn, header: Header) -> None:
-        await conn.stream.drain(header.length)
+        # Any payload is ignored (skipped by dispatch).
         # node, version, protocol, pid, ready, tensors, shards, arena, snapshot,
         # replication: see state.DaemonState.hello.
         info = self.state.read().hello() | {
@@ -399,9 +402,8 @@ class Server:
 
     async def _list(self, conn: _Conn, header: Header) -> None:
         if header.length > MAX_NAME_BYTES:
-            await conn.stream.drain(header.length)
             raise StoreError(Status.BAD_ARGUMENT, "list prefix is too long")
-        raw = await conn.stream.recv_bytes(header.length)
+        raw = await conn.payload.read_bytes(header.length)
         try:
             prefix = raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -534,7 +536,6 @@ class Server:
             self.store.unpin(block)
 
     async def _release(self, conn: _Conn, header: Header) -> None:
-        await conn.stream.drain(header.length)
         block = conn.pins.pop(header.request_id, None)
         if block is not None:
             self.store.unpin(block)
@@ -542,34 +543,28 @@ class Server:
     async def _update(self, conn: _Conn, header: Header) -> None:
         staged = await self._staged_location(conn, header)
         if staged is None and header.size != header.length:
-            await conn.stream.drain(header.length)
             raise StoreError(
                 Status.BAD_FRAME,
                 f"payload is {header.length} bytes but the op covers {header.size}",
             )
         replica = bool(header.flags & Flag.REPLICA)
-        try:
-            if replica:
-                self.replicator.check_sender(header)
-            else:
-                self._check_primary(header.key, header.shard)
-            update = self.store.begin_update(
-                Op(header.op),
-                header.key,
-                header.shard,
-                header.offset,
-                header.size,
-                alpha=header.alpha,
-                layout=header.layout,
-                dtype=header.dtype,
-            )
-        except StoreError:
-            if staged is None:
-                await conn.stream.drain(header.length)
-            raise
+        if replica:
+            self.replicator.check_sender(header)
+        else:
+            self._check_primary(header.key, header.shard)
+        update = self.store.begin_update(
+            Op(header.op),
+            header.key,
+            header.shard,
+            header.offset,
+            header.size,
+            alpha=header.alpha,
+            layout=header.layout,
+            dtype=header.dtype,
+        )
         try:
             if staged is None:
-                await conn.stream.recv_exactly_into(update.buffer)
+                await conn.payload.read_into(update.buffer)
             else:
                 assert conn.memory is not None
                 conn.memory.read_staged(staged, header.size, update.buffer)
@@ -616,29 +611,26 @@ class Server:
         if not header.flags & Flag.STAGED:
             return None
         if conn.memory is None or header.length != LOCATION.size:
-            await conn.stream.drain(header.length)
             raise StoreError(
                 Status.BAD_FRAME,
                 "STAGED data needs a shm or rdma connection and an 8-byte location"
                 if conn.memory is None
                 else f"STAGED location is {header.length} bytes, not {LOCATION.size}",
             )
-        (offset,) = LOCATION.unpack(await conn.stream.recv_bytes(LOCATION.size))
+        (offset,) = LOCATION.unpack(await conn.payload.read_bytes(LOCATION.size))
         return offset
 
     async def _batch_entries(self, conn: _Conn, header: Header) -> list[BatchEntry]:
         need = header.count * ENTRY_SIZE
         if need > header.length:
-            await conn.stream.drain(header.length)
             raise StoreError(
                 Status.BAD_FRAME, f"{header.count} entries need {need} bytes of payload"
             )
-        return unpack_entries(await conn.stream.recv_bytes(need), header.count)
+        return unpack_entries(await conn.payload.read_bytes(need), header.count)
 
     async def _read_batch(self, conn: _Conn, header: Header) -> None:
         entries = await self._batch_entries(conn, header)
         if header.length != len(entries) * ENTRY_SIZE:
-            await conn.stream.drain(header.length - len(entries) * ENTRY_SIZE)
             raise StoreError(Status.BAD_FRAME, "a read batch carries only its entries")
         self._check_ready()
         if header.worker != NO_WORKER:
@@ -698,7 +690,6 @@ class Server:
         entries = await self._batch_entries(conn, header)
         data_len = header.length - len(entries) * ENTRY_SIZE
         if sum(e.length for e in entries) != data_len:
-            await conn.stream.drain(data_len)
             raise StoreError(Status.BAD_FRAME, "batch entry lengths do not add up to the payload")
         # Receive everything before applying anything: a batch cut short by a
         # broken connection changes nothing.
@@ -711,11 +702,11 @@ class Server:
                         op, e.key, e.shard, e.offset, e.length, alpha=e.alpha, dtype=e.dtype
                     )
                 except StoreError as exc:
-                    await conn.stream.drain(e.length)
+                    await conn.payload.skip(e.length)  # this entry is refused, not the batch
                     updates.append(exc)
                     continue
                 updates.append(upd)
-                await conn.stream.recv_exactly_into(upd.buffer)
+                await conn.payload.read_into(upd.buffer)
         except BaseException:
             for u in updates:
                 if isinstance(u, Update):
@@ -761,20 +752,15 @@ class Server:
 
     async def _sync(self, conn: _Conn, header: Header) -> None:
         if header.offset > MAX_META_PAYLOAD or header.offset + header.size != header.length:
-            await conn.stream.drain(header.length)
             raise StoreError(Status.BAD_FRAME, "shard copy: lengths do not add up")
-        try:
-            self.replicator.check_sender(header)
-        except StoreError:
-            await conn.stream.drain(header.length)
-            raise
+        self.replicator.check_sender(header)
         staging = self.store.reserve(header.length)
         try:
             if staging is None:  # arena full: the copy waits in process memory
                 buf = np.empty(header.length, dtype=np.uint8)
             else:
                 buf = self.store.arena.view(staging, 0, header.length)
-            await conn.stream.recv_exactly_into(buf)
+            await conn.payload.read_into(buf)
             self.replicator.check_sender(header)
             self.replicator.install(header, memoryview(buf))
         finally:
@@ -802,7 +788,6 @@ class Server:
 
     async def _auth(self, conn: _Conn, header: Header) -> None:
         """AUTH past the gate: this daemon has no secret, or the connection passed already."""
-        await conn.stream.drain(header.length)
         if self.secret is None:
             raise StoreError(
                 Status.AUTH_FAILED,
