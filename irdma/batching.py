@@ -108,13 +108,13 @@ class Batches:
         try:
             if op == Op.READ_BATCH:
                 sink = BatchReadSink(views)
-                hdr = Header(op=op, shard=len(entries), length=len(head), worker=wid, clock=step)
+                hdr = Header(op=op, shard=len(entries), length=len(head), worker=wid, step=step)
                 await self.request(node, hdr, [head], sink)
                 answers = sink.entries
             else:
                 length = len(head) + sum(len(v) for v in views)
                 hdr = Header(
-                    op=op, shard=len(entries), length=length, worker=wid, clock=step, txn=txn
+                    op=op, shard=len(entries), length=length, worker=wid, step=step, txn=txn
                 )
                 reply = await self.request(node, hdr, [head, *views])
                 answers = unpack_entries(reply.data, len(entries))
@@ -170,7 +170,7 @@ class Batches:
             alpha=e.alpha,
             dtype=e.dtype,
             worker=wid,
-            clock=step,
+            step=step,
             txn=(txn + index) % (1 << 64) if txn else 0,
         )
         if update:

@@ -499,7 +499,7 @@ class AsyncClient:
                 layout=meta.layout,
                 dtype=code,
                 worker=wid,
-                clock=step,
+                step=step,
                 txn=new_txn() if update and self.replicated else 0,
             )
             if op == Op.READ:

@@ -29,7 +29,7 @@ PROTOCOL_VERSION = 3
 # length (payload bytes after the header), version, alpha, layout (the
 # fingerprint of the tensor's dtype, shape and shard size the client assumes;
 # 0 means unchecked), worker (the rank of the training worker sending it, or
-# NO_WORKER), 4 reserved bytes, clock (the worker's training step: an
+# NO_WORKER), 4 reserved bytes, step (the worker's training step: an
 # accumulate is its gradient for that step, a read waits until the tensor's
 # training mode lets that step proceed), txn (the client's id of one logical
 # update, the same on every retry, so a retried update is applied once; 0 for
@@ -310,7 +310,7 @@ class Header:
     dtype: int = DTYPE_ANY
     proto: int = PROTOCOL_VERSION
     worker: int = NO_WORKER
-    clock: int = 0
+    step: int = 0
     txn: int = 0
 
     @property
@@ -341,7 +341,7 @@ class Header:
             self.layout,
             self.worker,
             0,
-            self.clock,
+            self.step,
             self.txn,
         )
 
@@ -370,7 +370,7 @@ class Header:
             self.dtype,
             self.proto,
             self.worker,
-            self.clock,
+            self.step,
             self.txn,
         )
 
@@ -399,7 +399,7 @@ def pack_response(
         r.layout,
         r.worker,
         0,
-        r.clock,
+        r.step,
         r.txn,
     )
 
@@ -434,7 +434,7 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
         layout,
         worker,
         _reserved,
-        clock,
+        step,
         txn,
     ) = HEADER.unpack(data)
     if magic != MAGIC:
@@ -455,7 +455,7 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
         dtype=dtype,
         proto=proto,
         worker=worker,
-        clock=clock,
+        step=step,
         txn=txn,
     )
 

@@ -34,10 +34,10 @@ class GateStream(FrameStream, Protocol):
 
     sock: socket.socket
 
-    async def drain(self, nbytes: int) -> None: ...
+    async def skip(self, nbytes: int) -> None: ...
 
 
-async def authenticate(stream: GateStream, secret: bytes, node: str, timeout: float) -> bool:
+async def admit(stream: GateStream, secret: bytes, node: str, timeout: float) -> bool:
     """Run the handshake; True once the peer proved it knows ``secret``.
 
     False when the peer was refused (answered, logged), went away, or did not
@@ -100,6 +100,6 @@ async def _refuse(
         await stream.send_all([header.response(refusal.status, length=len(reason)).pack(), reason])
         with contextlib.suppress(OSError):
             stream.sock.shutdown(socket.SHUT_WR)  # the peer sees the end at once
-        await stream.drain(unread)
+        await stream.skip(unread)
         while (following := await stream.recv_header()) is not None:
-            await stream.drain(following.length)
+            await stream.skip(following.length)

@@ -42,10 +42,10 @@ class RequestPayload:
     async def skip(self, n: int) -> None:
         """Pass over the next ``n`` bytes (a refused entry of a batch)."""
         self._take(n)
-        await self.stream.drain(n)
+        await self.stream.skip(n)
 
     async def skip_rest(self) -> None:
         """Pass over what the handler did not read."""
         if self.left:
             n, self.left = self.left, 0
-            await self.stream.drain(n)
+            await self.stream.skip(n)

@@ -52,7 +52,7 @@ from irdma.transport.tcp import FramedSocket, to_stdlib
 from irdma.transport.verbs import VerbsError
 
 from .arena import Block
-from .auth import authenticate
+from .auth import admit
 from .metrics import RequestMetrics
 from .payload import RequestPayload
 from .rdma import ConnectRequest, RdmaService, RdmaSession
@@ -195,7 +195,7 @@ class Server:
         if self.secret is not None and not conn.authenticated:
             # The one gate: nothing is read or answered before the peer proves the secret.
             timeout = self.config.timeout
-            if not await authenticate(conn.stream, self.secret, self.node.name, timeout):
+            if not await admit(conn.stream, self.secret, self.node.name, timeout):
                 return
             conn.authenticated = True
         while True:
@@ -417,7 +417,7 @@ class Server:
         await self._no_payload(conn, header)
         self._check_ready()
         if header.worker != NO_WORKER and self.store.waits_for(
-            header.key, header.shard, header.worker, header.clock, header.layout
+            header.key, header.shard, header.worker, header.step, header.layout
         ):
             conn.deferred = True
             conn.nursery.start_soon(
@@ -446,14 +446,14 @@ class Server:
         started = perf_counter()
         try:
             try:
-                if await self._wait_for_step(header.worker, header.clock, shards):
+                if await self._wait_for_step(header.worker, header.step, shards):
                     await answer()
                 else:
                     await self._error(
                         conn,
                         header,
                         Status.NOT_READY,
-                        f"step {header.clock} not reached within {self.poll:g} s; ask again",
+                        f"step {header.step} not reached within {self.poll:g} s; ask again",
                     )
             except StoreError as exc:
                 await self._error(conn, header, exc.status, exc.message)
@@ -462,12 +462,12 @@ class Server:
         finally:
             self.metrics.series(header.op, conn.transport).observe(perf_counter() - started)
 
-    def _still_waiting(self, worker: int, clock: int, shards: dict[int, list[int]]) -> bool:
+    def _still_waiting(self, worker: int, step: int, shards: dict[int, list[int]]) -> bool:
         return any(
-            self.store.waits_for(key, s, worker, clock) for key, ss in shards.items() for s in ss
+            self.store.waits_for(key, s, worker, step) for key, ss in shards.items() for s in ss
         )
 
-    async def _wait_for_step(self, worker: int, clock: int, shards: dict[int, list[int]]) -> bool:
+    async def _wait_for_step(self, worker: int, step: int, shards: dict[int, list[int]]) -> bool:
         """Wait until no shard's read waits for anyone; False if ``poll`` ran out first.
 
         When it runs out, workers silent past the mode's timeout are
@@ -476,12 +476,12 @@ class Server:
         with trio.move_on_after(self.poll):
             while True:
                 changed = self._changed
-                if not self._still_waiting(worker, clock, shards):
+                if not self._still_waiting(worker, step, shards):
                     return True
                 await changed.wait()
         for key, ss in shards.items():
             for s in ss:
-                lost = self.store.expire(key, s, worker, clock)
+                lost = self.store.expire(key, s, worker, step)
                 self._forward()  # a step applied without the evicted workers
                 if lost:
                     log.warning(
@@ -490,7 +490,7 @@ class Server:
                         lost,
                         self.store.tensors[key].meta.name,
                     )
-        return not self._still_waiting(worker, clock, shards)
+        return not self._still_waiting(worker, step, shards)
 
     async def _read_now(self, conn: _Conn, header: Header) -> None:
         shard, view = self.store.read_view(
@@ -588,13 +588,13 @@ class Server:
         except StoreError:
             self.store.abort(update)
             raise
-        version, retried = self._apply_once(update, header.worker, header.clock)
+        version, retried = self._apply_once(update, header.worker, header.step)
         await self.replicator.wait(self._forward())
         if retried:
             await self.replicator.flush()
         await self._reply(conn, header, [], version=version)
 
-    def _apply_once(self, update: Update, worker: int, clock: int) -> tuple[int, bool]:
+    def _apply_once(self, update: Update, worker: int, step: int) -> tuple[int, bool]:
         """Apply a client's update unless its txn was applied before: (version, was a retry).
 
         A retry is not applied twice; its caller answers it only after
@@ -604,7 +604,7 @@ class Server:
         if done is not None:
             self.store.abort(update)
             return done, True
-        return self.store.push(update, worker, clock), False
+        return self.store.push(update, worker, step), False
 
     async def _staged_location(self, conn: _Conn, header: Header) -> int | None:
         """Where a STAGED update's data sits in the client's staging memory (None: inline)."""
@@ -649,7 +649,7 @@ class Server:
 
     def _entry_waits(self, header: Header, e: BatchEntry) -> bool:
         try:
-            return bool(self.store.waits_for(e.key, e.shard, header.worker, header.clock))
+            return bool(self.store.waits_for(e.key, e.shard, header.worker, header.step))
         except StoreError as exc:
             if exc.status == Status.NOT_FOUND:
                 return False  # answered per entry by the read
@@ -722,7 +722,7 @@ class Server:
             u.txn = (header.txn + i) % (1 << 64) if header.txn else 0
             try:
                 self._check_primary(e.key, e.shard)
-                version, again = self._apply_once(u, header.worker, header.clock)
+                version, again = self._apply_once(u, header.worker, header.step)
                 retried = retried or again
             except StoreError as exc:
                 self.store.abort(u)

@@ -39,7 +39,7 @@ from irdma.transport.shm import (
 )
 from irdma.transport.tcp import to_stdlib
 
-from .auth import authenticate
+from .auth import admit
 from .staged import StagedMemory
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ class ShmListener:
             return True
         view = framed_view(sock, peer)
         try:
-            return await authenticate(view, secret, self.server.node.name, self.timeout)
+            return await admit(view, secret, self.server.node.name, self.timeout)
         finally:
             view.close()
 

@@ -20,7 +20,7 @@ from .snapshot import SnapshotHistory, snapshot_history
 
 
 @dataclass(frozen=True, slots=True)
-class PeerState:
+class PeerReport:
     """Another daemon as this one sees it, and what waits to be forwarded to it."""
 
     name: str
@@ -46,7 +46,7 @@ class DaemonState:
     arena_used: int
     snapshots: SnapshotHistory
     now: float  # unix time the state was read
-    peers: tuple[PeerState, ...]
+    peers: tuple[PeerReport, ...]
 
     @property
     def snapshot_age(self) -> float:
@@ -96,7 +96,7 @@ class StateReader:
         now_mono = time.monotonic()
         view = membership.describe()
         peers = tuple(
-            PeerState(name, view.get(name, "down"), *_queue_figures(r, name, now_mono))
+            PeerReport(name, view.get(name, "down"), *_queue_figures(r, name, now_mono))
             for name in (r.peers if membership.replicated else ())
         )
         return DaemonState(

@@ -638,10 +638,8 @@ class Store:
             first.op = Op.WRITE
         return self.commit(first)
 
-    def waits_for(
-        self, key: int, index: int, worker: int, clock: int, layout: int = 0
-    ) -> list[int]:
-        """The workers a read of shard ``index`` by ``worker`` for step ``clock`` waits for.
+    def waits_for(self, key: int, index: int, worker: int, step: int, layout: int = 0) -> list[int]:
+        """The workers a read of shard ``index`` by ``worker`` for ``step`` waits for.
 
         [] means the read may go now. Anonymous reads (NO_WORKER) and async
         tensors never wait. Raises StoreError if the read could never go.
@@ -651,9 +649,9 @@ class Store:
         if coord is None or worker == NO_WORKER or index not in tensor.shards:
             return []
         coord.check_worker(worker, self.clock())
-        return coord.blockers(index, worker, clock)
+        return coord.blockers(index, worker, step)
 
-    def expire(self, key: int, index: int, worker: int, clock: int) -> list[int]:
+    def expire(self, key: int, index: int, worker: int, step: int) -> list[int]:
         """After a read waited: handle the workers it waits for that fell silent.
 
         Per the mode's ``on_timeout``: raise WORKER_LOST naming them, or
@@ -663,7 +661,7 @@ class Store:
         coord = tensor.coord
         if coord is None or worker == NO_WORKER:
             return []
-        blockers = coord.blockers(index, worker, clock)
+        blockers = coord.blockers(index, worker, step)
         lost = coord.lost(blockers, self.clock())
         if not lost:
             return []
@@ -672,7 +670,7 @@ class Store:
             raise StoreError(
                 Status.WORKER_LOST,
                 f"tensor {tensor.meta.name!r}: worker(s) {', '.join(map(str, lost))} sent nothing "
-                f"for {mode.worker_timeout:g} s while worker {worker} waits for step {clock} "
+                f"for {mode.worker_timeout:g} s while worker {worker} waits for step {step} "
                 f"({mode.describe()})",
             )
         for steps in coord.evict(lost).values():

@@ -588,8 +588,8 @@ class Harness:
             n = self.names[short].shard_span(0)[1]
             for worker in (0, 1):
                 yield (
-                    frame(Op.ACCUMULATE, b"\x00" * n, key=k(short), size=n, worker=worker, clock=0)
-                    + frame(Op.READ, key=k(short), size=n, worker=worker, clock=1),
+                    frame(Op.ACCUMULATE, b"\x00" * n, key=k(short), size=n, worker=worker, step=0)
+                    + frame(Op.READ, key=k(short), size=n, worker=worker, step=1),
                     False,
                 )
         # Replication traffic, as n2 (worker 1 names the sender): copies of
@@ -687,7 +687,7 @@ async def _answer_everything_ok(listener: trio.socket.SocketType) -> None:
 async def _answer_ok(stream: FramedSocket) -> None:
     try:
         while (header := await stream.recv_header()) is not None:
-            await stream.drain(header.length)
+            await stream.skip(header.length)
             await stream.send_all([header.response(Status.OK).pack()])
     except (StreamBroken, StreamClosed, ProtocolError):
         pass

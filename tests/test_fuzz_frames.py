@@ -259,7 +259,7 @@ def frames(draw: st.DrawFn, keys: list[int], layouts: list[int], names: list[str
         "alpha": draw(st.just(1.0) | st.floats()),
         "layout": draw(st.just(0) | st.sampled_from(layouts) | U64),
         "worker": draw(st.just(0xFFFFFFFF) | st.integers(0, 3) | U32),
-        "clock": draw(st.integers(0, 3) | U64),
+        "step": draw(st.integers(0, 3) | U64),
         "txn": draw(st.just(0) | U64),
         "version": draw(st.just(0) | st.integers(0, 3) | U64),
         "request_id": draw(st.integers(0, 3) | U64),

@@ -194,7 +194,7 @@ def test_pack_response_is_the_packed_response_header() -> None:
         layout=5,
         dtype=11,
         worker=1,
-        clock=4,
+        step=4,
         txn=99,
     )
     for status, length, flags, version in (

@@ -284,7 +284,7 @@ frame_fields = st.fixed_dictionaries(
         "alpha": st.floats(allow_nan=True, allow_infinity=True),
         "layout": st.integers(0, 2**64 - 1),
         "worker": st.one_of(st.integers(0, 8), st.integers(0, 2**32 - 1)),
-        "clock": st.one_of(st.integers(0, 8), st.integers(0, 2**64 - 1)),
+        "step": st.one_of(st.integers(0, 8), st.integers(0, 2**64 - 1)),
         "txn": st.one_of(st.just(0), st.integers(0, 2**64 - 1)),
     }
 )
@@ -324,7 +324,7 @@ def test_random_frames_never_hurt(cluster, canary, fields, use_key, payload) -> 
         fields["layout"],
         fields["worker"],
         0,
-        fields["clock"],
+        fields["step"],
         fields["txn"],
     )
     s = connect(cluster, node)

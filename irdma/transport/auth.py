@@ -31,7 +31,7 @@ class FrameStream(Protocol):
     def close(self) -> None: ...
 
 
-async def authenticate(stream: FrameStream, secret: bytes, timeout: float) -> None:
+async def prove_secret(stream: FrameStream, secret: bytes, timeout: float) -> None:
     """Prove to the daemon at the other end that we know ``secret``, and check its proof.
 
     Raises AuthFailed (refused, or the daemon's proof is wrong), StreamTimeout

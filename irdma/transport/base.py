@@ -106,7 +106,7 @@ class ByteStream(Protocol):
 
     async def recv_exactly_into(self, view: memoryview) -> None: ...
 
-    async def drain(self, nbytes: int) -> None: ...
+    async def skip(self, nbytes: int) -> None: ...
 
 
 class MemoryStream:
@@ -130,7 +130,7 @@ class MemoryStream:
         np.copyto(dest, self.memory[self.offset : end])
         self.offset = end
 
-    async def drain(self, nbytes: int) -> None:
+    async def skip(self, nbytes: int) -> None:
         self.offset += nbytes
 
 

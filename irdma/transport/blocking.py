@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import select
 import socket as stdsocket
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,14 @@ from ..protocol import (
     Op,
     Status,
 )
-from .auth import authenticate
+from .auth import prove_secret
 from .base import Buffer, Reply, Sink, StreamBroken, StreamClosed, StreamTimeout
 from .shm import exchange_attach
 from .tcp import SOCKET, BulkPath, FramedSocket, next_answer, receive_unsunk, tune_socket
 
 PINNED = int(Flag.PINNED)
+# How long a blocking wait watches the socket before it sleeps in poll().
+SPIN_SECONDS = float(os.environ.get("IRDMA_SPIN_US", "0")) * 1e-6
 OK = int(Status.OK)
 
 
@@ -55,6 +58,13 @@ class BlockingWaits:
     def _poll(self, sock: stdsocket.socket, events: int) -> None:
         poller = select.poll()
         poller.register(sock, events)
+        if SPIN_SECONDS:
+            # An answer due within microseconds is cheaper to watch for than
+            # to sleep for: a wake-up from poll costs more than the wait.
+            until = time.perf_counter() + SPIN_SECONDS
+            while time.perf_counter() < until:
+                if poller.poll(0):
+                    return
         if not poller.poll(self.timeout * 1000):
             raise StreamTimeout(f"no answer within {self.timeout:g} s")
 
@@ -253,7 +263,7 @@ async def open_tcp(
         tune_socket(sock)
         stream = FramedSocket(sock, peer, waits)
         if secret is not None:
-            await authenticate(stream, secret, waits.timeout)
+            await prove_secret(stream, secret, waits.timeout)
         return BlockingConnection(stream, waits)
     reason = (last.strerror or str(last)) if last is not None else "no address"
     raise StreamBroken(f"connecting to {peer}: {reason}")

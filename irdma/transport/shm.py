@@ -55,7 +55,7 @@ from ..protocol import (
     unpack_header,
 )
 from ..sizes import INLINE_MAX, SHM_STAGING_MIN, STAGING_ALIGN
-from .auth import authenticate
+from .auth import prove_secret
 from .base import (
     TRIO_WAITS,
     Buffer,
@@ -239,7 +239,7 @@ async def exchange_attach(
         if secret is not None:
             view = framed_view(sock, peer, waits)
             try:
-                await authenticate(view, secret, timeout)
+                await prove_secret(view, secret, timeout)
             finally:
                 view.close()
         staging_fd = make_staging(staging_size)

@@ -29,7 +29,7 @@ from ..protocol import (
     Status,
     unpack_header,
 )
-from .auth import authenticate
+from .auth import prove_secret
 from .base import (
     SOCKET_ERRORS,
     TRIO_WAITS,
@@ -161,7 +161,7 @@ class FramedSocket:
         await self.recv_exactly_into(buf)
         return buf
 
-    async def drain(self, nbytes: int) -> None:
+    async def skip(self, nbytes: int) -> None:
         """Read and discard ``nbytes`` (the payload of a refused request)."""
         scratch = bytearray(min(nbytes, DRAIN_CHUNK))
         while nbytes:
@@ -393,7 +393,7 @@ class FramedConnection(Connection):
             raise StreamTimeout(f"connecting to {peer}: no answer within {timeout:g} s")
         stream = FramedSocket(sock, peer)
         if secret is not None:
-            await authenticate(stream, secret, timeout)
+            await prove_secret(stream, secret, timeout)
         conn = cls(stream, timeout)
         nursery.start_soon(conn._run)
         return conn
