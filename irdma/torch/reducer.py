@@ -260,7 +260,7 @@ class Reducer:
     def _stale(self, exc: StepMismatch) -> StepMismatch:
         return StepMismatch(
             f"{exc} (group {self.group.name!r}: are an earlier job's tensors still there? "
-            "give this job a new name, or remove them with `irdma rm`)",
+            f"give this job a new name, or remove them: irdma rm -r {self.group.prefix})",
             exc.status,
         )
 
