@@ -36,6 +36,7 @@ from .errors import (
 )
 from .modes import Mode
 from .protocol import (
+    DTYPE_CODES,
     MAX_NAME_BYTES,
     Flag,
     Header,
@@ -101,12 +102,18 @@ class TensorInfo:
         }
 
 
+# The dtypes irdma stores, as arrays carry them (little-endian): checking a
+# dtype by name costs microseconds on every small write otherwise.
+_STORED_DTYPES = frozenset(np.dtype(name).newbyteorder("<") for name in DTYPE_CODES)
+
+
 def as_stored_array(array: Any) -> np.ndarray:
     """A C-contiguous little-endian array of a dtype irdma stores (copies only if needed)."""
     arr = np.asarray(array)
-    if arr.dtype.byteorder == ">":
-        arr = arr.astype(arr.dtype.newbyteorder("<"))
-    dtype_code(arr.dtype)  # raises ValueError for object, string, structured dtypes
+    if arr.dtype not in _STORED_DTYPES:
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        dtype_code(arr.dtype)  # raises ValueError for object, string, structured dtypes
     # Not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
     return arr if arr.flags.c_contiguous else arr.copy(order="C")
 
@@ -584,12 +591,7 @@ class AsyncClient:
         """
         arr = as_stored_array(array)
         meta = self._meta.get(name)
-        want = TensorMeta(
-            validate_name(name),
-            arr.dtype.name,
-            arr.shape,
-            meta.shard_size if meta else self.config.shard_size,
-        )
+        shard_size = meta.shard_size if meta else self.config.shard_size
         buf = _byte_view(arr)
 
         async def define() -> TensorMeta:
@@ -599,13 +601,14 @@ class AsyncClient:
                 arr.dtype,
                 exist_ok=True,
                 replace=replace,
-                shard_size=want.shard_size,
+                shard_size=shard_size,
                 options=options,
                 mode=mode,
             )
             return info.meta
 
-        if meta is None or not meta.same_layout(want) or replace:
+        # A cached tensor of this dtype and shape was checked when it was defined.
+        if meta is None or replace or meta.np_dtype != arr.dtype or meta.shape != arr.shape:
             meta = await define()
         try:
             await self._move(Op.WRITE, meta, 0, buf, progress=progress)

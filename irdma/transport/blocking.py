@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import select
 import socket as stdsocket
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,8 +38,6 @@ from .shm import exchange_attach
 from .tcp import SOCKET, BulkPath, FramedSocket, next_answer, receive_unsunk, tune_socket
 
 PINNED = int(Flag.PINNED)
-# How long a blocking wait watches the socket before it sleeps in poll().
-SPIN_SECONDS = float(os.environ.get("IRDMA_SPIN_US", "0")) * 1e-6
 OK = int(Status.OK)
 
 
@@ -58,13 +55,6 @@ class BlockingWaits:
     def _poll(self, sock: stdsocket.socket, events: int) -> None:
         poller = select.poll()
         poller.register(sock, events)
-        if SPIN_SECONDS:
-            # An answer due within microseconds is cheaper to watch for than
-            # to sleep for: a wake-up from poll costs more than the wait.
-            until = time.perf_counter() + SPIN_SECONDS
-            while time.perf_counter() < until:
-                if poller.poll(0):
-                    return
         if not poller.poll(self.timeout * 1000):
             raise StreamTimeout(f"no answer within {self.timeout:g} s")
 
