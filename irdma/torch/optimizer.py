@@ -23,6 +23,7 @@ are sent together in ``synchronize()``, in parameter order.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -137,6 +138,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._counts: dict[str, int] = {}
         self._done: dict[int, int] = {}
         self._pending: dict[int, Future[list[torch.Tensor]]] = {}
+        # Autograd may run hooks on a thread per device: the counts change under a lock.
+        self._lock = threading.Lock()
         self._hooks: list[Any] = []
         self._synchronized = False  # synchronize() ran since the last step()
         ident = worker_identity(rank, world_size)
@@ -196,20 +199,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _ready_grad(self, pname: str, p: torch.Tensor) -> None:
         """Autograd finished ``p.grad`` for this backward pass; on the last pass, a bucket
         whose gradients are all done is sent."""
-        count = self._counts.get(pname, 0) + 1
-        self._counts[pname] = count
-        if count < self._passes:
-            return
         bucket = self._bucket_of[pname]
-        if count > self._passes or bucket.index in self._pending:
-            raise RuntimeError(
-                f"the gradient of {pname!r} was computed {count} times before step(); "
-                "call step() after each backward pass, or set backward_passes_per_step"
-            )
-        done = self._done.get(bucket.index, 0) + 1
-        self._done[bucket.index] = done
-        if done == len(bucket.members):
-            self._send(bucket)
+        with self._lock:
+            count = self._counts.get(pname, 0) + 1
+            self._counts[pname] = count
+            if count < self._passes:
+                return
+            if count > self._passes or bucket.index in self._pending:
+                raise RuntimeError(
+                    f"the gradient of {pname!r} was computed {count} times before step(); "
+                    "call step() after each backward pass, or set backward_passes_per_step"
+                )
+            done = self._done.get(bucket.index, 0) + 1
+            self._done[bucket.index] = done
+            if done == len(bucket.members):
+                self._send(bucket)
 
     def _send(self, bucket: _Bucket) -> None:
         grads = []
