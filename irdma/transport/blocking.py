@@ -25,8 +25,6 @@ import trio
 
 from ..errors import AuthFailed
 from ..protocol import (
-    REQUEST_ID,
-    REQUEST_ID_OFFSET,
     Flag,
     Header,
     Op,
@@ -35,7 +33,16 @@ from ..protocol import (
 from .auth import prove_secret
 from .base import Buffer, Reply, Sink, StreamBroken, StreamClosed, StreamTimeout
 from .shm import exchange_attach
-from .tcp import SOCKET, BulkPath, FramedSocket, next_answer, receive_unsunk, tune_socket
+from .tcp import (
+    SOCKET,
+    BulkPath,
+    FramedSocket,
+    ensure_usable,
+    next_answer,
+    receive_unsunk,
+    request_frame,
+    tune_socket,
+)
 
 PINNED = int(Flag.PINNED)
 OK = int(Status.OK)
@@ -184,14 +191,10 @@ class BlockingConnection:
         self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
     ) -> Reply:
         """Send one frame and read its answer on this socket."""
-        if self._failure is not None:
-            raise StreamBroken(str(self._failure)) from self._failure
-        if self._closed:
-            raise StreamClosed(f"connection to {self.stream.peer} is closed")
+        ensure_usable(self._failure, self._closed, self.stream.peer)
         rid = self._next_id
         self._next_id += 1
-        frame = bytearray(header.pack())
-        REQUEST_ID.pack_into(frame, REQUEST_ID_OFFSET, rid)
+        frame = request_frame(header, rid)
         stream = self.stream
         try:
             await stream.send_all([frame, *payload])

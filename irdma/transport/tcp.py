@@ -238,6 +238,22 @@ class BytesSink(Sink):
         self.data = bytes(buf)
 
 
+def ensure_usable(failure: BaseException | None, closed: bool, peer: str) -> None:
+    """Raise StreamBroken (with its cause) or StreamClosed for a connection that
+    failed or that we closed."""
+    if failure is not None:
+        raise StreamBroken(str(failure)) from failure
+    if closed:
+        raise StreamClosed(f"connection to {peer} is closed")
+
+
+def request_frame(header: Header, request_id: int) -> bytearray:
+    """The packed header of a request, stamped with the connection's request id."""
+    frame = bytearray(header.pack())
+    REQUEST_ID.pack_into(frame, REQUEST_ID_OFFSET, request_id)
+    return frame
+
+
 async def next_answer(stream: FramedSocket) -> Header:
     """The header of the next answer on a client's connection.
 
@@ -514,14 +530,10 @@ class FramedConnection(Connection):
         self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
     ) -> Reply:
         """Send one frame and wait for its answer (the framing every bulk path uses)."""
-        if self._failure is not None:
-            raise StreamBroken(str(self._failure)) from self._failure
-        if self._closed:
-            raise StreamClosed(f"connection to {self.stream.peer} is closed")
+        ensure_usable(self._failure, self._closed, self.stream.peer)
         rid = self._next_id
         self._next_id += 1
-        frame = bytearray(header.pack())
-        REQUEST_ID.pack_into(frame, REQUEST_ID_OFFSET, rid)
+        frame = request_frame(header, rid)
         pending = _Pending(sink)
         if not self._pending:
             self._last_progress = trio.current_time()
