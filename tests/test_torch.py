@@ -393,3 +393,20 @@ def test_a_name_left_by_an_earlier_job_is_reported(cluster: Cluster) -> None:
         LOSS(model(x), y).backward()
         with pytest.raises(StepMismatch, match="earlier job"):
             again.step()
+
+
+# -- the examples, as a user runs them -------------------------------------------------------
+
+
+@pytest.mark.parametrize("example", ["torch_ddp.py", "torch_optimizer.py"])
+def test_examples_run_under_torchrun(cluster: Cluster, tmp_path: Path, example: str) -> None:
+    """Two ranks, six epochs: 0.91 (DDP) and 0.96 (Adam). docs/pytorch.md has the full runs."""
+    pytest.importorskip("sklearn", reason="scikit-learn is not installed (the 'train' extra)")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    argv += [str(ROOT / "examples" / example), "--epochs", "6", "--min-accuracy", "0.85"]
+    env = dict(os.environ, IRDMA_CONFIG=str(cluster.config_path))
+    run = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=100)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "test accuracy" in run.stdout
+    with Client(cluster.config_path) as c:  # close() removed the job's tensors
+        assert not [i.name for i in c.list(".collectives/") if "-torch" in i.name]
