@@ -119,9 +119,17 @@ class TrioShell:
         self.conns.clear()
 
 
+# Connections per daemon while a call's shards run concurrently: each carries
+# one request at a time, so a second one keeps the daemon sending while the
+# first answer is being read (a large read was ~20% slower with one).
+FANOUT_CONNECTIONS = 2
+
+
 class _ThreadState(threading.local):
     def __init__(self) -> None:
         self.conns: dict[str, BlockingConnection] = {}
+        # More connections per daemon, used only while shards run concurrently.
+        self.spare: dict[str, list[BlockingConnection]] = {}
         self.waits: BlockingWaits | None = None
 
 
@@ -176,8 +184,23 @@ class BlockingShell:
             raise ClientClosed("client is closed")
         conns = self._thread.conns
         conn = conns.get(node.name)
-        if conn is not None and not conn.broken:
+        if conn is None or conn.broken:
+            conn = conns[node.name] = await self._open(node)
+        waits = self.waits
+        if not waits.in_trio or not waits.busy(conn):
             return conn
+        # Shards running concurrently: a free connection to the same daemon.
+        spare = [k for k in self._thread.spare.get(node.name, []) if not k.broken]
+        self._thread.spare[node.name] = spare
+        for k in spare:
+            if not waits.busy(k):
+                return k
+        if len(spare) + 1 < FANOUT_CONNECTIONS:
+            spare.append(await self._open(node))
+            return spare[-1]
+        return conn  # every one is busy: take turns on the first
+
+    async def _open(self, node: Node) -> BlockingConnection:
         c = self.client
         conn = await open_blocking_connection(
             node,
@@ -186,7 +209,6 @@ class BlockingShell:
             shard_size=c.config.shard_size,
             secret=c._secret,
         )
-        conns[node.name] = conn
         with self._lock:
             self._all = [k for k in self._all if not k.broken]
             self._all.append(conn)

@@ -99,6 +99,11 @@ class BlockingWaits:
         self.in_trio = False
         self._locks = {}
 
+    def busy(self, conn: object) -> bool:
+        """Whether a request holds ``conn`` now (only while under trio)."""
+        lock = self._locks.get(id(conn))
+        return lock is not None and lock.locked()
+
     def lock_for(self, conn: object) -> trio.Lock:
         """The lock giving a request exclusive use of ``conn`` while under trio."""
         return self._locks.setdefault(id(conn), trio.Lock())
