@@ -258,10 +258,13 @@ async def open_tcp(
             sock.close()
             last = exc
             continue
+        except BaseException:  # cancelled (a sibling shard failed), Ctrl-C
+            sock.close()
+            raise
         tune_socket(sock)
         stream = FramedSocket(sock, peer, waits)
         if secret is not None:
-            await prove_secret(stream, secret, waits.timeout)
+            await prove_secret(stream, secret, waits.timeout)  # closes the stream if it fails
         return BlockingConnection(stream, waits)
     reason = (last.strerror or str(last)) if last is not None else "no address"
     raise StreamBroken(f"connecting to {peer}: {reason}")
