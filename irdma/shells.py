@@ -26,9 +26,10 @@ import trio
 
 from .cluster import Node
 from .errors import ClientClosed
-from .transport.base import Connection
+from .transport.base import Connection, StreamBroken
 from .transport.blocking import BlockingConnection, BlockingWaits
 from .transport.select import open_blocking_connection, open_connection
+from .transport.tcp import FramedConnection, FramedSocket
 
 if TYPE_CHECKING:
     from .client import AsyncClient
@@ -119,18 +120,14 @@ class TrioShell:
         self.conns.clear()
 
 
-# Connections per daemon while a call's shards run concurrently: each carries
-# one request at a time, so a second one keeps the daemon sending while the
-# first answer is being read (a large read was ~20% slower with one).
-FANOUT_CONNECTIONS = 2
-
-
 class _ThreadState(threading.local):
     def __init__(self) -> None:
         self.conns: dict[str, BlockingConnection] = {}
-        # More connections per daemon, used only while shards run concurrently.
-        self.spare: dict[str, list[BlockingConnection]] = {}
         self.waits: BlockingWaits | None = None
+        # While a call's shards run concurrently (under trio.run): each daemon's
+        # socket lent to a FramedConnection, so its requests are pipelined.
+        self.loans: dict[str, FramedConnection] | None = None
+        self.nursery: trio.Nursery | None = None
 
 
 class BlockingShell:
@@ -175,30 +172,62 @@ class BlockingShell:
             return [await call() for call in calls]
         waits.enter_trio()
         try:
-            return trio.run(gather_under_trio, calls)
+            return trio.run(self._fan_out, calls)
         finally:
             waits.leave_trio()
 
-    async def connection(self, node: Node) -> BlockingConnection:
+    async def _fan_out(self, calls: list[Call]) -> list[Any]:
+        """Run ``calls`` concurrently. Each daemon's socket is lent for the run to a
+        FramedConnection, so all its requests are in flight together (sending
+        them one by one gave the CPU to the daemon at every request on 2 cores:
+        256 MiB reads took 137 ms against 86-114 ms for AsyncClient), then
+        handed back open."""
+        state = self._thread
+        state.loans = {}
+        results: list[Any] = []
+        error: Exception | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                state.nursery = nursery
+                try:
+                    results = await gather_under_trio(calls)
+                except Exception as exc:  # raised below, not wrapped in the nursery's group
+                    error = exc
+                finally:
+                    with trio.CancelScope(shield=True):
+                        for name, loan in state.loans.items():
+                            failure = await loan.give_back()
+                            owner = state.conns.get(name)
+                            if failure is not None and owner is not None:
+                                owner._fail(failure)
+        finally:
+            state.loans = None
+            state.nursery = None
+        if error is not None:
+            raise error
+        return results
+
+    async def connection(self, node: Node) -> BlockingConnection | FramedConnection:
         if self.closed:
             raise ClientClosed("client is closed")
-        conns = self._thread.conns
-        conn = conns.get(node.name)
+        state = self._thread
+        conn = state.conns.get(node.name)
         if conn is None or conn.broken:
-            conn = conns[node.name] = await self._open(node)
-        waits = self.waits
-        if not waits.in_trio or not waits.busy(conn):
+            conn = state.conns[node.name] = await self._open(node)
+        if state.loans is None:
             return conn
-        # Shards running concurrently: a free connection to the same daemon.
-        spare = [k for k in self._thread.spare.get(node.name, []) if not k.broken]
-        self._thread.spare[node.name] = spare
-        for k in spare:
-            if not waits.busy(k):
-                return k
-        if len(spare) + 1 < FANOUT_CONNECTIONS:
-            spare.append(await self._open(node))
-            return spare[-1]
-        return conn  # every one is busy: take turns on the first
+        loan = state.loans.get(node.name)
+        if loan is not None and loan.broken:
+            # It failed during this run: its socket cannot be trusted; start afresh.
+            conn._fail(StreamBroken(f"{node.name}: the connection failed"))
+            conn = state.conns[node.name] = await self._open(node)
+            loan = None
+        if loan is None:
+            assert state.nursery is not None
+            stream = FramedSocket(conn.stream.sock, conn.stream.peer)
+            loan = FramedConnection.lend(stream, self.client.timeout, conn.bulk, state.nursery)
+            state.loans[node.name] = loan
+        return loan
 
     async def _open(self, node: Node) -> BlockingConnection:
         c = self.client

@@ -109,3 +109,24 @@ def test_rdma_may_be_used_only_where_asked_for_or_a_device_exists(cluster: Clust
     nodes = cluster.config.nodes
     assert may_use_rdma(nodes, "rdma")
     assert not may_use_rdma(nodes, "tcp") and not may_use_rdma(nodes, "shm")
+
+
+def test_a_fan_out_borrows_the_threads_sockets_and_gives_them_back(cluster: Cluster) -> None:
+    """The shards of one call are pipelined on the thread's own connections, which
+    stay open and in use for the small calls after it (no reconnect)."""
+    x = np.arange(N, dtype=np.float32)
+    with Client(cluster.config_path, transport="tcp") as c:
+        c.write("shell/loan", x)
+        for node in cluster.config.nodes:  # one connection per daemon, made by small calls
+            c.hello(node)
+        before = dict(c._client._conns)
+        sockets = {name: conn.stream.sock.fileno() for name, conn in before.items()}
+        for _ in range(3):
+            assert np.array_equal(c.read("shell/loan"), x)  # 15 shards over 3 daemons
+            c.accumulate("shell/loan", x)
+            c.accumulate("shell/loan", -x)
+        assert c.read_bytes("shell/loan", 0, 8) == x[:2].tobytes()
+        after = dict(c._client._conns)
+        assert after == before
+        assert not any(conn.broken for conn in after.values())
+        assert {name: conn.stream.sock.fileno() for name, conn in after.items()} == sockets

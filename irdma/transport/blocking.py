@@ -55,9 +55,6 @@ class BlockingWaits:
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
         self.in_trio = False
-        # While in trio: one lock per connection, so the concurrent shards of
-        # one call take turns on a socket that carries one request at a time.
-        self._locks: dict[int, trio.Lock] = {}
 
     def _poll(self, sock: stdsocket.socket, events: int) -> None:
         poller = select.poll()
@@ -93,20 +90,9 @@ class BlockingWaits:
 
     def enter_trio(self) -> None:
         self.in_trio = True
-        self._locks = {}
 
     def leave_trio(self) -> None:
         self.in_trio = False
-        self._locks = {}
-
-    def busy(self, conn: object) -> bool:
-        """Whether a request holds ``conn`` now (only while under trio)."""
-        lock = self._locks.get(id(conn))
-        return lock is not None and lock.locked()
-
-    def lock_for(self, conn: object) -> trio.Lock:
-        """The lock giving a request exclusive use of ``conn`` while under trio."""
-        return self._locks.setdefault(id(conn), trio.Lock())
 
 
 class WaitingSocket:
@@ -186,10 +172,6 @@ class BlockingConnection:
         self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
     ) -> Reply:
         """Send one request and read its answer (see ``Connection.request``)."""
-        if self.waits.in_trio:
-            # The concurrent shards of one call take turns on the socket.
-            async with self.waits.lock_for(self):
-                return await self.bulk.request(self, header, payload, sink)
         return await self.bulk.request(self, header, payload, sink)
 
     async def exchange(

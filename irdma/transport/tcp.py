@@ -382,6 +382,7 @@ class FramedConnection(Connection):
         self._cancel = trio.CancelScope()
         self._failure: BaseException | None = None
         self._closed = False
+        self._lent = False  # the socket belongs to a blocking connection (``lend``)
 
     @classmethod
     async def open(
@@ -508,10 +509,42 @@ class FramedConnection(Connection):
             pending.event.set()
         self._pending.clear()
         self._cancel.cancel()
+        if self._lent:
+            return  # the socket and the bulk path go back to their owner
         self.stream.close()
         # Verbs resources are destroyed now, not whenever the garbage collector
         # gets to them (pyverbs objects freed in the wrong order crash).
         self.bulk.close()
+
+    @classmethod
+    def lend(
+        cls, stream: FramedSocket, timeout: float, bulk: BulkPath, nursery: trio.Nursery
+    ) -> FramedConnection:
+        """A connection over a socket lent by a blocking connection for one trio run,
+        so that many requests are in flight on it; ``give_back`` ends the loan."""
+        conn = cls(stream, timeout, bulk)
+        conn._lent = True
+        nursery.start_soon(conn._run)
+        return conn
+
+    async def give_back(self) -> BaseException | None:
+        """End a loan: send the RELEASEs still due and stop the tasks, leaving the
+        socket open. Returns what broke the connection during the loan (its
+        owner must drop the socket then), or None."""
+        failure = self._failure
+        if failure is None:
+            await acquire_soon(self._send_lock)  # no frame is left half-sent
+            try:
+                frames = [Header(op=Op.RELEASE, request_id=i).pack() for i in self._releases]
+                self._releases = []
+                if frames:
+                    await self.stream.send_all(frames)
+            except (StreamBroken, StreamClosed) as exc:
+                failure = exc
+            finally:
+                self._send_lock.release()
+        self._fail(StreamClosed(f"loan of the connection to {self.stream.peer} ended"))
+        return failure
 
     def abandon(self, exc: BaseException) -> None:
         """A request failed or was cancelled mid-way: the connection cannot be trusted."""
