@@ -51,7 +51,7 @@ from .protocol import (
 )
 from .ranges import Piece, shard_pieces
 from .routing import Router, asks_primary, new_txn, worker_field
-from .shells import BlockingShell, TrioShell, drive
+from .shells import BlockingShell, Shell, TrioShell, drive
 from .sinks import IntoSink
 from .transport.base import (
     Buffer,
@@ -150,7 +150,7 @@ class AsyncClient:
         self._secret = cluster_secret(self.config)
         self._meta: dict[str, TensorMeta] = {}
         # Where requests run: TrioShell inside ``async with``, BlockingShell for ``Client``.
-        self._shell: Any = None
+        self._shell: Shell | None = None
         self._now: Callable[[], float] = trio.current_time  # the shell's clock
         self._stack: contextlib.AsyncExitStack | None = None
         self._closed = False

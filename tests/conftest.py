@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,6 +151,21 @@ def raw_authenticate(s: socket.socket, secret: bytes) -> list[bytes]:
     s.sendall(sent[1])
     handshake.finish(*recv_frame(s))
     return sent
+
+
+def processes_with(match: Callable[[list[bytes]], bool]) -> list[int]:
+    """PIDs of the processes whose command line (its arguments, from /proc) ``match``es."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        if match(argv):
+            pids.append(int(entry.name))
+    return pids
 
 
 def write_secret(path: Path, secret: bytes, mode: int = 0o600) -> Path:

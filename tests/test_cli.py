@@ -16,7 +16,7 @@ import pytest
 from irdma import Client
 from irdma import __version__ as irdma_version
 
-from .conftest import Cluster, make_cluster
+from .conftest import Cluster, make_cluster, processes_with
 
 
 def irdma(
@@ -198,17 +198,7 @@ def test_status_exits_1_when_a_daemon_is_down(fresh_cluster: Cluster) -> None:
 
 def daemons_using(config: str) -> list[int]:
     """PIDs of psd processes started with ``--config config`` (read from /proc)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"irdma_psd.main" in argv and config.encode() in argv:
-            pids.append(int(entry.name))
-    return pids
+    return processes_with(lambda argv: b"irdma_psd.main" in argv and config.encode() in argv)
 
 
 def test_local_starts_and_stops_cleanly(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from irdma import Client, load_config
 
+from .conftest import processes_with
 from .test_cli import daemons_using, irdma
 
 ARGS = ("--arena", "16MiB", "--shard-size", "64KiB")
@@ -27,18 +28,12 @@ def ports(config: Path) -> list[int]:
 
 def supervisors(directory: Path) -> list[int]:
     """PIDs of `irdma local` processes running on ``directory`` (read from /proc)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        ours = b"local" in argv and b"--dir" in argv and str(directory).encode() in argv
-        if ours and b"--stop" not in argv and int(entry.name) != os.getpid():
-            pids.append(int(entry.name))
-    return pids
+
+    def ours(argv: list[bytes]) -> bool:
+        on_dir = b"local" in argv and b"--dir" in argv and str(directory).encode() in argv
+        return on_dir and b"--stop" not in argv
+
+    return [pid for pid in processes_with(ours) if pid != os.getpid()]
 
 
 def wait_gone(pids: list[int], seconds: float = 20) -> None:
