@@ -5,9 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# systemd: systemd-analyze and systemd-sysusers for tests/test_deploy.py.
+# systemd: systemd-analyze and systemd-sysusers for tests/test_deploy.py; fio: the
+# mount's verify test (tests/test_fuse_writers.py) and bench/fuse.py.
 APT_PACKAGES=(python3 python3-venv python3-dev gcc pkg-config iperf3 procps iproute2
-              fuse3 libfuse3-dev attr rsync systemd)
+              fuse3 libfuse3-dev attr rsync systemd fio)
 deploy/apt-install.sh "${APT_PACKAGES[@]}"
 
 PYTHON=${PYTHON:-python3}

@@ -207,6 +207,9 @@ class Handle:
     # header on the way to a good one.
     checks_header: bool = False
     header_end: int = 0  # the header's length once checked (0: not yet)
+    # The file was replaced by a rename while this writer had it open: like a
+    # write to an unlinked file, what it writes is never stored.
+    detached: bool = False
 
     def read(self, off: int, size: int) -> memoryview:
         """The bytes at ``off``: a view, no copy (pyfuse3 hands it to the kernel at once)."""
@@ -264,7 +267,7 @@ class Handle:
 
     @property
     def is_dirty(self) -> bool:
-        return bool(self.dirty) or self.redefine
+        return not self.detached and (bool(self.dirty) or self.redefine)
 
 
 def contiguous_end(ranges: list[tuple[int, int]]) -> int:
@@ -286,7 +289,7 @@ def merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 async def push(client: AsyncClient, handle: Handle) -> None:
     """Store what a writer wrote. Raises BadNpy (EINVAL) and irdma errors; nothing
     stored changes when the content is refused."""
-    if not handle.is_dirty or handle.buf is None:
+    if not handle.is_dirty or handle.buf is None or handle.detached:
         return
     t = handle.target
     data = handle.buf.view()
@@ -359,7 +362,7 @@ async def _push_npy(client: AsyncClient, handle: Handle, data: memoryview) -> No
             return
         except TensorNotFound:
             pass  # deleted meanwhile: store the whole file as a new tensor
-    await client.write(handle.target.name, parse_npy(data), replace=True)
+    await client.write(handle.target.name, parse_npy(data, zero_fill=True), replace=True)
 
 
 async def _push_raw(client: AsyncClient, handle: Handle, data: memoryview) -> None:

@@ -69,13 +69,21 @@ async def check_daemons(config: ClusterConfig) -> None:
         raise MountError(f"no daemon of {config.path} is reachable")
 
 
-def _raise_read_ahead(mountpoint: Path) -> None:
+def raise_read_ahead(mountpoint: Path) -> int | None:
+    """Raise the mount's read-ahead to READ_AHEAD_KB; return the read-ahead in force (KiB).
+
+    Stats the mountpoint: call it while the filesystem is being served.
+    """
     st = os.stat(mountpoint)
     bdi = Path(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb")
     try:
         bdi.write_text(str(READ_AHEAD_KB))
     except OSError as exc:
         log.info("could not raise read-ahead (%s): buffered reads use small requests", exc)
+    try:
+        return int(bdi.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 async def serve(
@@ -122,7 +130,8 @@ async def serve(
                                 return
 
                     async def tune() -> None:
-                        await trio.to_thread.run_sync(_raise_read_ahead, mountpoint)
+                        kb = await trio.to_thread.run_sync(raise_read_ahead, mountpoint)
+                        log.info("read-ahead %s KiB", kb)
 
                     nursery.start_soon(on_signals)
                     nursery.start_soon(tune)

@@ -105,13 +105,24 @@ def check_start(data: bytes | bytearray | memoryview) -> int | None:
     return parse_header(data).header_len
 
 
-def parse_npy(data: bytes | bytearray | memoryview) -> np.ndarray:
-    """The array in a complete .npy file (a view of ``data`` where possible)."""
+def parse_npy(data: bytes | bytearray | memoryview, *, zero_fill: bool = False) -> np.ndarray:
+    """The array in a complete .npy file (a view of ``data`` where possible).
+
+    ``zero_fill``: data shorter than the header says is the start of the
+    array and the rest is zeros, as a sparse file reads (a header-first
+    writer such as ``numpy.lib.format.open_memmap`` closes the file after
+    the header and fills it later); without it, and always for data longer
+    than the header says, the length must match (BadNpy).
+    """
     layout = parse_header(data)
     body = memoryview(data)[layout.header_len :]
-    if len(body) != layout.nbytes:
+    if len(body) != layout.nbytes and not (zero_fill and len(body) < layout.nbytes):
         raise BadNpy(
             f".npy header says {layout.nbytes} bytes of data for {layout.dtype} "
             f"{layout.shape}, the file has {len(body)}"
         )
+    if len(body) < layout.nbytes:
+        full = np.zeros(layout.nbytes, dtype=np.uint8)
+        full[: len(body)] = np.frombuffer(body, dtype=np.uint8)
+        body = memoryview(full)
     return np.frombuffer(body, dtype=layout.dtype).reshape(layout.shape)

@@ -136,6 +136,9 @@ class IrdmaOperations(pyfuse3.Operations):
         # Identity of the content the kernel page cache holds for a path.
         self._cached_identity: dict[str, tuple] = {}
         self._pending: dict[str, Handle] = {}  # created, not yet pushed
+        self._renaming: dict[str, trio.Event] = {}  # both names of a rename in progress
+        # Files replaced by a rename while open: their attributes as they were.
+        self._orphans: dict[str, pyfuse3.EntryAttributes] = {}
         self._modes: dict[str, int] = {}
         self._mtimes: dict[str, tuple[int, int]] = {}  # path -> (version, ns)
         self._dir_handles: dict[int, list[tuple[str, pyfuse3.EntryAttributes]]] = {}
@@ -273,6 +276,7 @@ class IrdmaOperations(pyfuse3.Operations):
     @fuse_errors
     async def lookup(self, parent_inode, name, ctx=None):
         path = self._child(parent_inode, name)
+        await self._settled(path)
         now = time.monotonic()
         failed = self._lookup_failures.get(path)
         if failed is not None and now - failed[0] < LOOKUP_FAILURE_REUSE:
@@ -297,6 +301,9 @@ class IrdmaOperations(pyfuse3.Operations):
     @fuse_errors
     async def getattr(self, inode, ctx=None):
         path = self._path(inode)
+        if path in self._orphans:
+            return self._orphans[path]
+        await self._settled(path)
         # The kernel asks before every read() of a cached file (attributes
         # time out at once, for close-to-open); while the file is open only
         # for reading, an answer up to OPEN_ATTR_REUSE old serves. open()
@@ -519,7 +526,7 @@ class IrdmaOperations(pyfuse3.Operations):
     def _open_handles(self, path: str) -> list[Handle]:
         return [h for h in self._handles.values() if h.path == path]
 
-    def _file_info(self, handle: Handle) -> pyfuse3.FileInfo:
+    def _file_info(self, handle: Handle, flags: int = os.O_RDONLY) -> pyfuse3.FileInfo:
         """Register an open handle and choose how the kernel caches it.
 
         The page cache is per file, not per open, so it can only serve opens
@@ -538,8 +545,11 @@ class IrdmaOperations(pyfuse3.Operations):
             and identity(o.info) == ident
             for o in others
         )
-        # A step file's content is a pull made for this open alone.
-        direct = self.direct_io or not shared or handle.target.kind == Kind.STEP
+        # A step file's content is a pull made for this open alone. An open for
+        # writing only cannot be mapped (mmap needs a readable descriptor), so
+        # its writes skip the page cache: whole max_write requests, no page copy.
+        write_only = (flags & os.O_ACCMODE) == os.O_WRONLY
+        direct = self.direct_io or not shared or handle.target.kind == Kind.STEP or write_only
         keep = False
         if direct and others:
             # Do not invalidate: the page cache still serves the other opens.
@@ -557,9 +567,10 @@ class IrdmaOperations(pyfuse3.Operations):
 
     @fuse_errors
     async def open(self, inode, flags, ctx):
-        path = self._path(inode)
+        await self._settled(self._path(inode))
+        path = self._path(inode)  # a rename may have moved it meanwhile
         if path in self._pending:  # a second open of a file being created here
-            return self._file_info(self._pending[path])
+            return self._file_info(self._pending[path], flags)
         res = await self.resolve(path)
         if res.target.is_dir:
             raise pyfuse3.FUSEError(errno.EISDIR)
@@ -567,7 +578,7 @@ class IrdmaOperations(pyfuse3.Operations):
         handle = await self._open_handle(
             path, res, writable=writable, truncate=bool(flags & os.O_TRUNC)
         )
-        fi = self._file_info(handle)
+        fi = self._file_info(handle, flags)
         snap = handle.snapshot
         if snap is not None and snap.data is None and not fi.keep_cache:
             # Every read of this open reaches us: fix its content now, at open
@@ -590,7 +601,7 @@ class IrdmaOperations(pyfuse3.Operations):
         if t.kind in (Kind.ACCUMULATE, Kind.STEP):
             res = await self.resolve(path)  # ENOENT unless the tensor exists
             handle = await self._open_handle(path, res, writable=True, truncate=True)
-            return self._file_info(handle), self._attrs(res)
+            return self._file_info(handle, flags), self._attrs(res)
         if t.kind != Kind.DIR:  # .shards entries cannot be created
             raise pyfuse3.FUSEError(errno.EPERM)
         parent = path.rpartition("/")[0]
@@ -603,7 +614,7 @@ class IrdmaOperations(pyfuse3.Operations):
         self._pending[path] = handle
         self._modes[path] = stat.S_IMODE(mode)
         self._forget_content(path)
-        return self._file_info(handle), self._attrs(Resolved(path, target))
+        return self._file_info(handle, flags), self._attrs(Resolved(path, target))
 
     @fuse_errors
     async def read(self, fh, off, size):
@@ -645,6 +656,8 @@ class IrdmaOperations(pyfuse3.Operations):
         if handle is None:
             return
         self._open_attrs.pop(handle.path, None)
+        if handle.path in self._orphans and not self._open_handles(handle.path):
+            del self._orphans[handle.path]
         if handle.snapshot is not None:
             handle.snapshot.refs -= 1
             if handle.snapshot.refs == 0 and self._snapshots.get(handle.path) is handle.snapshot:
@@ -679,30 +692,96 @@ class IrdmaOperations(pyfuse3.Operations):
             dst = None
         if dst is not None and flags & pyfuse3.RENAME_NOREPLACE:
             raise pyfuse3.FUSEError(errno.EEXIST)
-        if src.target.kind == Kind.DIR:
-            await self._rename_dir(src, new, dst)
-        elif src.target.kind == Kind.TENSOR:
-            if dst is not None and dst.target.is_dir:
-                raise pyfuse3.FUSEError(errno.EISDIR)
-            await self._rename_file(src, new)
-        else:
-            raise pyfuse3.FUSEError(errno.EPERM)
-        self._move_inodes(old, new)
+        # Lookups and opens of either name wait until the rename is done, so
+        # this mount's readers see the target's old content or the new, whole.
+        done = trio.Event()
+        self._renaming[old] = self._renaming[new] = done
+        try:
+            if src.target.kind == Kind.DIR:
+                await self._rename_dir(src, new, dst)
+            elif src.target.kind == Kind.TENSOR:
+                if dst is not None and dst.target.is_dir:
+                    raise pyfuse3.FUSEError(errno.EISDIR)
+                await self._rename_file(src, new, dst)
+            else:
+                raise pyfuse3.FUSEError(errno.EPERM)
+            self._move_inodes(old, new)
+        finally:
+            del self._renaming[old], self._renaming[new]
+            done.set()
 
-    async def _rename_file(self, src: Resolved, new: str) -> None:
+    async def _settled(self, path: str) -> None:
+        """Wait while ``path`` is the source or target of a rename in progress."""
+        while (event := self._renaming.get(path)) is not None:
+            await event.wait()
+
+    async def _rename_file(self, src: Resolved, new: str, dst: Resolved | None) -> None:
+        """Store the file's content under the new name, then drop the old name.
+
+        A writer's pending data goes straight to the new name (its buffer is
+        the file as it will be), so write-a-temporary-then-rename costs one
+        push; a stored file is copied. Open handles follow the file; those
+        open on the replaced file keep it (see ``_orphan``).
+        """
         t = paths.parse(new)
         if t is None or t.kind != Kind.DIR:
             raise pyfuse3.FUSEError(errno.EPERM)
-        if src.path in self._pending:
-            raise pyfuse3.FUSEError(errno.EBUSY)
-        _, data = await load(self._c, src.target, src.info)
         target = paths.file_candidates(new)[0]
-        handle = Handle(new, target, True, buf=FileBuffer(data), redefine=True)
-        await push(self._c, handle)
-        if target.name != src.target.name:
-            await self._c.delete(src.target.name)
+        if dst is not None:
+            await self._orphan(dst)
+        writer = self._pending.get(src.path) or self._writer(src.path)
+        if writer is not None:
+            assert writer.buf is not None
+            data = writer.buf
+        else:
+            _, loaded = await load(self._c, src.target, src.info)
+            data = FileBuffer(loaded)
+        moved = Handle(new, target, True, buf=data, redefine=True)
+        await push(self._c, moved)
+        if src.info is not None and target.name != src.target.name:
+            with contextlib.suppress(TensorNotFound):
+                await self._c.delete(src.target.name)
+        if writer is not None:
+            writer.dirty.clear()
+            writer.redefine = False
+            writer.info = moved.info
+            self._pending.pop(src.path, None)
+        for h in self._open_handles(src.path):
+            h.path, h.target = new, target
+            if h is not writer and h.writable:
+                h.info = moved.info
+        snap = self._snapshots.pop(src.path, None)
+        if snap is not None:
+            self._snapshots[new] = snap
         self._forget_content(src.path)
         self._forget_content(new)
+
+    async def _orphan(self, dst: Resolved) -> None:
+        """Keep the file a rename replaces for the handles open on it, as a local
+        filesystem keeps an unlinked file: readers go on reading the old content
+        (loaded now if they have read nothing yet) at its old size, and writers
+        write to a file that no longer has a name, so their data never comes back.
+
+        The handles and the inode move to a path no lookup can produce, whose
+        attributes are frozen as they were (the kernel asks for them before
+        reads, and keeps one size per inode).
+        """
+        replaced = self._open_handles(dst.path)
+        if not replaced:
+            return
+        for h in replaced:
+            if h.snapshot is not None and h.snapshot.data is None:
+                await h.snapshot.ensure_loaded(self._c, h.target, h.info)
+        orphan = f"{dst.path}\0replaced-{self._next_fh}"
+        self._next_fh += 1
+        self._orphans[orphan] = self._attrs(dst)
+        ino = self._inos.get(dst.path)
+        if ino is not None:
+            self._paths[ino] = orphan
+        for h in replaced:
+            h.path = orphan
+            h.detached = h.writable
+        self._snapshots.pop(dst.path, None)
 
     async def _rename_dir(self, src: Resolved, new: str, dst: Resolved | None) -> None:
         t = paths.parse(new)
@@ -716,20 +795,26 @@ class IrdmaOperations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.ENOTEMPTY)
         if (new + "/").startswith(src.path + "/"):
             raise pyfuse3.FUSEError(errno.EINVAL)  # into itself
+        inside = [h for h in self._handles.values() if h.path.startswith(src.path + "/")]
+        for h in [*inside, *self._pending.values()]:
+            if h.path.startswith(src.path + "/"):
+                await self._push(h)  # what is written inside moves with the directory
         old_prefix = src.target.name + "/"
         for info in await self._c.list(old_prefix):
             name = t.name + "/" + info.name[len(old_prefix) :]
             data = await self._c.read(info.name)
             await self._c.write(name, data, replace=True, options=info.options)
             await self._c.delete(info.name)
+        for h in inside:
+            h.path = new + h.path[len(src.path) :]
+            h.target = paths.moved_target(h.target, h.path)
 
     def _move_inodes(self, old: str, new: str) -> None:
         for path in [p for p in self._inos if p == old or p.startswith(old + "/")]:
             ino = self._inos.pop(path)
             moved = new + path[len(old) :]
-            stale = self._inos.pop(moved, None)
-            if stale is not None:
-                self._paths.pop(stale, None)
+            # The replaced file's inode keeps a path (an open of it racing with
+            # the rename then gets the new content, not ENOENT).
             self._inos[moved] = ino
             self._paths[ino] = moved
             if path in self._modes:

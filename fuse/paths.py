@@ -168,3 +168,11 @@ def entry_name(tensor_name: str, raw: bool, prefix: str) -> str | None:
     if rest == DIR_MARKER:
         return None
     return rest if raw else rest + NPY
+
+
+def moved_target(target: Target, path: str) -> Target:
+    """What ``target`` is once its file is at ``path`` (its directory was renamed)."""
+    if target.kind == Kind.TENSOR:
+        candidates = file_candidates(path)
+        return candidates[0] if target.typed else candidates[-1]
+    return parse(path) or target
