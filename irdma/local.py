@@ -3,16 +3,18 @@
 The embedded default for trying irdma and for tests: it writes
 ``DIR/cluster.toml``, starts one ``psd`` process per node, waits until every
 daemon answers, prints the config path on stdout, and stops the daemons
-cleanly on Ctrl-C, SIGTERM or SIGHUP (or stops the rest if one of them dies).
-``--background`` runs the same in a detached process and returns once the
-daemons answer; ``--stop`` stops it. The directory is locked, its ports and
-data are kept for the next start (``irdma.localdir``).
+cleanly on Ctrl-C, SIGTERM or SIGHUP. In between it supervises them: a
+daemon that dies is restarted (``irdma.supervisor``). ``--background`` runs
+the same in a detached process and returns once the daemons answer;
+``--stop`` stops it. The directory is locked, its ports, data and secret
+are kept for the next start (``irdma.localdir``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -29,20 +32,32 @@ from .client import AsyncClient
 from .cluster import (
     DEFAULT_TIMEOUT,
     ClusterConfig,
+    Node,
     load_config,
     parse_config,
     parse_size,
     render_config,
 )
 from .errors import ConfigError, IrdmaError
+from .supervisor import FAILED, STOPPED, DaemonRecord, RestartPolicy, supervise
 
 READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
 LOG_FILE = "local.log"  # a --background run's output
+INSECURE_WARNING = (
+    "WARNING: --insecure: no secret, the daemons accept every connection; any user of "
+    "this host can read, change and delete every tensor of this cluster"
+)
 
 DESCRIPTION = """\
 Run N psd daemons on this host, on loopback, with a config written to DIR/cluster.toml
 (printed on stdout once every daemon answers). Ctrl-C, SIGTERM or SIGHUP stops them.
+A daemon that dies is restarted (from its snapshot, then catching up from its replicas);
+one that crashes 5 times in a row within 10 s of starting is given up on.
+
+Connections are authenticated with a random secret kept in DIR/secret (mode 0600) and
+named in the config, so every client using the config proves it; --insecure turns
+that off (any local user could then read and change every tensor).
 
 The directory is the cluster: a second irdma local on it is refused; a restart reuses
 its ports and loads each daemon's snapshot (written when stopped, and every 60 s), so
@@ -80,10 +95,13 @@ def write_config(
     timeout: float = DEFAULT_TIMEOUT,
     extra: dict[str, float] | None = None,
     scheme: str = "tcp",
+    secret_file: Path | None = None,
 ) -> Path:
     """Write ``directory/cluster.toml`` for ``nodes`` daemons on ``host``; return its path.
 
-    ``scheme`` is the addresses' transport: tcp, shm or rdma.
+    ``scheme`` is the addresses' transport: tcp, shm or rdma. ``secret_file``
+    is named in the config (an absolute path, so a copy of the config works
+    from any directory on this host).
     """
     if nodes < 1:
         raise ConfigError("--nodes must be at least 1")
@@ -98,6 +116,9 @@ def write_config(
     text = render_config(
         entries, shard_size=shard_size, replicas=replicas, timeout=timeout, extra=extra
     )
+    if secret_file is not None:
+        # A top-level key, so before the [[nodes]] tables; JSON's string escapes are TOML's.
+        text = f"secret_file = {json.dumps(str(secret_file.resolve()))}\n{text}"
     parse_config(tomllib.loads(text), path)  # validate it before it replaces a good one
     path.write_text(text)
     return path
@@ -105,6 +126,14 @@ def write_config(
 
 def psd_command(config_path: Path, node: str) -> list[str]:
     return [sys.executable, "-m", "irdma_psd.main", "--config", str(config_path), "--node", node]
+
+
+async def serving(client: AsyncClient, node: Node) -> bool:
+    """Whether ``node`` answers HELLO and is ready (with replicas: caught up)."""
+    try:
+        return bool((await client.hello(node)).get("ready", True))
+    except IrdmaError:
+        return False
 
 
 async def wait_ready(config: ClusterConfig, procs: dict[str, trio.Process]) -> None:
@@ -115,21 +144,35 @@ async def wait_ready(config: ClusterConfig, procs: dict[str, trio.Process]) -> N
     with trio.move_on_after(READY_TIMEOUT) as scope:
         async with AsyncClient(config, timeout=1.0) as client:
             for node in config.nodes:
-                while True:
+                while not await serving(client, node):
                     proc = procs[node.name]
                     if proc.returncode is not None:
                         raise IrdmaError(
                             f"daemon {node.name} exited with status {proc.returncode} "
                             "before it was ready (see its log above)"
                         )
-                    try:
-                        if (await client.hello(node)).get("ready", True):
-                            break
-                    except IrdmaError:
-                        pass
                     await trio.sleep(0.05)
     if scope.cancelled_caught:
         raise IrdmaError(f"daemons did not answer within {READY_TIMEOUT:g} s")
+
+
+async def report_back(config: ClusterConfig, record: DaemonRecord, proc: trio.Process) -> None:
+    """Say when a restarted daemon serves again (with replicas: once it has caught up)."""
+    node = config.node(record.name)
+    async with AsyncClient(config, timeout=1.0) as client:
+        while proc.returncode is None:
+            if await serving(client, node):
+                how = "caught up from its replicas" if config.replicas > 1 else "from its snapshot"
+                say(
+                    f"daemon {record.name} is back (pid {proc.pid}, restart {record.restarts}): "
+                    f"serving, {how}"
+                )
+                return
+            await trio.sleep(0.1)
+
+
+def say(message: str) -> None:
+    print(f"irdma local: {message}", file=sys.stderr, flush=True)
 
 
 async def stop_all(procs: dict[str, trio.Process]) -> None:
@@ -148,54 +191,80 @@ async def stop_all(procs: dict[str, trio.Process]) -> None:
 
 
 async def run_local(
-    config_path: Path, lock: localdir.DirLock | None = None, ready_fd: int | None = None
+    config_path: Path,
+    lock: localdir.DirLock | None = None,
+    ready_fd: int | None = None,
+    policy: RestartPolicy = RestartPolicy(),  # noqa: B008 (frozen)
 ) -> int:
-    """Run the daemons of ``config_path`` until a signal or one of them exits.
+    """Run and supervise the daemons of ``config_path`` until a signal, or until every
+    daemon has stopped for good; the exit status (0 after a signal).
 
     ``lock``: the directory's lock, handed down to the daemons so it stays
-    held while any of them runs. ``ready_fd``: written the config path and
-    closed once every daemon answers (how ``--background`` learns it).
+    held while any of them runs; its file records the daemons' pids and
+    restarts (``irdma status`` reads them). ``ready_fd``: written the config
+    path and closed once every daemon answers (how ``--background`` learns it).
     """
     config = load_config(config_path)
-    procs: dict[str, trio.Process] = {}
+    procs: dict[str, trio.Process] = {}  # the running process of each daemon
+    records = {n.name: DaemonRecord(n.name) for n in config.nodes}
     keep = (lock.fd,) if lock is not None and lock.fd is not None else ()
+
+    async def start(name: str) -> trio.Process:
+        return await trio.lowlevel.open_process(
+            psd_command(config_path, name), stdin=subprocess.DEVNULL, pass_fds=keep
+        )
+
+    def save() -> None:
+        if lock is not None:
+            lock.record({n: p.pid for n, p in procs.items()}, list(records.values()))
+
+    def changed(record: DaemonRecord, proc: trio.Process | None) -> None:
+        if proc is None:
+            procs.pop(record.name, None)
+        else:
+            procs[record.name] = proc
+        save()
+
     try:
         # SIGHUP too (its terminal closed): psd takes SIGHUP as "reload", so
         # the daemons would outlive this command otherwise.
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             for node in config.nodes:
                 node.data_dir.mkdir(parents=True, exist_ok=True)
-                procs[node.name] = await trio.lowlevel.open_process(
-                    psd_command(config_path, node.name), stdin=subprocess.DEVNULL, pass_fds=keep
-                )
-            if lock is not None:
-                lock.record({name: p.pid for name, p in procs.items()})
+                procs[node.name] = await start(node.name)
+                records[node.name].started(procs[node.name].pid)
+            save()
             await wait_ready(config, procs)
             print(config_path, flush=True)
-            print(
-                f"irdma local: {len(procs)} daemons ready; export IRDMA_CONFIG={config_path}; "
-                f"Ctrl-C stops them (their tensors are kept in {config_path.parent})",
-                file=sys.stderr,
-                flush=True,
+            say(
+                f"{len(procs)} daemons ready; export IRDMA_CONFIG={config_path}; "
+                f"Ctrl-C stops them (their tensors are kept in {config_path.parent})"
             )
             if ready_fd is not None:
                 os.write(ready_fd, f"{config_path}\n".encode())
                 os.close(ready_fd)
             async with trio.open_nursery() as nursery:
-                exited: list[str] = []
 
-                async def watch(name: str, proc: trio.Process) -> None:
-                    await proc.wait()
-                    exited.append(name)
-                    nursery.cancel_scope.cancel()
+                async def watch(name: str) -> None:
+                    await supervise(
+                        records[name],
+                        procs[name],
+                        partial(start, name),
+                        policy=policy,
+                        changed=changed,
+                        log=say,
+                        back=partial(report_back, config),
+                    )
+                    if all(r.state in (STOPPED, FAILED) for r in records.values()):
+                        nursery.cancel_scope.cancel()
 
-                for name, proc in procs.items():
-                    nursery.start_soon(watch, name, proc)
+                for name in list(procs):
+                    nursery.start_soon(watch, name)
                 async for _ in signals:
                     nursery.cancel_scope.cancel()
                     break
-            if exited:
-                print(f"irdma local: daemon {exited[0]} exited; stopping the rest", file=sys.stderr)
+            if all(r.state in (STOPPED, FAILED) for r in records.values()):
+                say("every daemon has stopped for good; exiting")
                 return 1
             return 0
     finally:
@@ -212,6 +281,12 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--arena", default="1GiB", metavar="SIZE", help="memory per daemon")
     s.add_argument("--shard-size", default="4MiB", metavar="SIZE", help="bytes per shard")
     s.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="address to listen on")
+    s.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no secret: the daemons accept every connection (any local user can read "
+        "and change every tensor)",
+    )
     mode = s.add_mutually_exclusive_group()
     mode.add_argument(
         "--background",
@@ -242,7 +317,10 @@ def main(args: argparse.Namespace) -> int:
             previous, args.host, args.nodes, free_ports(args.host, args.nodes)
         )
         for warning in warnings:
-            print(f"irdma local: {warning}", file=sys.stderr)
+            say(warning)
+        secret = None if args.insecure else localdir.ensure_secret(directory)
+        if args.insecure:
+            say(INSECURE_WARNING)
         path = write_config(
             directory,
             args.nodes,
@@ -251,6 +329,7 @@ def main(args: argparse.Namespace) -> int:
             shard_size=parse_size(args.shard_size),
             host=args.host,
             ports=ports,
+            secret_file=secret,
         )
         return trio.run(run_local, path, lock, args.ready_fd)
     finally:
@@ -266,6 +345,9 @@ def background(args: argparse.Namespace, directory: Path) -> int:
     argv = [sys.executable, "-m", "irdma.cli", "local", "--dir", str(directory)]
     argv += ["--nodes", str(args.nodes), "--replicas", str(args.replicas)]
     argv += ["--arena", args.arena, "--shard-size", args.shard_size, "--host", args.host]
+    if args.insecure:
+        argv.append("--insecure")
+        say(INSECURE_WARNING)  # here too: the detached run's warning goes to its log
     log_path = directory / LOG_FILE
     read_end, write_end = os.pipe()
     try:

@@ -3,7 +3,10 @@
 - ``local.lock``: held (flock) by the running ``irdma local`` and inherited by
   its daemons, so a second instance on the same directory refuses instead of
   rewriting the config and the daemons' sockets under the first; the file
-  names the holder's pid and its daemons'.
+  names the holder's pid, its daemons' and their restarts (``irdma status``
+  shows them).
+- ``secret``: the cluster's random secret (mode 0600), named by the config,
+  kept across restarts so copies of the config stay valid.
 - ``cluster.toml``: the ports of the last run, reused by the next one, so a
   config copied elsewhere stays valid across restarts.
 - ``nK/snapshot.irdma``: each daemon's data. Placement depends on the number of
@@ -17,18 +20,23 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .auth import load_secret
 from .cluster import ClusterConfig, load_config
 from .errors import ConfigError, IrdmaError
+from .supervisor import DaemonRecord
 
 LOCK_FILE = "local.lock"
 CONFIG_FILE = "cluster.toml"
 SNAPSHOT_FILE = "snapshot.irdma"  # psd's name for a data dir's snapshot
+SECRET_FILE = "secret"
 
 
 class DirectoryInUse(IrdmaError):
@@ -41,6 +49,7 @@ class Holder:
 
     pid: int | None = None
     daemons: dict[str, int] = field(default_factory=dict)
+    supervised: dict[str, DaemonRecord] = field(default_factory=dict)
 
     def describe(self, directory: Path) -> str:
         stop = f"irdma local --stop --dir {directory}"
@@ -72,7 +81,19 @@ def read_holder(directory: Path) -> Holder:
         raw = json.loads((directory / LOCK_FILE).read_text() or "{}")
     except (OSError, ValueError):
         return Holder()
-    return Holder(raw.get("pid"), {str(k): int(v) for k, v in raw.get("daemons", {}).items()})
+    return Holder(
+        raw.get("pid"),
+        {str(k): int(v) for k, v in raw.get("daemons", {}).items()},
+        {r["name"]: DaemonRecord.from_dict(r) for r in raw.get("supervised", [])},
+    )
+
+
+def supervision(directory: Path) -> dict[str, DaemonRecord]:
+    """The running ``irdma local``'s record of each daemon in ``directory`` (pid, state,
+    restarts); empty when no ``irdma local`` holds the directory."""
+    if not is_locked(directory):
+        return {}
+    return read_holder(directory).supervised
 
 
 class DirLock:
@@ -94,10 +115,19 @@ class DirLock:
         self.fd = fd
         self.record({})
 
-    def record(self, daemons: dict[str, int]) -> None:
-        """Write this process's pid and its daemons' into the lock file."""
+    def record(self, daemons: dict[str, int], supervised: Sequence[DaemonRecord] = ()) -> None:
+        """Write this process's pid, its daemons' and their supervision records into the
+        lock file."""
         assert self.fd is not None
-        data = json.dumps({"pid": os.getpid(), "daemons": daemons}).encode()
+        data = json.dumps(
+            {
+                "pid": os.getpid(),
+                "daemons": daemons,
+                "supervised": [r.to_dict() for r in supervised],
+            }
+        ).encode()
+        # One write of the whole record: a reader (irdma status) may see the file
+        # empty for a moment (read_holder takes that as no record), never half of one.
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, data, 0)
 
@@ -120,6 +150,25 @@ def is_locked(directory: Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+# -- secret --------------------------------------------------------------------
+
+
+def ensure_secret(directory: Path) -> Path:
+    """``directory/secret``: created with a random 256-bit secret (mode 0600) if missing,
+    else kept (copies of the config name it). Raises ConfigError if the file there is
+    unusable (too open, too short), as the daemons would."""
+    path = directory / SECRET_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+    load_secret(path)
+    return path
 
 
 # -- ports ---------------------------------------------------------------------

@@ -7,6 +7,10 @@ column: how many of the shards a daemon should hold are older than, or
 missing next to, the newest copy another replica reported. It is read at
 one moment, not atomically across daemons: under writes a backup may show a
 shard or two behind for the moment an update takes to be forwarded.
+
+For a cluster run by ``irdma local`` (the config sits in its locked
+directory), the RESTARTS column says how often it restarted each daemon,
+and a down daemon's row says whether it is being restarted or was given up.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ from typing import Any
 
 import trio
 
+from . import localdir
 from .client import AsyncClient
 from .cluster import ClusterConfig
 from .errors import IrdmaError
 from .protocol import tensor_key
+from .supervisor import FAILED, RESTARTING, STOPPED, DaemonRecord
 
 
 @dataclass
@@ -34,11 +40,14 @@ class NodeStatus:
     hello: dict[str, Any] | None = None
     holdings: list[dict[str, Any]] | None = None  # its LIST records (with replicas)
     skew: int | None = None  # shards behind another replica; None: not known or no replicas
+    supervised: DaemonRecord | None = None  # irdma local's record of it, if it runs one
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"node": self.node, "address": self.address, "up": self.up}
+        if self.supervised is not None:
+            out |= {"restarts": self.supervised.restarts, "supervisor": self.supervised.state}
         if not self.up:
-            return out | {"error": self.error, "transport": None}
+            return out | {"error": self.down_reason(), "transport": None}
         h = self.hello or {}
         return out | {
             "transport": self.transport,
@@ -54,6 +63,19 @@ class NodeStatus:
             "snapshot": h.get("snapshot"),
             "skew": self.skew,
         }
+
+    def down_reason(self) -> str:
+        """Why the daemon is down: irdma local's word when it supervises it, else the error."""
+        r = self.supervised
+        if r is not None and r.state == RESTARTING:
+            return f"{r.last_exit}; irdma local is restarting it"
+        if r is not None and r.state == FAILED:
+            return f"{r.last_exit}; irdma local gave up after {r.fast_crashes} fast crashes"
+        if r is not None and r.state == STOPPED:
+            return f"{r.last_exit}; irdma local does not restart a clean exit"
+        if r is not None and r.restarts:
+            return f"starting again after {r.last_exit} (restart {r.restarts}): {self.error}"
+        return self.error or ""
 
 
 async def gather(client: AsyncClient) -> list[NodeStatus]:
@@ -79,6 +101,10 @@ async def gather(client: AsyncClient) -> list[NodeStatus]:
     async with trio.open_nursery() as nursery:
         for row in rows:
             nursery.start_soon(ask, row)
+    if config.path is not None:
+        records = localdir.supervision(config.path.parent)
+        for row in rows:
+            row.supervised = records.get(row.node)
     if config.replicas > 1:
         answered = {r.node: r.holdings for r in rows if r.holdings is not None}
         for node, behind in replica_skew(config, answered).items():
@@ -161,10 +187,12 @@ HEADINGS = (
 )
 
 
-def _cells(r: NodeStatus, replicated: bool) -> list[str]:
+def _cells(r: NodeStatus, replicated: bool, supervised: bool) -> list[str]:
+    """A row's cells; a down row has fewer, and its last one is the reason."""
     lead = [r.node, r.address, r.transport or "-"]
+    restarts = [str(r.supervised.restarts) if r.supervised else "-"] if supervised else []
     if not r.up:
-        return [*lead, "DOWN", r.error or ""]
+        return [*lead, "DOWN", *restarts, r.down_reason()]
     h = r.hello or {}
     state = "up" if h.get("ready", True) else "syncing"
     if not h.get("quorum", True):
@@ -176,6 +204,7 @@ def _cells(r: NodeStatus, replicated: bool) -> list[str]:
     return [
         *lead,
         state,
+        *restarts,
         str(h.get("version", "?")),
         str(h.get("tensors", "?")),
         f"{shards['primary']}/{shards['backup']}" if shards else "?",
@@ -186,23 +215,30 @@ def _cells(r: NodeStatus, replicated: bool) -> list[str]:
 
 
 def render(rows: list[NodeStatus], config: ClusterConfig) -> str:
-    """The table, columns as wide as their widest cell; a down daemon's row ends with why."""
-    table = [list(HEADINGS)] + [_cells(r, config.replicas > 1) for r in rows]
+    """The table, columns as wide as their widest cell; a down daemon's row ends with why.
+
+    RESTARTS (after STATE) only when ``irdma local`` supervises the daemons.
+    """
+    supervised = any(r.supervised is not None for r in rows)
+    headings = list(HEADINGS)
+    if supervised:
+        headings.insert(headings.index("STATE") + 1, "RESTARTS")
+    table = [headings] + [_cells(r, config.replicas > 1, supervised) for r in rows]
     # A down row's reason is its last cell, past the columns: it does not set widths.
-    widths = [0] * len(HEADINGS)
+    widths = [0] * len(headings)
     for cells in table:
-        if len(cells) == len(HEADINGS):
+        if len(cells) == len(headings):
             for i, c in enumerate(cells):
                 widths[i] = max(widths[i], len(c))
-    right = {"TENSORS", "SHARDS P/B", "SKEW"}
+    right = {"RESTARTS", "TENSORS", "SHARDS P/B", "SKEW"}
     lines = []
     for cells in table:
         out = []
         for i, c in enumerate(cells):
             last = i == len(cells) - 1
-            if last and len(cells) < len(HEADINGS):
+            if last and len(cells) < len(headings):
                 out.append(c)
-            elif HEADINGS[i] in right:
+            elif headings[i] in right:
                 out.append(c.rjust(widths[i]))
             else:
                 out.append(c if last else c.ljust(widths[i]))

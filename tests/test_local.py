@@ -1,25 +1,35 @@
-"""``irdma local`` owns its directory: a lock, stable ports, data kept, background runs."""
+"""``irdma local`` owns its directory (a lock, stable ports, data and a secret kept,
+background runs) and supervises its daemons: a killed one is restarted and catches up."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import secrets
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from irdma import Client, load_config
+from irdma import Client, load_config, localdir
+from irdma.errors import AuthFailed, DaemonUnavailable
+from irdma.local import LOG_FILE
+from irdma.protocol import tensor_key
 
 from .conftest import processes_with
 from .test_cli import daemons_using, irdma
 
 ARGS = ("--arena", "16MiB", "--shard-size", "64KiB")
+WORKERS = str(Path(__file__).with_name("local_workers.py"))
 
 
 def ports(config: Path) -> list[int]:
@@ -163,3 +173,219 @@ def test_foreground_output_says_the_data_is_kept(local_dir: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+# -- security by default -------------------------------------------------------
+
+
+def test_the_config_names_a_secret_and_another_secret_is_refused(
+    local_dir: Path, tmp_path: Path
+) -> None:
+    config = Path(start(local_dir, "--nodes", "2").stdout.strip())
+    secret = load_config(config).secret_file
+    assert secret == local_dir / "secret"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    with Client(config) as c:  # the config's secret, no extra step
+        c.write("sec/x", np.arange(3.0))
+    other = tmp_path / "other-secret"
+    other.write_text(secrets.token_hex(32))
+    other.chmod(0o600)
+    forged = tmp_path / "forged.toml"
+    forged.write_text(config.read_text().replace(str(secret), str(other)))
+    with Client(forged) as c, pytest.raises(AuthFailed, match="has another secret"):
+        c.read("sec/x")
+    # A restart keeps the secret, so configs copied from the last run still work.
+    before = secret.read_bytes()
+    irdma(None, "local", "--dir", str(local_dir), "--stop")
+    start(local_dir, "--nodes", "2")
+    assert secret.read_bytes() == before
+    with Client(config) as c:
+        assert np.array_equal(c.read("sec/x"), np.arange(3.0))
+
+
+def test_insecure_names_no_secret_and_says_so(local_dir: Path) -> None:
+    proc = start(local_dir, "--nodes", "1", "--insecure")
+    config = Path(proc.stdout.strip())
+    assert "WARNING: --insecure" in proc.stderr and "every tensor" in proc.stderr
+    assert load_config(config).secret_file is None
+    with Client(config) as c:
+        c.write("open/x", np.arange(3.0))
+
+
+# -- supervision ---------------------------------------------------------------
+
+TENSOR = "sup/t"
+SHAPE = (40000,)  # float64: 5 shards of 64 KiB over the daemons
+
+
+@dataclass
+class Worker:
+    """A local_workers.py accumulate process; its outcomes are lines in ``out``."""
+
+    proc: subprocess.Popen
+    out: Path
+
+    def lines(self) -> list[str]:
+        text = self.out.read_text() if self.out.exists() else ""
+        return text.splitlines()[: text.count("\n")]  # complete lines only
+
+    def acked(self) -> list[tuple[float, float]]:
+        """(value, monotonic time) of every acknowledged accumulate."""
+        oks = (ln.split() for ln in self.lines() if ln.startswith("ok "))
+        return [(float(v), float(t)) for _, v, t in oks]
+
+    def failures(self) -> list[str]:
+        return [ln for ln in self.lines() if ln.startswith("failed")]
+
+
+def spawn_worker(config: Path, base: int, stop: Path, out: Path) -> Worker:
+    argv = [sys.executable, WORKERS, "accumulate", "--config", str(config)]
+    argv += ["--tensor", TENSOR, "--base", str(base), "--stop", str(stop)]
+    with open(out, "wb") as f:
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
+    return Worker(proc, out)
+
+
+def wait_for(condition: Callable[[], object], what: str, seconds: float = 60) -> object:
+    """Poll ``condition`` until it is truthy; its value. Fails naming ``what`` otherwise."""
+    deadline = time.monotonic() + seconds
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {seconds:g} s: {what}")
+        time.sleep(0.05)
+    return value
+
+
+def status_rows(config: Path) -> dict[str, dict]:
+    proc = irdma(None, "status", "--json", check=False, env={"IRDMA_CONFIG": str(config)})
+    return {r["node"]: r for r in json.loads(proc.stdout)}
+
+
+def daemon_pid(directory: Path, name: str) -> int:
+    return localdir.read_holder(directory).daemons[name]
+
+
+@pytest.mark.timeout(150)
+def test_a_killed_daemon_is_restarted_and_no_acknowledged_update_is_lost(
+    local_dir: Path, tmp_path: Path
+) -> None:
+    config = Path(start(local_dir, "--nodes", "4", "--replicas", "2").stdout.strip())
+    with Client(config) as c:
+        c.write(TENSOR, np.zeros(SHAPE))
+    victim = load_config(config).primary_for(tensor_key(TENSOR), 0).name
+    stop = tmp_path / "stop"
+    workers = [
+        spawn_worker(config, base, stop, tmp_path / f"w{k}.out")
+        for k, base in enumerate((1, 1_000_001))
+    ]
+    try:
+        wait_for(lambda: all(len(w.acked()) >= 20 for w in workers), "both workers under way")
+        old_pid = daemon_pid(local_dir, victim)
+        os.kill(old_pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        marks = [len(w.acked()) for w in workers]
+
+        def back() -> dict | None:
+            row = status_rows(config)[victim]
+            ok = row["up"] and row["ready"] and row["pid"] != old_pid and row["restarts"] == 1
+            return row if ok else None
+
+        wait_for(back, f"{victim} restarted and caught up (irdma status)")
+        wait_for(
+            lambda: all(len(w.acked()) >= m + 20 for w, m in zip(workers, marks, strict=True)),
+            "both workers acknowledged again after the kill",
+        )
+    finally:
+        stop.touch()
+        for w in workers:
+            try:
+                w.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
+    assert [w.failures() for w in workers] == [[], []]
+    assert all(w.lines()[-1] == "done" for w in workers)
+    total = sum(v for w in workers for v, _ in w.acked())
+    with Client(config) as c:
+        got = c.read(TENSOR)
+    assert np.array_equal(got, np.full(SHAPE, total)), f"sum {got[0]} != acknowledged {total}"
+
+    # Every copy at the same version once the writes stop; only the victim restarted.
+    def converged() -> dict[str, dict] | None:
+        rows = status_rows(config)
+        return rows if all(r["skew"] == 0 for r in rows.values()) else None
+
+    rows = wait_for(converged, "replicas at the same versions")
+    assert {n: (r["up"], r["restarts"]) for n, r in rows.items()} == {
+        n: (True, int(n == victim)) for n in rows
+    }
+    log = (local_dir / LOG_FILE).read_text()
+    assert f"daemon {victim} killed by SIGKILL; restarting it" in log, log
+    assert f"daemon {victim} is back" in log and "caught up from its replicas" in log, log
+    resumed = max(min(t for _, t in w.acked() if t > killed_at) - killed_at for w in workers)
+    print(f"writes resumed {resumed:.2f} s after kill -9 of {victim} (target 2 s)")
+
+
+@contextlib.contextmanager
+def paused(pid: int) -> Iterator[None]:
+    """The process stopped (SIGSTOP) inside the block: irdma local cannot restart a daemon
+    before the test has looked at the gap."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_with_one_copy_a_dead_daemons_shards_are_unavailable_until_it_is_back(
+    local_dir: Path,
+) -> None:
+    config = Path(start(local_dir, "--nodes", "2").stdout.strip())
+    x = np.arange(40000, dtype=np.float64)
+    with Client(config) as c:
+        c.write(TENSOR, x)
+    irdma(None, "local", "--dir", str(local_dir), "--stop")  # the snapshot holds x now
+    start(local_dir, "--nodes", "2")
+    victim = load_config(config).primary_for(tensor_key(TENSOR), 0).name
+    [supervisor] = supervisors(local_dir)
+    old_pid = daemon_pid(local_dir, victim)
+    with paused(supervisor):
+        os.kill(old_pid, signal.SIGKILL)
+        wait_gone([old_pid])
+        with Client(config) as c, pytest.raises(DaemonUnavailable, match=f"daemon {victim}"):
+            c.read(TENSOR)
+    wait_for(lambda: status_rows(config)[victim]["up"], f"{victim} restarted")
+    with Client(config) as c:
+        assert np.array_equal(c.read(TENSOR), x)  # back from its snapshot
+    log = (local_dir / LOG_FILE).read_text()
+    assert f"daemon {victim} is back" in log and "from its snapshot" in log, log
+
+
+def test_a_daemon_that_keeps_crashing_is_given_up_on(local_dir: Path) -> None:
+    config = Path(start(local_dir, "--nodes", "2").stdout.strip())
+    victim = load_config(config).nodes[1]
+    [supervisor] = supervisors(local_dir)
+    old_pid = daemon_pid(local_dir, victim.name)
+    # Another program takes the daemon's port while irdma local is paused, so every
+    # restart fails at once ("cannot serve on ...").
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with paused(supervisor):
+            os.kill(old_pid, signal.SIGKILL)
+            wait_gone([old_pid])
+            squatter.bind((victim.address.host, victim.address.port))
+            squatter.listen()
+        log = local_dir / LOG_FILE
+        wait_for(lambda: "giving up on it" in log.read_text(), "irdma local gave up")
+        text = log.read_text()
+        assert f"daemon {victim.name} exited with status 1; it crashed 5 times in a row" in text
+        row = status_rows(config)[victim.name]
+        assert not row["up"] and row["supervisor"] == "failed"
+        # Every restart met the squatter; the kill -9 was the first fast crash if it came
+        # within 10 s of the daemon's start, so 4 or 5 restarts.
+        assert text.count(f"cannot serve on {victim.address}") == row["restarts"] in (4, 5), text
+        assert "gave up after 5 fast crashes" in row["error"]
+        # The other daemon still serves, and a stop still stops everything cleanly.
+        assert status_rows(config)["n1"]["up"]
+    assert irdma(None, "local", "--dir", str(local_dir), "--stop").returncode == 0
+    assert daemons_using(str(config)) == []

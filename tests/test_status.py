@@ -7,6 +7,7 @@ import pytest
 from irdma.cluster import parse_config
 from irdma.protocol import tensor_key
 from irdma.status import NodeStatus, human_age, render, replica_skew, version_skew
+from irdma.supervisor import FAILED, RESTARTING, DaemonRecord
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -85,3 +86,43 @@ def test_render_lines_up_columns_and_ends_a_down_row_with_why() -> None:
 )
 def test_human_age(seconds: float, text: str) -> None:
     assert human_age(seconds) == text
+
+
+def test_a_supervised_cluster_shows_restarts_and_why_a_daemon_is_down() -> None:
+    hello = {
+        "version": "0.1.0",
+        "tensors": 1,
+        "shards": {"primary": 1, "backup": 1},
+        "arena_used": 0,
+        "arena_size": 1 << 20,
+    }
+    restarting = DaemonRecord("n2", state=RESTARTING, restarts=2, last_exit="killed by SIGKILL")
+    failed = DaemonRecord("n3", state=FAILED, restarts=4, fast_crashes=5)
+    failed.last_exit = "exited with status 1"
+    rows = [
+        NodeStatus("n1", "tcp://h1:1", up=True, transport="tcp", hello=hello, skew=0),
+        NodeStatus("n2", "tcp://h2:1", error="refused", supervised=restarting),
+        NodeStatus("n3", "tcp://h3:1", error="refused", supervised=failed),
+    ]
+    rows[0].supervised = DaemonRecord("n1")
+    lines = render(rows, CONFIG).splitlines()
+    assert lines[0].split()[:5] == ["NODE", "ADDRESS", "VIA", "STATE", "RESTARTS"]
+    assert lines[1].split()[3:5] == ["up", "0"]
+    assert lines[2].split()[3:5] == ["DOWN", "2"]
+    assert lines[2].endswith("killed by SIGKILL; irdma local is restarting it")
+    assert lines[3].endswith("exited with status 1; irdma local gave up after 5 fast crashes")
+    assert rows[2].to_dict() | {"error": "x"} == {
+        "node": "n3",
+        "address": "tcp://h3:1",
+        "up": False,
+        "restarts": 4,
+        "supervisor": FAILED,
+        "error": "x",
+        "transport": None,
+    }
+
+
+def test_without_irdma_local_there_is_no_restarts_column() -> None:
+    rows = [NodeStatus("n1", "tcp://h1:1", error="refused")]
+    assert "RESTARTS" not in render(rows, CONFIG)
+    assert "restarts" not in rows[0].to_dict()
