@@ -9,6 +9,8 @@ each daemon directly (no failover), as sha256 digests with versions.
 
 ``training``: a read / accumulate loop checking every read against the
 expected value (for shaped, lossy links).
+
+``wait-quorum``: wait until a daemon says it has lost (or regained) quorum.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ def accumulate(args: argparse.Namespace) -> None:
     acked = 0.0
     times: list[float] = []
     failures: list[str] = []
+    # Every operation as [value, invoked, completed, outcome]: if a sum comes out wrong,
+    # the difference names the lost or doubled values and this says when they ran.
+    history: list[list] = []
     with Client(args.config) as client:
         info = client.stat(args.tensor)
         ones = np.ones(info.shape, dtype=info.dtype)
@@ -41,14 +46,18 @@ def accumulate(args: argparse.Namespace) -> None:
         while time.monotonic() < end:
             value = float(args.base + i)
             i += 1
+            invoked = time.monotonic()
             try:
                 client.accumulate(args.tensor, ones, alpha=value)
             except IrdmaError as exc:
                 failures.append(f"{type(exc).__name__}: {exc}")
+                history.append([value, invoked, time.monotonic(), type(exc).__name__])
                 continue
             acked += value
             times.append(time.monotonic())
-    print(json.dumps({"acked": acked, "count": len(times), "times": times, "failures": failures}))
+            history.append([value, invoked, times[-1], "ok"])
+    report = {"acked": acked, "count": len(times), "times": times, "failures": failures}
+    print(json.dumps(report | {"history": history}))
 
 
 async def _replicas(args: argparse.Namespace) -> dict[str, dict[str, list]]:
@@ -68,7 +77,8 @@ async def _replicas(args: argparse.Namespace) -> dict[str, dict[str, list]]:
                 except IrdmaError as exc:
                     copies[node.name] = ["error", f"{type(exc).__name__}: {exc}"]
                     continue
-                copies[node.name] = [reply.header.version, hashlib.sha256(buf).hexdigest()]
+                first = float(np.frombuffer(buf, dtype=info.dtype, count=1)[0])
+                copies[node.name] = [reply.header.version, hashlib.sha256(buf).hexdigest(), first]
             out[str(index)] = copies
     return out
 
@@ -129,6 +139,35 @@ def wait_ready(args: argparse.Namespace) -> None:
     print(json.dumps({"ready": True}))
 
 
+def wait_quorum(args: argparse.Namespace) -> None:
+    """Wait until a daemon's HELLO says it has (or, with --lost, has not) quorum."""
+    from irdma.cluster import load_config
+
+    config = load_config(args.config)
+    node = config.node(args.node)
+    want = not args.lost
+    deadline = time.monotonic() + args.timeout
+    last: object = None
+
+    async def run() -> bool:
+        nonlocal last
+        async with AsyncClient(config, timeout=1.0) as client:
+            while time.monotonic() < deadline:
+                try:
+                    last = (await client.hello(node)).get("quorum")
+                except IrdmaError as exc:
+                    last = str(exc)
+                if last is want:
+                    return True
+                await trio.sleep(0.05)
+        return False
+
+    ok = trio.run(run)
+    print(json.dumps({"ok": ok, "last": last}))
+    if not ok:
+        sys.exit(1)
+
+
 def try_write(args: argparse.Namespace) -> None:
     """Accumulate ones ``--times`` times; print what happened (for a partition's sides)."""
     with Client(args.config, timeout=args.timeout) as client:
@@ -177,6 +216,11 @@ def main() -> None:
     tw.add_argument("--timeout", type=float, default=2.0)
     tw.add_argument("--times", type=int, default=1)
     tw.add_argument("--first", type=float, help="write this float64 as element 0 instead")
+    q = sub.add_parser("wait-quorum")
+    q.add_argument("--config", required=True)
+    q.add_argument("--node", required=True)
+    q.add_argument("--lost", action="store_true", help="wait until it has lost quorum")
+    q.add_argument("--timeout", type=float, default=30.0)
     wr = sub.add_parser("write")
     wr.add_argument("--config", required=True)
     wr.add_argument("--tensor", required=True)
@@ -188,6 +232,7 @@ def main() -> None:
         "replicas": replicas,
         "training": training,
         "wait-ready": wait_ready,
+        "wait-quorum": wait_quorum,
         "try-write": try_write,
         "write": write,
     }
