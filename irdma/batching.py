@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
+from . import narrowing
 from .cluster import Node
 from .errors import FAILOVER_STATUSES, DaemonError, DaemonUnavailable, error_for_status
 from .protocol import (
@@ -23,6 +24,7 @@ from .protocol import (
     Op,
     Status,
     TensorMeta,
+    dtype_from_code,
     pack_entries,
     unpack_entries,
 )
@@ -60,34 +62,46 @@ class Batches:
         alpha: float = 1.0,
         worker: int | None = None,
         step: int = 0,
+        wire: int = 0,
     ) -> None:
-        """Send many tensors' shards as batch frames, one stream of frames per daemon."""
+        """Send many tensors' shards as batch frames, one stream of frames per daemon.
+
+        With a ``wire`` dtype each buffer holds its tensor's values in that
+        dtype, and each entry's length counts those wire bytes.
+        """
         per_node: dict[str, list[tuple[BatchEntry, memoryview]]] = defaultdict(list)
         update = op != Op.READ_BATCH
         to_primary = asks_primary(update, worker_field(worker, step))
         load: dict[str, int] | None = None if to_primary else {}
+        held = narrowing.holder(wire).itemsize if wire else 0
         for meta, buf in items:
-            for p in shard_pieces(meta, 0, len(buf)):
+            itemsize = meta.np_dtype.itemsize
+            size = len(buf) // held * itemsize if wire else len(buf)
+            for p in shard_pieces(meta, 0, size):
                 node = self.router.candidates(meta.key, p.shard, to_primary, load)[0]
                 if load is not None:
                     load[node.name] = load.get(node.name, 0) + p.length
+                if wire:
+                    start, n = p.buf_offset // itemsize * held, p.length // itemsize * held
+                else:
+                    start, n = p.buf_offset, p.length
                 entry = BatchEntry(
                     meta.key,
                     p.shard,
                     p.shard_offset,
-                    p.length,
+                    n,
                     # For reads: the least version a replica may answer with.
                     version=0 if update else self.router.seen(meta.key, p.shard),
                     alpha=alpha,
                     dtype=meta.dtype_code,
                 )
-                per_node[node.name].append((entry, buf[p.buf_offset : p.buf_offset + p.length]))
+                per_node[node.name].append((entry, buf[start : start + n]))
         names = {m.key: m.name for m, _ in items}
         calls = []
         for node_name, work in per_node.items():
             node = self.router.config.node(node_name)
             for chunk in frames_of(work):
-                calls.append(partial(self._frame, op, node, chunk, names, worker, step))
+                calls.append(partial(self._frame, op, node, chunk, names, worker, step, wire))
         await self.gather(calls)
 
     async def _frame(
@@ -98,6 +112,7 @@ class Batches:
         names: dict[int, str],
         worker: int | None = None,
         step: int = 0,
+        wire: int = 0,
     ) -> None:
         wid = worker_field(worker, step)
         entries = [e for e, _ in chunk]
@@ -108,13 +123,21 @@ class Batches:
         try:
             if op == Op.READ_BATCH:
                 sink = BatchReadSink(views)
-                hdr = Header(op=op, shard=len(entries), length=len(head), worker=wid, step=step)
+                hdr = Header(
+                    op=op, shard=len(entries), length=len(head), worker=wid, step=step, wire=wire
+                )
                 await self.request(node, hdr, [head], sink)
                 answers = sink.entries
             else:
                 length = len(head) + sum(len(v) for v in views)
                 hdr = Header(
-                    op=op, shard=len(entries), length=length, worker=wid, step=step, txn=txn
+                    op=op,
+                    shard=len(entries),
+                    length=length,
+                    worker=wid,
+                    step=step,
+                    txn=txn,
+                    wire=wire,
                 )
                 reply = await self.request(node, hdr, [head, *views])
                 answers = unpack_entries(reply.data, len(entries))
@@ -145,7 +168,8 @@ class Batches:
         if redo:
             # Those entries go one by one, failing over to other replicas.
             await self.gather(
-                partial(self._redo_entry, op, entries[i], views[i], wid, step, txn, i) for i in redo
+                partial(self._redo_entry, op, entries[i], views[i], wid, step, txn, i, wire)
+                for i in redo
             )
 
     async def _redo_entry(
@@ -157,16 +181,21 @@ class Batches:
         step: int,
         txn: int,
         index: int,
+        wire: int,
     ) -> None:
         single = {Op.READ_BATCH: Op.READ, Op.WRITE_BATCH: Op.WRITE}.get(op, Op.ACCUMULATE)
         update = single != Op.READ
+        size = e.length
+        if wire:  # a single op's size counts the tensor's bytes, its length the wire's
+            size = e.length // narrowing.holder(wire).itemsize * dtype_from_code(e.dtype).itemsize
         header = Header(
             op=single,
             key=e.key,
             shard=e.shard,
             offset=e.offset,
-            size=e.length,
+            size=size,
             length=e.length if update else 0,
+            wire=wire,
             alpha=e.alpha,
             dtype=e.dtype,
             worker=wid,

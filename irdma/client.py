@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import numpy as np
 import trio
 
+from . import narrowing
 from .auth import cluster_secret
 from .batching import Batches
 from .cluster import ClusterConfig, Node, load_config
@@ -473,13 +474,19 @@ class AsyncClient:
         progress: Progress | None = None,
         worker: int | None = None,
         step: int = 0,
+        wire: int = 0,
     ) -> int:
         """Move ``buf`` to or from bytes at ``offset`` of a tensor; return the versions' sum.
 
         ``worker`` and ``step`` name a training worker's step (see ``irdma.modes``).
+        With a ``wire`` dtype, ``buf`` holds the values in that dtype
+        (``irdma.narrowing``) while ``offset`` still counts the tensor's bytes.
         """
         wid = worker_field(worker, step)
-        pieces = shard_pieces(meta, offset, len(buf))
+        held = narrowing.check(meta.np_dtype, wire).itemsize if wire else 0
+        itemsize = meta.np_dtype.itemsize
+        size = len(buf) // held * itemsize if wire else len(buf)
+        pieces = shard_pieces(meta, offset, size)
         code = meta.dtype_code
 
         update = op != Op.READ
@@ -494,20 +501,25 @@ class AsyncClient:
                 load[first] = load.get(first, 0) + p.length
 
         async def one(p: Piece) -> int:
-            view = buf[p.buf_offset : p.buf_offset + p.length]
+            if wire:
+                start, n = p.buf_offset // itemsize * held, p.length // itemsize * held
+            else:
+                start, n = p.buf_offset, p.length
+            view = buf[start : start + n]
             header = Header(
                 op=op,
                 key=meta.key,
                 shard=p.shard,
                 offset=p.shard_offset,
                 size=p.length,
-                length=0 if op == Op.READ else p.length,
+                length=0 if op == Op.READ else n,
                 alpha=alpha,
                 layout=meta.layout,
                 dtype=code,
                 worker=wid,
                 step=step,
                 txn=new_txn() if update and self.replicated else 0,
+                wire=wire,
             )
             if op == Op.READ:
                 reply = await self._router.on_replicas(
@@ -523,7 +535,7 @@ class AsyncClient:
                     meta.key, p.shard, header, [view], update=True
                 )
                 if progress is not None:
-                    progress(p.length)
+                    progress(n)
             return reply.header.version
 
         if len(pieces) == 1:  # most small requests: no fan-out to set up
@@ -539,13 +551,17 @@ class AsyncClient:
         progress: Progress | None = None,
         worker: int | None = None,
         step: int = 0,
+        wire: str | None = None,
     ) -> np.ndarray:
         """The whole tensor, into ``out`` if given (same shape and dtype, C-contiguous).
 
         With ``worker``, the read is that training worker's pull for ``step``:
         it waits until the tensor's mode lets the step proceed (sync: step
-        reached; ssp: the slowest worker within the slack).
+        reached; ssp: the slowest worker within the slack). ``wire``
+        (``"float16"``, ``"bfloat16"``) sends a float tensor's values rounded
+        to that narrower dtype, widened again here (``irdma.narrowing``).
         """
+        code = narrowing.wire_code(wire)
 
         async def go(meta: TensorMeta) -> np.ndarray:
             arr = out
@@ -553,9 +569,24 @@ class AsyncClient:
                 arr = np.empty(meta.shape, dtype=meta.np_dtype)
             else:
                 _check_out(meta, arr)
+            wcode = _wire_for(meta, code)
+            if not wcode:
+                await self._move(
+                    Op.READ, meta, 0, _byte_view(arr), progress=progress, worker=worker, step=step
+                )
+                return arr
+            held = np.empty(arr.size, dtype=narrowing.check(meta.np_dtype, wcode))
             await self._move(
-                Op.READ, meta, 0, _byte_view(arr), progress=progress, worker=worker, step=step
+                Op.READ,
+                meta,
+                0,
+                _byte_view(held),
+                progress=progress,
+                worker=worker,
+                step=step,
+                wire=wcode,
             )
+            narrowing.widen_into(held, wcode, arr.reshape(-1))
             return arr
 
         return await self._with_fresh_meta(name, go)
@@ -630,26 +661,34 @@ class AsyncClient:
         progress: Progress | None = None,
         worker: int | None = None,
         step: int = 0,
+        wire: str | None = None,
     ) -> None:
         """``tensor += alpha * delta`` on the daemons.
 
         ``delta`` must have the tensor's dtype and shape (DtypeMismatch,
         ShapeMismatch otherwise). With ``worker``, it is that training
         worker's gradient for ``step``, applied as the tensor's mode says.
+        ``wire`` (``"float16"``, ``"bfloat16"``) sends a float delta rounded
+        to that narrower dtype; the daemon widens it before adding, so the
+        sum keeps the tensor's precision. A delta may also come already
+        narrowed: float16 values, or bfloat16 as uint16 bit patterns.
         """
-        arr = as_stored_array(delta)
+        code = narrowing.wire_code(wire)
+        arr = delta if code and _is_wire_array(delta, code) else as_stored_array(delta)
 
         async def go(meta: TensorMeta) -> None:
-            _check_delta(meta, arr)
+            wcode = _wire_for(meta, code)
+            data = _narrowed_delta(meta, arr, wcode)
             await self._move(
                 Op.ACCUMULATE,
                 meta,
                 0,
-                _byte_view(arr),
+                _byte_view(data),
                 alpha=alpha,
                 progress=progress,
                 worker=worker,
                 step=step,
+                wire=wcode,
             )
 
         await self._with_fresh_meta(name, go)
@@ -669,13 +708,15 @@ class AsyncClient:
         worker: int | None = None,
         step: int = 0,
         refresh: bool = False,
+        wire: str | None = None,
     ) -> dict[str, np.ndarray]:
         """Read many tensors with one batch frame per daemon (for many small tensors).
 
         ``worker`` and ``step`` make it a training pull, as in ``read``.
         Batch entries carry no layout fingerprint: pass ``refresh`` when
         another process may have redefined the tensors since this client
-        last looked (their metadata is then fetched again).
+        last looked (their metadata is then fetched again). ``wire``
+        narrows the float tensors' values on the way, as in ``read``.
         """
         names = list(names)
         if refresh:
@@ -683,8 +724,17 @@ class AsyncClient:
                 self._meta.pop(n, None)
         metas = await self._metas(names)
         out = {n: np.empty(m.shape, dtype=m.np_dtype) for n, m in metas.items()}
-        items = [(metas[n], _byte_view(a)) for n, a in out.items()]
-        await self._batches.run(Op.READ_BATCH, items, worker=worker, step=step)
+        code = narrowing.wire_code(wire)
+        if not code:
+            items = [(metas[n], _byte_view(a)) for n, a in out.items()]
+            await self._batches.run(Op.READ_BATCH, items, worker=worker, step=step)
+            return out
+        _batch_wire(metas.values(), code)
+        held = {n: np.empty(a.size, narrowing.holder(code)) for n, a in out.items()}
+        items = [(metas[n], _byte_view(h)) for n, h in held.items()]
+        await self._batches.run(Op.READ_BATCH, items, worker=worker, step=step, wire=code)
+        for n, h in held.items():
+            narrowing.widen_into(h, code, out[n].reshape(-1))
         return out
 
     async def write_many(self, arrays: Mapping[str, Any]) -> None:
@@ -710,17 +760,24 @@ class AsyncClient:
         *,
         worker: int | None = None,
         step: int = 0,
+        wire: str | None = None,
     ) -> None:
         """Accumulate into many tensors with one batch frame per daemon.
 
-        ``worker`` and ``step`` make it a training push, as in ``accumulate``.
+        ``worker`` and ``step`` make it a training push, as in ``accumulate``;
+        ``wire`` narrows the deltas on the way, as there (one wire dtype for
+        the whole call, so every tensor must be a float wider than it).
         """
-        arrs = {n: as_stored_array(a) for n, a in deltas.items()}
+        code = narrowing.wire_code(wire)
+        arrs = {
+            n: a if code and _is_wire_array(a, code) else as_stored_array(a)
+            for n, a in deltas.items()
+        }
         metas = await self._metas(arrs)
-        for n, a in arrs.items():
-            _check_delta(metas[n], a)
-        items = [(metas[n], _byte_view(a)) for n, a in arrs.items()]
-        await self._batches.run(Op.ACCUMULATE_BATCH, items, alpha, worker, step)
+        _batch_wire(metas.values(), code)
+        data = {n: _narrowed_delta(metas[n], a, code) for n, a in arrs.items()}
+        items = [(metas[n], _byte_view(a)) for n, a in data.items()]
+        await self._batches.run(Op.ACCUMULATE_BATCH, items, alpha, worker, step, wire=code)
 
 
 def _merged_version(records: list[dict[str, Any]]) -> int:
@@ -743,6 +800,48 @@ def _check_out(meta: TensorMeta, out: np.ndarray) -> None:
         raise ShapeMismatch(f"out has shape {out.shape}, tensor {meta.name!r} is {meta.shape}")
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError("out must be a writeable C-contiguous array")
+
+
+def _wire_for(meta: TensorMeta, code: int) -> int:
+    """The wire code to use for ``meta`` (0 where it is the tensor's own dtype)."""
+    if not code or narrowing.WIRE_NAMES[code] == meta.dtype:
+        return 0
+    try:
+        narrowing.check(meta.np_dtype, code)
+    except ValueError as exc:
+        raise DtypeMismatch(f"{meta.name!r}: {exc}", Status.DTYPE_MISMATCH) from None
+    return code
+
+
+def _batch_wire(metas: Iterable[TensorMeta], code: int) -> None:
+    """One wire dtype goes for a whole batch: every tensor must be a wider float."""
+    if code:
+        for meta in metas:
+            if not _wire_for(meta, code):
+                raise DtypeMismatch(
+                    f"{meta.name!r} is {meta.dtype} already; a batch with wire "
+                    f"{narrowing.WIRE_NAMES[code]} needs wider float tensors",
+                    Status.DTYPE_MISMATCH,
+                )
+
+
+def _is_wire_array(delta: Any, code: int) -> bool:
+    """Whether ``delta`` already holds values in wire dtype ``code`` (float16, bfloat16 bits)."""
+    return isinstance(delta, np.ndarray) and delta.dtype == narrowing.holder(code)
+
+
+def _narrowed_delta(meta: TensorMeta, arr: np.ndarray, code: int) -> np.ndarray:
+    """A delta checked against ``meta`` and, with a wire code, in that dtype."""
+    code = _wire_for(meta, code)
+    if code and arr.dtype == narrowing.holder(code):
+        if arr.shape != meta.shape:
+            raise ShapeMismatch(
+                f"delta has shape {arr.shape}, tensor {meta.name!r} is {meta.shape}",
+                Status.SHAPE_MISMATCH,
+            )
+        return np.ascontiguousarray(arr)
+    _check_delta(meta, arr)
+    return narrowing.narrow(arr, code) if code else arr
 
 
 def _check_delta(meta: TensorMeta, arr: np.ndarray) -> None:

@@ -22,14 +22,16 @@ from typing import Any
 import numpy as np
 
 MAGIC = b"IRDM"
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 # magic, protocol version, op, flags, status, dtype, shard (or entry count),
 # request id, tensor key, offset, size (bytes of tensor data the op covers),
 # length (payload bytes after the header), version, alpha, layout (the
 # fingerprint of the tensor's dtype, shape and shard size the client assumes;
 # 0 means unchecked), worker (the rank of the training worker sending it, or
-# NO_WORKER), 4 reserved bytes, step (the worker's training step: an
+# NO_WORKER), wire (the dtype code the payload's values travel in when it is
+# narrower than the tensor's, see WIRE_NAMES; 0: as stored), 2 reserved
+# bytes, step (the worker's training step: an
 # accumulate is its gradient for that step, a read waits until the tensor's
 # training mode lets that step proceed), txn (the client's id of one logical
 # update, the same on every retry, so a retried update is applied once; 0 for
@@ -37,7 +39,7 @@ PROTOCOL_VERSION = 3
 # replica behind it answers BEHIND). In a REPLICA update and in SYNC, worker is
 # the index of the sending daemon in the cluster's node list (a receiver takes
 # copies only from the daemon it sees as the shard's acting primary).
-HEADER = struct.Struct("<4sBBHHHIQQQQQQdQIIQQ")
+HEADER = struct.Struct("<4sBBHHHIQQQQQQdQIHHQQ")
 HEADER_SIZE = HEADER.size
 assert HEADER_SIZE == 104
 NO_WORKER = 0xFFFFFFFF
@@ -242,6 +244,18 @@ DTYPE_CODES: dict[str, int] = {
 DTYPE_NAMES: dict[int, str] = {code: name for name, code in DTYPE_CODES.items()}
 # dtype code 0 in a header means "not stated"; the daemon then skips the check.
 DTYPE_ANY = 0
+# Dtypes a float tensor's values may travel in, narrower than stored
+# (``irdma.narrowing`` converts): the header's ``wire`` field. bfloat16 is a
+# wire dtype only (numpy has none to store): its values travel as the upper
+# 16 bits of a float32. With a wire dtype, ``size`` (and a batch entry's
+# length) still counts the tensor's bytes; the payload is that many elements
+# in the wire dtype.
+WIRE_BFLOAT16 = 15
+WIRE_NAMES: dict[int, str] = {
+    DTYPE_CODES["float16"]: "float16",
+    DTYPE_CODES["float32"]: "float32",
+    WIRE_BFLOAT16: "bfloat16",
+}
 
 
 class ProtocolError(Exception):
@@ -312,6 +326,7 @@ class Header:
     worker: int = NO_WORKER
     step: int = 0
     txn: int = 0
+    wire: int = 0
 
     @property
     def is_response(self) -> bool:
@@ -340,6 +355,7 @@ class Header:
             self.alpha,
             self.layout,
             self.worker,
+            self.wire,
             0,
             self.step,
             self.txn,
@@ -372,6 +388,7 @@ class Header:
             self.worker,
             self.step,
             self.txn,
+            self.wire,
         )
 
 
@@ -398,6 +415,7 @@ def pack_response(
         r.alpha,
         r.layout,
         r.worker,
+        r.wire,
         0,
         r.step,
         r.txn,
@@ -433,6 +451,7 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
         alpha,
         layout,
         worker,
+        wire,
         _reserved,
         step,
         txn,
@@ -457,6 +476,7 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
         worker=worker,
         step=step,
         txn=txn,
+        wire=wire,
     )
 
 

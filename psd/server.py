@@ -497,6 +497,11 @@ class Server:
             header.key, header.shard, header.offset, header.size, header.layout, header.dtype
         )
         self._check_fresh(header.key, header.version, shard.version, shard.index)
+        if header.wire:
+            # Narrowed: new bytes, sent inline (nothing in the arena to map or pin).
+            narrowed = self.store.read_narrowed(header.key, header.offset, view, header.wire)
+            await self._reply(conn, header, [narrowed], version=shard.version)
+            return
         block = self.store.pin(shard.block)
         if (
             conn.memory is not None
@@ -542,11 +547,6 @@ class Server:
 
     async def _update(self, conn: _Conn, header: Header) -> None:
         staged = await self._staged_location(conn, header)
-        if staged is None and header.size != header.length:
-            raise StoreError(
-                Status.BAD_FRAME,
-                f"payload is {header.length} bytes but the op covers {header.size}",
-            )
         replica = bool(header.flags & Flag.REPLICA)
         if replica:
             self.replicator.check_sender(header)
@@ -561,14 +561,22 @@ class Server:
             alpha=header.alpha,
             layout=header.layout,
             dtype=header.dtype,
+            wire=header.wire,
         )
         try:
+            landing = update.landing
             if staged is None:
-                await conn.payload.read_into(update.buffer)
+                if header.length != len(landing):
+                    raise StoreError(
+                        Status.BAD_FRAME,
+                        f"payload is {header.length} bytes but the op covers {len(landing)}",
+                    )
+                await conn.payload.read_into(landing)
             else:
                 assert conn.memory is not None
-                conn.memory.read_staged(staged, header.size, update.buffer)
-                self.metrics.series(header.op, conn.transport).received += header.size
+                conn.memory.read_staged(staged, len(landing), landing)
+                self.metrics.series(header.op, conn.transport).received += len(landing)
+            self.store.received(update)
         except BaseException:
             self.store.abort(update)
             raise
@@ -664,26 +672,37 @@ class Server:
             for e in entries:
                 try:
                     shard, view = self.store.read_view(
-                        e.key, e.shard, e.offset, e.length, dtype=e.dtype
+                        e.key, e.shard, e.offset, self._entry_range(header, e), dtype=e.dtype
                     )
+                    if header.wire:
+                        view = self.store.read_narrowed(e.key, e.offset, view, header.wire)
                 except StoreError as exc:
                     answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=exc.status))
                     continue
                 if self._behind(e.key, e.shard, e.version, shard.version):
                     answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=Status.BEHIND))
                     continue
-                total += e.length
+                total += len(view)
                 if total > self.max_payload:
                     raise StoreError(
                         Status.TOO_LARGE, f"batch answer over the {self.max_payload} byte limit"
                     )
-                blocks.append(self.store.pin(shard.block))
+                if not header.wire:
+                    blocks.append(self.store.pin(shard.block))
                 views.append(view)
                 answers.append(BatchEntry(e.key, e.shard, e.offset, e.length, shard.version))
             await self._reply(conn, header, [pack_entries(answers), *views])
         finally:
             for block in blocks:
                 self.store.unpin(block)
+
+    def _entry_range(self, header: Header, e: BatchEntry) -> int:
+        """The tensor bytes a batch entry covers: its length, or more if narrowed.
+
+        With a wire dtype an entry's length counts wire bytes (what follows
+        it in the frame), so a frame can be cut without knowing the tensor.
+        """
+        return self.store.stored_nbytes(e.key, header.wire, e.length) if header.wire else e.length
 
     async def _update_batch(self, conn: _Conn, header: Header) -> None:
         op = Op.WRITE if header.op == Op.WRITE_BATCH else Op.ACCUMULATE
@@ -699,14 +718,22 @@ class Server:
                 try:
                     self._check_primary(e.key, e.shard)
                     upd = self.store.begin_update(
-                        op, e.key, e.shard, e.offset, e.length, alpha=e.alpha, dtype=e.dtype
+                        op,
+                        e.key,
+                        e.shard,
+                        e.offset,
+                        self._entry_range(header, e),
+                        alpha=e.alpha,
+                        dtype=e.dtype,
+                        wire=header.wire,
                     )
                 except StoreError as exc:
                     await conn.payload.skip(e.length)  # this entry is refused, not the batch
                     updates.append(exc)
                     continue
                 updates.append(upd)
-                await conn.payload.read_into(upd.buffer)
+                await conn.payload.read_into(upd.landing)
+                self.store.received(upd)
         except BaseException:
             for u in updates:
                 if isinstance(u, Update):

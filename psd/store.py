@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from irdma import narrowing
 from irdma.modes import Mode
 from irdma.protocol import DTYPE_ANY, DTYPE_NAMES, NO_WORKER, Op, Status, TensorMeta
 
@@ -101,6 +102,15 @@ class Update:
     buffer: np.ndarray  # uint8, exactly ``size`` bytes, where the payload goes
     txn: int = 0  # the client's update id (0: none)
     replicate: bool = True  # False for updates a backup receives from its primary
+    # With a wire dtype (irdma.narrowing): the payload lands here, narrower,
+    # and ``store.received`` widens it into ``buffer``.
+    wire: int = 0
+    narrow: np.ndarray | None = None
+
+    @property
+    def landing(self) -> np.ndarray:
+        """Where the payload's bytes are received (``buffer`` unless narrowed)."""
+        return self.buffer if self.narrow is None else self.narrow
 
 
 def accumulate_into(target: np.ndarray, delta: np.ndarray, alpha: float) -> None:
@@ -376,11 +386,17 @@ class Store:
         alpha: float = 1.0,
         layout: int = 0,
         dtype: int = DTYPE_ANY,
+        wire: int = 0,
     ) -> Update:
-        """Validate a write or accumulate and reserve staging for its payload."""
+        """Validate a write or accumulate and reserve staging for its payload.
+
+        With a ``wire`` dtype the payload is ``size`` bytes' worth of elements
+        in that narrower dtype (``update.landing``), widened by ``received``.
+        """
         shard = self.shard(key, index, layout, dtype)
         tensor = self.tensors[key]
         self.check_range(tensor, shard, offset, size)
+        holder = self.wire_holder(tensor, wire, offset, size) if wire else None
         if op == Op.ACCUMULATE:
             dt = tensor.meta.np_dtype
             check_alpha(dt, alpha)
@@ -401,7 +417,52 @@ class Store:
             staging = None
             heap = np.empty(size, dtype=np.uint8)
             buffer = heap
-        return Update(op, tensor, shard, offset, size, alpha, staging, heap, buffer)
+        update = Update(op, tensor, shard, offset, size, alpha, staging, heap, buffer)
+        if holder is not None:
+            update.wire = wire
+            update.narrow = np.empty(size // tensor.meta.np_dtype.itemsize * holder.itemsize, "u1")
+        return update
+
+    @staticmethod
+    def wire_holder(tensor: Tensor, wire: int, offset: int, size: int) -> np.dtype:
+        """Check that bytes ``[offset, offset+size)`` of ``tensor`` may travel as ``wire``."""
+        dt = tensor.meta.np_dtype
+        try:
+            holder = narrowing.check(dt, wire)
+        except ValueError as exc:
+            raise StoreError(Status.BAD_ARGUMENT, f"{tensor.meta.name!r}: {exc}") from None
+        if offset % dt.itemsize or size % dt.itemsize:
+            raise StoreError(
+                Status.BAD_ARGUMENT,
+                f"range [{offset}, {offset + size}) of {tensor.meta.name!r} is not whole "
+                f"{dt} elements, so it cannot travel as another dtype",
+            )
+        return holder
+
+    def stored_nbytes(self, key: int, wire: int, wire_nbytes: int) -> int:
+        """Tensor bytes of ``wire_nbytes`` bytes of elements in the ``wire`` dtype."""
+        tensor = self.get(key)
+        holder = self.wire_holder(tensor, wire, 0, 0)
+        if wire_nbytes % holder.itemsize:
+            raise StoreError(
+                Status.BAD_ARGUMENT,
+                f"{wire_nbytes} bytes are not whole {narrowing.WIRE_NAMES[wire]} elements",
+            )
+        return wire_nbytes // holder.itemsize * tensor.meta.np_dtype.itemsize
+
+    def received(self, update: Update) -> None:
+        """The payload is in: widen a narrowed one into the update's buffer."""
+        if update.narrow is not None:
+            dt = update.tensor.meta.np_dtype
+            holder = narrowing.check(dt, update.wire)
+            narrowing.widen_into(update.narrow.view(holder), update.wire, update.buffer.view(dt))
+            update.narrow = None
+
+    def read_narrowed(self, key: int, offset: int, view: np.ndarray, wire: int) -> memoryview:
+        """A read ``view`` (at byte ``offset`` of its shard) narrowed to ``wire``, as new bytes."""
+        tensor = self.tensors[key]
+        self.wire_holder(tensor, wire, offset, len(view))
+        return narrowing.narrow(view.view(tensor.meta.np_dtype), wire).data
 
     def abort(self, update: Update) -> None:
         if update.staging is not None:

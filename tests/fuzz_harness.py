@@ -566,6 +566,13 @@ class Harness:
             yield frame(Op.READ, key=k(short), size=n, dtype=meta.dtype_code), False
             yield frame(Op.WRITE, b"\x01" * n, key=k(short), size=n), False
             yield frame(Op.ACCUMULATE, b"\x00" * n, key=k(short), size=n, alpha=2.0), False
+            # Narrowed (float16, bfloat16 wire codes): refused unless the tensor is a wider float.
+            for wire in (10, 15):
+                yield (
+                    frame(Op.ACCUMULATE, b"\x3c" * (n // 2), key=k(short), size=n, wire=wire),
+                    False,
+                )
+                yield frame(Op.READ, key=k(short), size=n, wire=wire), False
         for shm in (False, True):
             yield (
                 frame(Op.READ, key=k("big"), size=big.nbytes, request_id=7)
@@ -583,6 +590,8 @@ class Harness:
         yield frame(Op.READ_BATCH, head, shard=3), False
         yield frame(Op.WRITE_BATCH, head + b"\x02" * 32, shard=3), False
         yield frame(Op.ACCUMULATE_BATCH, head + b"\x00" * 32, shard=3, txn=5), False
+        yield frame(Op.ACCUMULATE_BATCH, head + b"\x00" * 32, shard=3, wire=15), False
+        yield frame(Op.READ_BATCH, head, shard=3, wire=10), False
         yield frame(Op.WRITE_BATCH, head + b"\x02" * 30, shard=3), False  # does not add up
         for short in ("sync", "ssp", "hybrid", "set"):
             n = self.names[short].shard_span(0)[1]

@@ -63,6 +63,7 @@ headers = st.builds(
     status=U16,
     dtype=U16,
     proto=U8,
+    wire=U16,
 )
 
 entries = st.builds(

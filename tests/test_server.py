@@ -286,6 +286,7 @@ frame_fields = st.fixed_dictionaries(
         "worker": st.one_of(st.integers(0, 8), st.integers(0, 2**32 - 1)),
         "step": st.one_of(st.integers(0, 8), st.integers(0, 2**64 - 1)),
         "txn": st.one_of(st.just(0), st.integers(0, 2**64 - 1)),
+        "wire": st.one_of(st.just(0), st.sampled_from([10, 11, 15]), st.integers(0, 2**16 - 1)),
     }
 )
 
@@ -323,6 +324,7 @@ def test_random_frames_never_hurt(cluster, canary, fields, use_key, payload) -> 
         fields["alpha"],
         fields["layout"],
         fields["worker"],
+        fields["wire"],
         0,
         fields["step"],
         fields["txn"],

@@ -22,9 +22,10 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the 'torch' extra)")
 
-from irdma import Client  # noqa: E402
+from irdma import Client, narrowing  # noqa: E402
 from irdma.errors import StepMismatch  # noqa: E402
 from irdma.local import free_ports  # noqa: E402
+from irdma.protocol import WIRE_BFLOAT16  # noqa: E402
 from irdma.torch import (  # noqa: E402
     BF16,
     FP16,
@@ -35,7 +36,6 @@ from irdma.torch import (  # noqa: E402
 from irdma.torch.compression import (  # noqa: E402
     TopK,
     bf16_bits,
-    bf16_widen,
     pack_pairs,
     unpack_pairs,
 )
@@ -113,19 +113,17 @@ def reduce_reference(
         for g in grads[1:]:
             total += g
         return total / w if average else total
-    if c.kind == "fp16":
-        halves = [(g.to(torch.float16) / w if average else g.to(torch.float16)) for g in grads]
-        total16 = halves[0].numpy().copy()
-        for h in halves[1:]:
-            np.add(total16, h.numpy(), out=total16)  # the daemon adds in float16
-        return torch.from_numpy(total16).float()
-    if c.kind == "bf16":
-        total = torch.zeros_like(grads[0])
+    if c.kind in ("fp16", "bf16"):
+        # Each contribution divided (when averaging) and rounded; the daemon adds
+        # them in float32 in rank order; the sum comes back rounded the same way.
+        total = torch.zeros(grads[0].shape, dtype=torch.float32)
         for g in grads:
-            total += g.to(torch.bfloat16).float()
-        if average:
-            total /= w
-        return total.to(torch.bfloat16).float()
+            if c.kind == "fp16":  # cast, then divide, as torch's fp16_compress_hook
+                total += (g.to(torch.float16) / w if average else g.to(torch.float16)).float()
+            else:
+                total += (g.float() / w if average else g.float()).to(torch.bfloat16).float()
+        narrow = torch.float16 if c.kind == "fp16" else torch.bfloat16
+        return total.to(narrow).float()
     # top-k with error feedback: each rank sends its largest k of gradient + residual.
     total = torch.zeros(grads[0].numel())
     for r, g in enumerate(grads):
@@ -190,8 +188,7 @@ def test_distributed_optimizer_equals_one_process_doing_the_summed_steps(
         t = res["traffic"]
         assert t["adam"] == [STEPS * 4 * n, STEPS * 4 * n]
         assert t["adam-fp16"] == [STEPS * 2 * n, STEPS * 2 * n]
-        per = -(-n // world)  # bf16: a slice of every contribution per worker, then the sums
-        assert t["adam-bf16"] == [STEPS * 2 * world * per, STEPS * 2 * 2 * (world - 1) * per]
+        assert t["adam-bf16"] == [STEPS * 2 * n, STEPS * 2 * n]
         pairs = sum(max(1, math.ceil(0.2 * p.numel())) for p in make_model().parameters())
         assert t["adam-topk"] == [STEPS * 8 * pairs, STEPS * 8 * pairs * (world - 1)]
     # Every job removed its tensors when it closed.
@@ -217,7 +214,7 @@ def test_ddp_hook_equals_ddp_on_gloo(cluster: Cluster, tmp_path: Path) -> None:
         assert res["sent"] == {
             "irdma": STEPS * 4 * n,
             "irdma-fp16": STEPS * 2 * n,
-            "irdma-bf16": STEPS * 2 * world * -(-n // world),
+            "irdma-bf16": STEPS * 2 * n,
         }
     for rank in range(world):
         gloo = trained(tmp_path, "gloo", rank)
@@ -314,7 +311,10 @@ def test_bf16_bits_are_torch_bfloat16() -> None:
     x = torch.randn(1000) * torch.logspace(-30, 30, 1000)
     bits = bf16_bits(x)
     assert bits.dtype == np.uint16
-    assert torch.equal(bf16_widen(bits), x.to(torch.bfloat16).float())
+    # What the daemon widens them to (irdma.narrowing) is torch's bfloat16 exactly.
+    back = np.empty(1000, np.float32)
+    narrowing.widen_into(bits, WIRE_BFLOAT16, back)
+    assert torch.equal(torch.from_numpy(back), x.to(torch.bfloat16).float())
 
 
 def test_topk_error_feedback_keeps_what_was_not_sent() -> None:

@@ -2,14 +2,14 @@
 
 - ``NONE``: the gradient as it is (float32; float64 and float16 stay so);
   the daemon sums the workers' contributions in rank order.
-- ``FP16``: cast to float16, divided by the world size first when averaging
-  (so the sum cannot overflow, as torch's ``fp16_compress_hook`` does); the
-  daemon sums the float16 contributions in rank order. Half the bytes on
-  every link, both ways.
-- ``BF16``: cast to bfloat16. Neither numpy nor the daemon has a bfloat16
-  type, so the bits travel as uint16 and the sum is taken in float32 by the
-  workers: each sums one slice of every worker's contribution and sends it
-  back as bfloat16 (a reduce-scatter and an all-gather through the daemons).
+- ``FP16`` and ``BF16``: each contribution is rounded to float16 (or
+  bfloat16) on the way to the daemon, which widens it and sums in float32
+  in rank order (``irdma.narrowing``); the sum comes back rounded to the
+  same narrow dtype. Half the bytes on every link, both ways, and no
+  precision lost while summing. When averaging, each contribution is divided
+  by the world size before the sum, so the rounded sum stays in float16's
+  range (fp16: cast, then divided, exactly as torch's ``fp16_compress_hook``;
+  bf16: divided, then rounded).
 - ``Compression.topk(ratio)``: only the largest ``ratio`` of each tensor's
   elements (by magnitude) as index/value pairs, gathered from every worker
   and summed in float32 in rank order; with error feedback (the default)
@@ -27,8 +27,10 @@ import numpy as np
 import torch
 
 KINDS = ("none", "fp16", "bf16", "topk")
-# Wire dtypes the daemon can sum in (the others are gathered and summed by workers).
-_DENSE_WIRE = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
+# Dtypes the daemon stores and sums uncompressed gradients in.
+_DENSE_SUM = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
+# The wire dtype (irdma.narrowing) of each narrowing compression.
+WIRE = {"fp16": "float16", "bf16": "bfloat16"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +79,12 @@ class Compression:
     @property
     def summed_on_daemon(self) -> bool:
         """Whether the daemon adds the contributions (else workers gather and add them)."""
-        return self.kind in ("none", "fp16")
+        return self.kind != "topk"
+
+    @property
+    def wire(self) -> str | None:
+        """The wire dtype the client sends and receives the sums in (None: as stored)."""
+        return WIRE.get(self.kind)
 
     def describe(self) -> str:
         return f"topk:{self.ratio:g}" if self.kind == "topk" else self.kind
@@ -88,36 +95,45 @@ FP16 = Compression("fp16")
 BF16 = Compression("bf16")
 
 
-# -- dense casts (summed by the daemon) ----------------------------------------------
+# -- dense sums (the daemon adds) -----------------------------------------------------
 
 
-def dense_wire_dtype(c: Compression, dtype: torch.dtype) -> np.dtype:
-    """The dtype a gradient of ``dtype`` is sent and summed in."""
-    if c.kind == "fp16":
-        return np.dtype(np.float16)
+def dense_sum_dtype(c: Compression, dtype: torch.dtype) -> np.dtype:
+    """The dtype the daemon holds and sums a gradient of ``dtype`` in."""
+    if c.wire is not None:
+        return np.dtype(np.float32)  # narrowed on the wire, summed in float32
     # bfloat16 or anything else without a numpy twin: summed in float32, so nothing is lost.
-    return np.dtype(_DENSE_WIRE.get(dtype, np.float32))
+    return np.dtype(_DENSE_SUM.get(dtype, np.float32))
 
 
 def encode_dense(c: Compression, flat: torch.Tensor, world_size: int, average: bool) -> np.ndarray:
-    """A 1-d gradient as this worker's contribution to the daemon's sum."""
+    """A 1-d gradient as this worker's contribution to the daemon's sum, in the
+    wire's dtype (bfloat16 as uint16 bits)."""
     if c.kind == "fp16":
         t = flat.detach().to(torch.float16, copy=True)
         if average:
-            # Before the sum, as torch's fp16_compress_hook: keeps the float16 sum in range.
+            # Before the sum, exactly as torch's fp16_compress_hook (cast, then divide).
             t.div_(world_size)
         return t.numpy()
+    if c.kind == "bf16":
+        t = flat.detach()
+        return bf16_bits(t.to(torch.float32) / world_size if average else t)
     # No copy for a float32 gradient: the client sends its bytes as they are.
-    wire = dense_wire_dtype(c, flat.dtype)
+    wire = dense_sum_dtype(c, flat.dtype)
     return flat.detach().to(_torch_dtype(wire)).contiguous().numpy()
 
 
 def decode_dense(c: Compression, total: np.ndarray, world_size: int, average: bool) -> torch.Tensor:
-    """The daemon's sum (a fresh array) as the reduced 1-d gradient (float16 widened)."""
+    """The daemon's sum (a fresh array, widened by the client) as the reduced 1-d gradient."""
     t = torch.from_numpy(total)
-    if c.kind == "fp16":
-        return t.float()  # averaged before the sum already
+    if c.wire is not None:
+        return t  # averaged before the sum already
     return t.div_(world_size) if average else t
+
+
+def wire_nbytes(c: Compression, total: np.ndarray) -> int:
+    """Bytes a sum of ``total``'s size took on the wire."""
+    return total.size * 2 if c.wire is not None else total.nbytes
 
 
 def _torch_dtype(dt: np.dtype) -> torch.dtype:
@@ -132,11 +148,6 @@ def _torch_dtype(dt: np.dtype) -> torch.dtype:
 def bf16_bits(t: torch.Tensor) -> np.ndarray:
     """The bfloat16 rounding of ``t`` (round to nearest even) as uint16 bit patterns."""
     return t.detach().reshape(-1).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-
-
-def bf16_widen(bits: np.ndarray) -> torch.Tensor:
-    """uint16 bfloat16 bit patterns as float32 values (exact)."""
-    return torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(torch.bfloat16).float()
 
 
 # -- top-k with error feedback -------------------------------------------------------------

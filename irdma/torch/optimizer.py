@@ -16,7 +16,7 @@ parameter notes when autograd has finished its gradient, and the moment a
 bucket's last one is done the bucket goes to the reducer's push thread, so
 the sums travel while the backward pass goes on. ``step()`` (or
 ``synchronize()``) waits for them, writes them into ``p.grad`` and steps
-the wrapped optimizer. Gradients under a gathered compression (bf16, top-k)
+the wrapped optimizer. Gradients under a gathered compression (top-k)
 are sent together in ``synchronize()``, in parameter order.
 """
 
@@ -35,7 +35,7 @@ import torch
 from irdma.client import Client
 from irdma.modes import DEFAULT_WORKER_TIMEOUT, worker_identity
 
-from .compression import NONE, Compression, dense_wire_dtype
+from .compression import NONE, Compression, dense_sum_dtype
 from .reducer import Reducer, Traffic, default_name
 
 CompressionChoice = (
@@ -182,7 +182,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if not (p.requires_grad and c.summed_on_daemon):
                 continue
             # One bucket is one tensor on the wire: one compression, one dtype.
-            kind = (c, dense_wire_dtype(c, p.dtype))
+            kind = (c, dense_sum_dtype(c, p.dtype))
             bucket = open_buckets.get(kind)
             if bucket is None:
                 bucket = _Bucket(len(self._buckets), c)

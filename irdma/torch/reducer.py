@@ -12,7 +12,7 @@ pass goes on while gradients travel:
   (one frame per daemon). It never waits for other workers.
 - the pull thread reads each sum for the next step (the daemon answers once
   every worker has pushed) and decodes it; reads queued together go in one
-  batch. Compressions the daemon cannot add (bfloat16 bits, top-k pairs) are
+  batch. Compressions the daemon cannot add (top-k pairs) are
   exchanged here too, behind the group's barriers, so they run in the order
   they were submitted: every worker must submit those in the same order.
 
@@ -50,14 +50,13 @@ from .compression import (
     NONE,
     Compression,
     TopK,
-    bf16_bits,
-    bf16_widen,
     decode_dense,
-    dense_wire_dtype,
+    dense_sum_dtype,
     encode_dense,
     pack_pairs,
     sum_pairs,
     unpack_pairs,
+    wire_nbytes,
 )
 
 _made = itertools.count()
@@ -155,10 +154,11 @@ class Reducer:
         parts = list(tensors)
         n = sum(t.numel() for t in parts)
         if compression.summed_on_daemon:
-            wires = {dense_wire_dtype(compression, t.dtype) for t in parts}
+            wires = {dense_sum_dtype(compression, t.dtype) for t in parts}
             if len(wires) > 1:
                 raise ValueError(f"tensors of {key!r} go on the wire as {sorted(map(str, wires))}")
-            what = f"sum/{key}/{wires.pop() if wires else 'empty'}-{n}"
+            held = wires.pop() if wires else "empty"
+            what = f"sum/{key}/{compression.describe()}-{held}-{n}"
         else:
             # The element count names the tensors, so a rebuilt DDP bucket gets new ones.
             what = f"{compression.describe()}/{key}/{n}"
@@ -213,7 +213,8 @@ class Reducer:
 
     def _push(self, batch: list[_Job]) -> list[_Job]:
         """Send the batch's contributions; return the jobs sent (failed ones have their error)."""
-        by_step: dict[int, list[_Job]] = defaultdict(list)
+        # One call per step and wire dtype (a batch frame has one of each).
+        by_step: dict[tuple[int, str | None], list[_Job]] = defaultdict(list)
         for job in batch:
             try:
                 parts = [
@@ -225,12 +226,12 @@ class Reducer:
             except Exception as exc:
                 job.future.set_exception(exc)
                 continue
-            by_step[job.step].append(job)
+            by_step[job.step, job.compression.wire].append(job)
         sent: list[_Job] = []
-        for step, jobs in by_step.items():
+        for (step, wire), jobs in by_step.items():
             deltas = {j.name: j.wire for j in jobs}
             try:
-                self.client.accumulate_many(deltas, worker=self.rank, step=step)
+                self.client.accumulate_many(deltas, worker=self.rank, step=step, wire=wire)
             except StepMismatch as exc:
                 err = self._stale(exc)
                 for j in jobs:
@@ -249,9 +250,8 @@ class Reducer:
         if job.name in self._created:
             return
         assert job.wire is not None
-        info = self.client.create(
-            job.name, job.wire.shape, job.wire.dtype, mode=self._mode, exist_ok=True
-        )
+        stored = dense_sum_dtype(job.compression, job.tensors[0].dtype)  # wide, as summed
+        info = self.client.create(job.name, job.wire.shape, stored, mode=self._mode, exist_ok=True)
         # No step of a new tensor can complete before this worker's first push.
         if job.step == 0 and info.version != 0:
             raise self._stale(StepMismatch(f"{job.name!r} has completed steps already"))
@@ -288,25 +288,25 @@ class Reducer:
             try:
                 if job.kind == "broadcast":
                     job.future.set_result(self._broadcast(job))
-                elif job.compression.kind == "bf16":
-                    job.future.set_result(self._split(job, self._bf16_allreduce(job)))
                 else:
                     job.future.set_result(self._topk_allreduce(job))
             except Exception as exc:
                 job.future.set_exception(exc)
 
     def _pull_sums(self, batch: list[_Job]) -> None:
-        by_step: dict[int, list[_Job]] = defaultdict(list)
+        by_step: dict[tuple[int, str | None], list[_Job]] = defaultdict(list)
         for job in batch:
-            by_step[job.step].append(job)
-        for step, jobs in by_step.items():
+            by_step[job.step, job.compression.wire].append(job)
+        for (step, wire), jobs in by_step.items():
             try:
-                got = self.client.read_many([j.name for j in jobs], worker=self.rank, step=step + 1)
+                got = self.client.read_many(
+                    [j.name for j in jobs], worker=self.rank, step=step + 1, wire=wire
+                )
             except Exception as exc:
                 for j in jobs:
                     j.future.set_exception(exc)
                 continue
-            self._count(received=sum(a.nbytes for a in got.values()))
+            self._count(received=sum(wire_nbytes(j.compression, got[j.name]) for j in jobs))
             for j in jobs:
                 try:
                     total = decode_dense(j.compression, got[j.name], self.size, j.average)
@@ -326,41 +326,6 @@ class Reducer:
         return out
 
     # -- gathered compressions (workers add) -------------------------------------------------
-
-    def _bf16_allreduce(self, job: _Job) -> torch.Tensor:
-        """bfloat16 on the wire, float32 sums: worker s adds slice s of every contribution."""
-        bits = np.concatenate([bf16_bits(t) for t in job.tensors])
-        n, size, me = len(bits), self.size, self.rank
-        per = -(-n // size)
-        padded = np.zeros(per * size, np.uint16)
-        padded[:n] = bits
-        slices = [padded[s * per : (s + 1) * per] for s in range(size)]
-        # Slice s of worker r's bits is tensor in/<s>/<r>; worker s reads in/<s>/*.
-        # One copy of each tensor is enough: a worker writes in/ again only after
-        # the second barrier (everyone has read), out/ only after the next first one.
-        ins = {f"{job.name}/in/{s}/{me}": slices[s] for s in range(size) if s != me}
-        if ins:
-            self.client.write_many(ins)
-        self._count(sent=sum(a.nbytes for a in ins.values()))
-        self.group.barrier()
-        theirs = [f"{job.name}/in/{me}/{r}" for r in range(size) if r != me]
-        got = self.client.read_many(theirs) if theirs else {}
-        self._count(received=sum(a.nbytes for a in got.values()))
-        total = torch.zeros(per, dtype=torch.float32)
-        for r in range(size):  # rank order
-            total += bf16_widen(slices[me] if r == me else got[f"{job.name}/in/{me}/{r}"])
-        if job.average:
-            total.div_(size)
-        mine = bf16_bits(total)
-        if size > 1:
-            self.client.write_many({f"{job.name}/out/{me}": mine})
-            self._count(sent=mine.nbytes)
-        self.group.barrier()
-        outs = [f"{job.name}/out/{s}" for s in range(size) if s != me]
-        got = self.client.read_many(outs) if outs else {}
-        self._count(received=sum(a.nbytes for a in got.values()))
-        whole = [mine if s == me else got[f"{job.name}/out/{s}"] for s in range(size)]
-        return bf16_widen(np.concatenate(whole)[:n])
 
     def _topk_allreduce(self, job: _Job) -> list[torch.Tensor]:
         """Every worker's top-k pairs gathered; the dense float32 sum taken in rank order."""

@@ -1,0 +1,98 @@
+"""Floats sent narrower than they are stored: float16 or bfloat16 on the wire.
+
+A float32 (or float64) tensor can be pushed and pulled with half the bytes
+(or less) on every link: the sender rounds each value to the wire dtype
+(round to nearest even, as numpy and torch do), the receiver widens it
+exactly. The daemon widens an incoming delta before it is added, so sums
+are kept at the tensor's precision (float32 for float32), not the wire's;
+a read narrows only the answer. This module is the one place both the
+client and the daemon convert.
+
+numpy has no bfloat16, so bfloat16 values travel (and are accepted from
+callers) as their uint16 bit patterns: the upper half of a float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .protocol import DTYPE_CODES, WIRE_BFLOAT16, WIRE_NAMES
+
+# What each wire code's values are held in on this side (bfloat16: its bits).
+_HOLDERS = {
+    DTYPE_CODES["float16"]: np.dtype("<f2"),
+    DTYPE_CODES["float32"]: np.dtype("<f4"),
+    WIRE_BFLOAT16: np.dtype("<u2"),
+}
+# Which stored dtypes each wire dtype may stand for: only narrower (or equal) floats.
+_WIDENS_TO = {
+    DTYPE_CODES["float16"]: frozenset({np.dtype("<f4"), np.dtype("<f8")}),
+    DTYPE_CODES["float32"]: frozenset({np.dtype("<f8")}),
+    WIRE_BFLOAT16: frozenset({np.dtype("<f4"), np.dtype("<f8")}),
+}
+
+
+def wire_code(name: str | None) -> int:
+    """The wire code of ``"float16"``, ``"bfloat16"`` or ``"float32"``; 0 for None (as stored)."""
+    if name is None:
+        return 0
+    for code, wname in WIRE_NAMES.items():
+        if wname == name:
+            return code
+    raise ValueError(f"unknown wire dtype {name!r}; use one of {', '.join(WIRE_NAMES.values())}")
+
+
+def holder(code: int) -> np.dtype:
+    """The numpy dtype values of wire ``code`` are held in (bfloat16: uint16 bits)."""
+    return _HOLDERS[code]
+
+
+def check(stored: np.dtype, code: int) -> np.dtype:
+    """The holder dtype of wire ``code`` for a tensor of ``stored``; ValueError if it cannot be."""
+    widens = _WIDENS_TO.get(code)
+    if widens is None:
+        raise ValueError(f"unknown wire dtype code {code}")
+    if stored not in widens:
+        raise ValueError(
+            f"a {stored} tensor cannot travel as {WIRE_NAMES[code]}: "
+            "the wire dtype must be a narrower float"
+        )
+    return _HOLDERS[code]
+
+
+def wire_nbytes(stored: np.dtype, code: int, nbytes: int) -> int:
+    """Bytes on the wire for ``nbytes`` of a ``stored`` tensor (``nbytes`` whole elements)."""
+    return nbytes // stored.itemsize * _HOLDERS[code].itemsize
+
+
+def narrow(values: np.ndarray, code: int) -> np.ndarray:
+    """``values`` (a float array) rounded to wire ``code``, as the holder dtype; a new array.
+
+    An array already of the holder dtype is returned as it is (a caller may
+    round itself, e.g. torch's bfloat16 bits).
+    """
+    holder = _HOLDERS[code]
+    if values.dtype == holder:
+        return values
+    # Out of the narrower range is inf, as a cast is; not an error.
+    with np.errstate(over="ignore", invalid="ignore"):
+        if code != WIRE_BFLOAT16:
+            return values.astype(holder)
+        bits = np.ascontiguousarray(values, dtype="<f4").view("<u4")
+    # Round to nearest even on the 16 bits dropped; NaN stays a (quiet) NaN.
+    rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype("<u2")
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    if nan.any():
+        rounded[nan] = ((bits[nan] >> 16) | 0x0040).astype("<u2")
+    return rounded
+
+
+def widen_into(wire: np.ndarray, code: int, out: np.ndarray) -> None:
+    """Widen ``wire`` (holder dtype) into ``out`` (the stored dtype, same length), exactly."""
+    if code == WIRE_BFLOAT16:
+        if out.dtype == np.dtype("<f4"):
+            np.left_shift(wire, 16, out=out.view("<u4"), dtype="<u4")
+            return
+        out[...] = (wire.astype("<u4") << 16).view("<f4")
+        return
+    out[...] = wire
