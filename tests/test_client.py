@@ -244,14 +244,21 @@ def test_reader_never_sees_a_torn_shard(cluster: Cluster) -> None:
 
     t = threading.Thread(target=writer)
     t.start()
+    seen: set[float] = set()
+    reads = 0
     try:
         r = cluster.client()
         shard_elems = (64 << 10) // 4
-        for _ in range(30):
+        # At least 30 reads, and on until they saw two values: only then did reads
+        # overlap writes (else a uniform answer proves nothing).
+        while reads < 30 or len(seen) < 2:
+            assert reads < 3000 and t.is_alive(), f"reads never overlapped writes: {seen}"
             y = r.read("torn/x").reshape(-1, shard_elems)
+            reads += 1
             uniform = (y == y[:, :1]).all(axis=1)
             if not uniform.all():
                 errors.append(f"torn shards: {np.flatnonzero(~uniform)[:5]}")
+            seen.update(np.unique(y[:, 0]).tolist())
     finally:
         stop.set()
         t.join()

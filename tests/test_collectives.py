@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 
 from irdma import Client
@@ -24,9 +23,10 @@ def test_close_tolerates_rank_0_deleting_before_a_member_reads_the_last_barrier(
         g0 = Group(c0, name, rank=0, world_size=2)
         g1 = Group(c1, name, rank=1, world_size=2)
         slow_read = c1.read
+        rank0_closed = threading.Event()
 
         def late_read(*args, **kwargs):  # member 1 reads only after rank 0 has closed
-            time.sleep(1.0)
+            assert rank0_closed.wait(30), "rank 0 did not finish close()"
             return slow_read(*args, **kwargs)
 
         c1.read = late_read  # type: ignore[method-assign]
@@ -36,6 +36,9 @@ def test_close_tolerates_rank_0_deleting_before_a_member_reads_the_last_barrier(
                 g.close()
             except BaseException as exc:
                 errors.append(exc)
+            finally:
+                if g.rank == 0:
+                    rank0_closed.set()
 
         threads = [threading.Thread(target=member, args=(g,)) for g in (g0, g1)]
         for t in threads:

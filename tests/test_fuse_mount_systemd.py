@@ -9,6 +9,7 @@ import socket
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from .conftest import Cluster, is_mounted, mount_command
@@ -23,6 +24,7 @@ def test_ready_once_mounted_then_stopping(cluster: Cluster, tmp_path: Path) -> N
     manager.settimeout(20)
     mnt = tmp_path / "mnt"
     mnt.mkdir()
+    cluster.client().write(f"{name}/w", np.zeros(4, np.float32))
     proc = subprocess.Popen(
         mount_command(cluster.config_path, str(mnt), "--foreground"),
         env={**os.environ, "NOTIFY_SOCKET": "@" + name},
@@ -34,7 +36,7 @@ def test_ready_once_mounted_then_stopping(cluster: Cluster, tmp_path: Path) -> N
         ready = manager.recv(4096).decode()
         assert ready == f"READY=1\nSTATUS=serving {mnt}"
         assert is_mounted(mnt)  # already mounted when READY arrives
-        assert os.listdir(mnt) is not None  # and served
+        assert os.listdir(mnt / name) == ["w.npy"]  # and served: the cluster's tensors
         proc.send_signal(signal.SIGTERM)
         assert manager.recv(4096).decode().startswith("STOPPING=1\n")
         assert proc.wait(20) == 0

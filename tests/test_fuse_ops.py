@@ -115,9 +115,14 @@ def test_ls_stat_sizes_and_mtime(mount: Path) -> None:
     assert st.st_uid == os.getuid()
     out = run("ls", "-l", str(mount / "st")).stdout
     assert "z.npy" in out and " 528 " in out
-    before = st.st_mtime_ns
+    # Set mtime far in the past (as touch -d does); a write must move it to the daemons'
+    # time of the write. (Comparing with the first write's mtime could not fail: equal
+    # passes, and two writes may fall in one clock tick.)
+    old = 1_000_000_000  # 1970-01-01T00:00:01
+    os.utime(mount / "st" / "z.npy", ns=(old, old))
+    assert os.stat(mount / "st" / "z.npy").st_mtime_ns == old
     np.save(mount / "st" / "z.npy", x + 1)
-    assert os.stat(mount / "st" / "z.npy").st_mtime_ns >= before
+    assert os.stat(mount / "st" / "z.npy").st_mtime_ns > old
 
 
 def test_xattrs(cluster: Cluster, mount: Path) -> None:

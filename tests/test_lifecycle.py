@@ -194,8 +194,9 @@ def test_watchdog_pings_stop_while_the_daemon_is_paused(
 ):
     d = start()
     manager.wait_for("READY")
-    pings = [m for m in manager.collect(1.0) if "WATCHDOG" in m]
-    assert len(pings) >= 3, pings  # every 0.2 s
+    # Pings arrive (their period is checked on a virtual clock in test_sdnotify).
+    for _ in range(3):
+        manager.wait_for("WATCHDOG")
     os.kill(d.proc.pid, signal.SIGSTOP)
     try:
         deadline = time.monotonic() + 5

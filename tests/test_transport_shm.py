@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -38,6 +39,7 @@ from irdma.protocol import (
     tensor_key,
     unpack_header,
 )
+from irdma.transport import select
 from irdma.transport.base import StreamBroken
 from irdma.transport.shm import SharedMemory, make_staging, short_address, socket_path
 from irdma.transport.tcp import FramedConnection
@@ -409,7 +411,32 @@ def test_shm_addresses_ask_for_shared_memory(tmp_path: Path) -> None:
         c.close()
 
 
-def test_a_hung_daemon_costs_one_timeout_not_two(tmp_path: Path) -> None:
+def tcp_connects(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The ports clients of this test open TCP connections to, as they open them.
+
+    A spy on the two places a client connects over TCP (the blocking client's
+    open_tcp and the trio client's FramedConnection.open); each still connects.
+    """
+    ports: list[int] = []
+    blocking_open = select.open_tcp
+    trio_open = FramedConnection.open
+
+    async def spy_blocking(host: str, port: int, *args: Any, **kwargs: Any) -> Any:
+        ports.append(port)
+        return await blocking_open(host, port, *args, **kwargs)
+
+    async def spy_trio(cls: type, host: str, port: int, *args: Any, **kwargs: Any) -> Any:
+        ports.append(port)
+        return await trio_open(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(select, "open_tcp", spy_blocking)
+    monkeypatch.setattr(FramedConnection, "open", classmethod(spy_trio))
+    return ports
+
+
+def test_a_hung_daemon_costs_one_timeout_not_two(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A paused daemon takes unix connections but never answers ATTACH; the client
     must not then try it again over TCP (that doubled the wait and ran past the
     failover deadline), but go on to the shard's other replica."""
@@ -418,15 +445,17 @@ def test_a_hung_daemon_costs_one_timeout_not_two(tmp_path: Path) -> None:
         x = np.arange(SHARD // 2, dtype=np.float32)
         with Client(c.config_path) as client:
             client.write("hung/x", x)
-        primary = c.config.replicas_for(tensor_key("hung/x"), 0)[0].name
-        c.signal(primary, signal.SIGSTOP)
+        primary = c.config.replicas_for(tensor_key("hung/x"), 0)[0]
+        connects = tcp_connects(monkeypatch)
+        c.signal(primary.name, signal.SIGSTOP)
         try:
             with Client(c.config_path, timeout=2) as client:
                 assert np.array_equal(client.read("hung/x"), x)
                 client.accumulate("hung/x", np.ones_like(x))
                 assert np.array_equal(client.read("hung/x"), x + 1)
         finally:
-            c.signal(primary, signal.SIGCONT)
+            c.signal(primary.name, signal.SIGCONT)
+        assert primary.address.port not in connects, connects
     finally:
         c.close()
 

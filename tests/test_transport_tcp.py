@@ -6,6 +6,7 @@ import socket
 
 import numpy as np
 import trio
+import trio.testing
 
 from irdma.transport.tcp import LOWAT_MIN, FramedSocket
 
@@ -40,7 +41,8 @@ async def test_a_payload_whose_tail_arrives_late_is_received_whole() -> None:
         sender = FramedSocket(b, "sender")
         await sender.send_all([data[: n - tail]])
         bulk_sent.set()
-        await trio.sleep(0.3)  # the receiver is waiting again by now
+        # Every other task blocked: the receiver has read all the bulk and waits again.
+        await trio.testing.wait_all_tasks_blocked()
         await sender.send_all([data[n - tail :]])
 
     with trio.move_on_after(10) as scope:
