@@ -1,26 +1,30 @@
-"""Open files: consistent snapshots for readers, buffers for writers, and pushing them.
+"""Open files: buffers for writers and pushing them, and whole consistent loads.
 
-Close-to-open consistency: opening a file for reading takes one snapshot of
-its content at one version (the version is checked before and after the
-read, and the read is repeated if a writer got in between), shared by every
-handle open on that version. Writers get their own buffer; what they wrote
-is pushed at flush/close: only the changed byte ranges when the layout is
-unchanged, otherwise the whole file (which may redefine the tensor).
+Writers get their own buffer (a writer that does not truncate starts from a
+consistent copy: ``load`` checks the version before and after, and reads
+again if a writer got in between); what they wrote is pushed at
+flush/close: only the changed byte ranges when the layout is unchanged,
+otherwise the whole file (which may redefine the tensor). Readers share a
+``snapshot.Snapshot`` per version, streamed in as it is read.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import trio
 
-from irdma.client import AsyncClient, TensorInfo
+from irdma import AsyncClient, TensorInfo
 from irdma.errors import DtypeMismatch, OutOfRange, ShapeMismatch, StaleLayout, TensorNotFound
 
-from .npyfile import BadNpy, check_start, header_for, parse_header, parse_npy
+from .npyfile import BadNpy, NpyLayout, check_start, header_for, parse_header, parse_npy
+from .outflow import Outflow, merged
 from .paths import RAW_OPTION, Kind, Target
+
+if TYPE_CHECKING:
+    from .snapshot import Snapshot
 
 log = logging.getLogger("irdma.fuse")
 
@@ -70,7 +74,7 @@ async def load(
     for _ in range(SNAPSHOT_RETRIES):
         info = known if known is not None else await client.stat(target.name)
         known = None
-        data, body, start = _file_buffer(target, info)
+        data, body, start = file_buffer(target, info)
         await client.read_bytes(target.name, start, len(body), out=body)
         after = await client.stat(target.name)
         if identity(after) == identity(info):
@@ -79,7 +83,7 @@ async def load(
     return info, data
 
 
-def _file_buffer(target: Target, info: TensorInfo) -> tuple[np.ndarray, np.ndarray, int]:
+def file_buffer(target: Target, info: TensorInfo) -> tuple[np.ndarray, np.ndarray, int]:
     """Memory for a file's bytes with its header filled in: (whole file, the
     tensor bytes part of it, first tensor byte)."""
     header, start, length = _extent(target, info)
@@ -105,7 +109,7 @@ async def _pull(
 
 
 async def _pull_as(client: AsyncClient, target: Target, info: TensorInfo) -> np.ndarray:
-    data, body, _ = _file_buffer(target, info)
+    data, body, _ = file_buffer(target, info)
     out = body.view(info.meta.np_dtype).reshape(info.shape)
     await client.read(target.name, out, worker=target.worker, step=target.step)
     return data
@@ -146,6 +150,15 @@ class FileBuffer:
         self._a[off:end] = np.frombuffer(data, dtype=np.uint8)
         self.length = max(self.length, end)
 
+    def reserve(self, size: int) -> None:
+        """Make room for a file of ``size`` bytes now, so writing it never regrows."""
+        self._reserve(size)
+
+    @property
+    def array(self) -> np.ndarray:
+        """The memory behind the file (it is replaced when the file outgrows it)."""
+        return self._a
+
     def resize(self, size: int) -> None:
         self._reserve(size)
         if size > self.length:
@@ -159,33 +172,6 @@ class FileBuffer:
 
     def view(self) -> memoryview:
         return memoryview(self._a[: self.length])
-
-
-@dataclass(eq=False)
-class Snapshot:
-    """Immutable content of one version of a file, shared by readers.
-
-    Loaded at the first read that reaches us: a re-read the page cache serves
-    entirely never fetches the tensor again.
-    """
-
-    identity: tuple
-    data: np.ndarray | None = None
-    refs: int = 0
-    lock: trio.Lock = field(default_factory=trio.Lock)
-
-    async def ensure_loaded(
-        self, client: AsyncClient, target: Target, known: TensorInfo | None = None
-    ) -> np.ndarray:
-        async with self.lock:
-            if self.data is None:
-                info, data = await load(client, target, known)
-                if identity(info) != self.identity:
-                    # Changed between open and the first read: serve the newer
-                    # content whole rather than none.
-                    log.info("%s changed between open and first read", target.name)
-                self.data = data
-        return self.data
 
 
 @dataclass(eq=False)
@@ -210,9 +196,14 @@ class Handle:
     # The file was replaced by a rename while this writer had it open: like a
     # write to an unlinked file, what it writes is never stored.
     detached: bool = False
+    written_to: int = 0  # how far writes cover the file from offset 0 without a gap
+    outflow: Outflow | None = None  # pushes complete shards while a writer writes
+    planned: bool = False  # whether an outflow was considered (once per writer)
 
     def read(self, off: int, size: int) -> memoryview:
-        """The bytes at ``off``: a view, no copy (pyfuse3 hands it to the kernel at once)."""
+        """The bytes at ``off``: a view, no copy (pyfuse3 hands it to the kernel at once).
+
+        For a reader, the caller has waited for them (``Snapshot.wait``)."""
         if self.buf is not None:
             return self.buf.read(off, size)
         assert self.snapshot is not None and self.snapshot.data is not None
@@ -234,6 +225,10 @@ class Handle:
         if end > len(self.buf):
             self.redefine = True
         self.buf.write(off, data)
+        if off <= self.written_to:
+            self.written_to = max(self.written_to, end)
+        if self.outflow is not None:
+            self.outflow.wrote(off, end)
         if self.dirty and self.dirty[-1][1] == off:  # sequential writes: one range
             self.dirty[-1] = (self.dirty[-1][0], end)
         else:
@@ -261,6 +256,8 @@ class Handle:
     def truncate(self, size: int) -> None:
         assert self.buf is not None
         self.checks_header = False  # zeros may stand where the header will go: judged at close
+        if self.outflow is not None:
+            self.outflow.broken = True
         self.buf.resize(size)
         self.redefine = True
         self.dirty.append((0, size))
@@ -276,16 +273,6 @@ def contiguous_end(ranges: list[tuple[int, int]]) -> int:
     return out[0][1] if out and out[0][0] == 0 else 0
 
 
-def merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for start, end in sorted(ranges):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
-
-
 async def push(client: AsyncClient, handle: Handle) -> None:
     """Store what a writer wrote. Raises BadNpy (EINVAL) and irdma errors; nothing
     stored changes when the content is refused."""
@@ -294,7 +281,9 @@ async def push(client: AsyncClient, handle: Handle) -> None:
     t = handle.target
     data = handle.buf.view()
     try:
-        if t.kind == Kind.ACCUMULATE:
+        if handle.outflow is not None and await _finish_outflow(client, handle, data):
+            pass
+        elif t.kind == Kind.ACCUMULATE:
             await client.accumulate(t.name, parse_npy(data))
         elif t.kind == Kind.STEP:
             await client.accumulate(t.name, parse_npy(data), worker=t.worker, step=t.step)
@@ -311,6 +300,59 @@ async def push(client: AsyncClient, handle: Handle) -> None:
     handle.info = (
         await _stat_or_none(client, t.name) if t.kind not in (Kind.ACCUMULATE, Kind.STEP) else None
     )
+
+
+def layout_of(handle: Handle, data: memoryview) -> NpyLayout:
+    """The tensor a writer's bytes make: the .npy header's, or raw bytes."""
+    if handle.target.typed:
+        return parse_header(data)
+    return NpyLayout(np.dtype(np.uint8), (len(data),), 0)
+
+
+def plan_outflow(handle: Handle, shard_size: int) -> None:
+    """Give a writer an outflow once its layout is known: a new .npy file when its
+    header has been checked, or an in-place rewrite of a stored file."""
+    t = handle.target
+    if handle.planned or t.kind != Kind.TENSOR or handle.buf is None:
+        return
+    if handle.checks_header and handle.header_end:
+        layout = parse_header(handle.buf.view()[: handle.header_end])
+        handle.buf.reserve(layout.header_len + layout.nbytes)  # never regrown while written
+        options: dict = {}
+        define = True
+    elif handle.info is not None and not handle.redefine and not handle.checks_header:
+        info = handle.info
+        header = header_for(info.dtype, info.shape) if t.typed else b""
+        layout = NpyLayout(np.dtype(info.dtype), info.shape, len(header))
+        if not t.typed:
+            layout = NpyLayout(np.dtype(np.uint8), (info.nbytes,), 0)
+        shard_size, options, define = info.shard_size, {}, False
+    else:
+        return
+    handle.planned = True
+    handle.outflow = Outflow.plan(t.name, layout, shard_size, define=define, options=options)
+
+
+async def _finish_outflow(client: AsyncClient, handle: Handle, data: memoryview) -> bool:
+    """Complete a writer's background pushes; False if the whole file must be pushed."""
+    flow = handle.outflow
+    assert flow is not None
+    try:
+        layout = layout_of(handle, data)
+        if len(data) - layout.header_len > layout.nbytes:
+            raise BadNpy(
+                f".npy header says {layout.nbytes} bytes of data for {layout.dtype} "
+                f"{layout.shape}, the file has {len(data) - layout.header_len}"
+            )
+        done = await flow.finish(client, data, layout, handle.dirty)
+    except BaseException:
+        handle.outflow = None
+        handle.redefine = True  # what the background pushes left is unknown
+        raise
+    handle.outflow = None
+    if not done:
+        handle.redefine = True
+    return done
 
 
 async def _stat_or_none(client: AsyncClient, name: str) -> TensorInfo | None:

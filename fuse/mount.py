@@ -116,6 +116,7 @@ async def serve(
             notifier.ready(f"serving {mountpoint}")
             try:
                 async with trio.open_nursery() as nursery:
+                    ops.nursery = nursery  # readers' snapshots stream in here
 
                     async def on_signals() -> None:
                         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

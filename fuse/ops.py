@@ -42,9 +42,10 @@ from irdma.modes import describe_options
 from irdma.protocol import tensor_key
 
 from . import paths
-from .files import FileBuffer, Handle, Snapshot, file_size, identity, is_raw, load, push
+from .files import FileBuffer, Handle, file_size, identity, is_raw, load, plan_outflow, push
 from .npyfile import BadNpy
 from .paths import DIR_MARKER, NPY, Kind, Target
+from .snapshot import Snapshot
 
 log = logging.getLogger("irdma.fuse")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -124,6 +125,8 @@ class IrdmaOperations(pyfuse3.Operations):
     ) -> None:
         super().__init__()
         self.client: AsyncClient | None = None
+        # Where snapshots stream in (set with the client, once the trio loop runs).
+        self.nursery: trio.Nursery | None = None
         self.direct_io = direct_io
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
@@ -172,6 +175,20 @@ class IrdmaOperations(pyfuse3.Operations):
         if "/" in text or text in (".", ".."):
             raise pyfuse3.FUSEError(errno.EINVAL)
         return paths.join(self._path(parent), text)
+
+    @property
+    def _n(self) -> trio.Nursery:
+        if self.nursery is None:
+            raise pyfuse3.FUSEError(errno.EIO)
+        return self.nursery
+
+    async def _quiesce(self, name: str) -> None:
+        """Wait until snapshots of tensor ``name`` streaming in are complete, so a
+        change made through this mount never mixes into one."""
+        snaps = {id(h.snapshot): h.snapshot for h in self._handles.values() if h.snapshot}
+        for snap in [*snaps.values(), *self._snapshots.values()]:
+            if snap.target_name == name:
+                await snap.wait_filled()
 
     @property
     def _c(self) -> AsyncClient:
@@ -470,6 +487,7 @@ class IrdmaOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EPERM)
         self._pending.pop(path, None)
         if res.info is not None:
+            await self._quiesce(res.target.name)  # open readers keep what they opened
             await self._c.delete(res.target.name)
         self._forget_content(path)
 
@@ -498,7 +516,7 @@ class IrdmaOperations(pyfuse3.Operations):
             info, data = await load(self._c, t, res.info)
             self._step_infos[t.name] = info
             handle.info = info
-            handle.snapshot = Snapshot(identity(info), data, refs=1)
+            handle.snapshot = Snapshot.of(data, info, refs=1)
             return handle
         if writable:
             if truncate or res.info is None:
@@ -516,7 +534,7 @@ class IrdmaOperations(pyfuse3.Operations):
         info = res.info if res.info is not None else await self._c.stat(t.name)
         snap = self._snapshots.get(path)
         if snap is None or snap.identity != identity(info):
-            snap = Snapshot(identity(info))  # loaded by the first read that needs it
+            snap = Snapshot(identity(info))  # streamed in from open, or the first read
             self._snapshots[path] = snap
         snap.refs += 1
         handle.snapshot = snap
@@ -580,16 +598,12 @@ class IrdmaOperations(pyfuse3.Operations):
         )
         fi = self._file_info(handle, flags)
         snap = handle.snapshot
-        if snap is not None and snap.data is None and not fi.keep_cache:
+        if snap is not None and not snap.started and not fi.keep_cache:
             # Every read of this open reaches us: fix its content now, at open
-            # (close-to-open), not at a first read that may come after an update.
-            # Lazy loading is kept for opens the page cache already serves.
-            try:
-                await snap.ensure_loaded(self._c, handle.target, handle.info)
-            except BaseException:
-                self._handles.pop(fi.fh, None)  # the kernel never gets this handle
-                snap.refs -= 1
-                raise
+            # (close-to-open), not at a first read that may come after an update;
+            # reads are answered as the chunks they need arrive. Opens the page
+            # cache already serves start only if a read reaches us.
+            snap.start(self._n, self._c, handle.target, handle.info)
         return fi
 
     @fuse_errors
@@ -619,8 +633,14 @@ class IrdmaOperations(pyfuse3.Operations):
     @fuse_errors
     async def read(self, fh, off, size):
         handle = self._handle(fh)
-        if handle.snapshot is not None and handle.snapshot.data is None:
-            await handle.snapshot.ensure_loaded(self._c, handle.target)
+        snap = handle.snapshot
+        if snap is not None:
+            if not snap.started:
+                # The page cache was to serve this open and lost pages: the
+                # version now, whole (if it changed since the open: the newer).
+                info = await self._c.stat(handle.target.name)
+                snap.start(self._n, self._c, handle.target, info)
+            await snap.wait(off, size)
         return handle.read(off, size)
 
     @fuse_errors
@@ -628,7 +648,16 @@ class IrdmaOperations(pyfuse3.Operations):
         handle = self._handle(fh)
         if not handle.writable:
             raise pyfuse3.FUSEError(errno.EBADF)
-        return handle.write(off, buf)
+        n = handle.write(off, buf)
+        if not handle.planned:
+            plan_outflow(handle, self._c.config.shard_size)
+        if handle.outflow is not None and handle.buf is not None:
+            # Complete shards behind the writer go now, not all at close (after
+            # the snapshots of the old content streaming in, as for any push).
+            if handle.outflow.sent == 0:
+                await self._quiesce(handle.target.name)
+            await handle.outflow.advance(self._n, self._c, handle.buf.array, handle.written_to)
+        return n
 
     def _handle(self, fh: int) -> Handle:
         try:
@@ -639,6 +668,7 @@ class IrdmaOperations(pyfuse3.Operations):
     async def _push(self, handle: Handle) -> None:
         if not handle.is_dirty:
             return
+        await self._quiesce(handle.target.name)
         await push(self._c, handle)
         self._pending.pop(handle.path, None)
         self._forget_content(handle.path)
@@ -739,6 +769,7 @@ class IrdmaOperations(pyfuse3.Operations):
         moved = Handle(new, target, True, buf=data, redefine=True)
         await push(self._c, moved)
         if src.info is not None and target.name != src.target.name:
+            await self._quiesce(src.target.name)
             with contextlib.suppress(TensorNotFound):
                 await self._c.delete(src.target.name)
         if writer is not None:
@@ -770,8 +801,9 @@ class IrdmaOperations(pyfuse3.Operations):
         if not replaced:
             return
         for h in replaced:
-            if h.snapshot is not None and h.snapshot.data is None:
-                await h.snapshot.ensure_loaded(self._c, h.target, h.info)
+            if h.snapshot is not None and not h.snapshot.started and h.info is not None:
+                h.snapshot.start(self._n, self._c, h.target, h.info)
+        await self._quiesce(dst.target.name)
         orphan = f"{dst.path}\0replaced-{self._next_fh}"
         self._next_fh += 1
         self._orphans[orphan] = self._attrs(dst)

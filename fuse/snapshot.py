@@ -1,0 +1,141 @@
+"""A reader's snapshot of a file, served while it streams in.
+
+The tensor is read in chunks of whole shards, several in flight at once, in
+file order; a read() waits only for the chunks it covers, so the kernel gets
+the first bytes of a large file after one chunk's round trip instead of after
+the whole load, and pulling the next chunks overlaps with answering it.
+
+Consistency: the snapshot is of the version the open saw (its stat); this
+mount's own writes to the tensor wait until snapshots being filled are
+complete (``IrdmaOperations._quiesce``), so they never mix into one. A write
+from elsewhere while a file streams in is detected when it is complete (the
+version moved) and logged: bytes already served cannot be taken back, as on
+any filesystem read during a concurrent write (close-to-open promises the
+next open the new version, which it gets).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import trio
+
+from irdma import AsyncClient, TensorInfo
+
+from .files import file_buffer, identity
+from .paths import Target
+
+log = logging.getLogger("irdma.fuse")
+
+CHUNK = 4 << 20  # bytes per request to the daemons (rounded to whole shards)
+IN_FLIGHT = 16  # chunks requested at once: ~64 MiB ahead of the reader
+
+
+@dataclass(eq=False)
+class Snapshot:
+    """Immutable content of one version of a file, shared by the readers of that version."""
+
+    identity: tuple
+    data: np.ndarray | None = None  # the whole file, filled chunk by chunk
+    refs: int = 0
+    target_name: str = ""
+    _header: int = 0
+    _chunk: int = CHUNK
+    _ready: list[trio.Event] = field(default_factory=list)
+    _error: BaseException | None = None
+    _filled: trio.Event = field(default_factory=trio.Event)
+
+    @classmethod
+    def of(cls, data: np.ndarray, info: TensorInfo, refs: int = 0) -> Snapshot:
+        """A snapshot whose content is already here (a training pull)."""
+        snap = cls(identity(info), data, refs, info.name)
+        snap._filled.set()
+        return snap
+
+    @property
+    def started(self) -> bool:
+        return self.data is not None
+
+    def start(
+        self, nursery: trio.Nursery, client: AsyncClient, target: Target, info: TensorInfo
+    ) -> None:
+        """Begin filling from the daemons in the background (once)."""
+        if self.data is not None:
+            return
+        self.target_name = target.name
+        data, body, start = file_buffer(target, info)
+        self.data = data
+        self._header = len(data) - len(body)
+        shard = max(1, info.shard_size)
+        self._chunk = max(shard, CHUNK // shard * shard)
+        n = -(-len(body) // self._chunk)
+        self._ready = [trio.Event() for _ in range(n)]
+        nursery.start_soon(self._fill, client, target, info, body, start)
+
+    async def _fill(
+        self,
+        client: AsyncClient,
+        target: Target,
+        info: TensorInfo,
+        body: np.ndarray,
+        start: int,
+    ) -> None:
+        limit = trio.Semaphore(IN_FLIGHT)
+
+        async def one(i: int) -> None:
+            try:
+                lo = i * self._chunk
+                part = body[lo : lo + self._chunk]
+                await client.read_bytes(target.name, start + lo, len(part), out=part)
+            except Exception as exc:  # the readers waiting for it get the error
+                if self._error is None:
+                    self._error = exc
+            finally:
+                limit.release()
+                self._ready[i].set()
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for i in range(len(self._ready)):
+                    await limit.acquire()
+                    if self._error is not None:
+                        for event in self._ready[i:]:
+                            event.set()
+                        break
+                    nursery.start_soon(one, i)
+            if self._error is None:
+                after = await client.stat(target.name)
+                if identity(after) != identity(info):
+                    log.warning(
+                        "%s changed while it was being read: an open of it may have "
+                        "seen parts of two versions",
+                        target.name,
+                    )
+        except Exception as exc:
+            if self._error is None:
+                self._error = exc
+        finally:
+            for event in self._ready:
+                event.set()
+            self._filled.set()
+
+    async def wait(self, off: int, size: int) -> None:
+        """Wait until file bytes ``[off, off+size)`` are here; raise the fill's error."""
+        assert self.data is not None
+        if self._filled.is_set():  # complete (or given whole: a pull)
+            if self._error is not None:
+                raise self._error
+            return
+        lo = max(0, off - self._header) // self._chunk
+        hi = -(-max(0, min(off + size, len(self.data)) - self._header) // self._chunk)
+        for i in range(lo, hi):
+            await self._ready[i].wait()
+        if self._error is not None:
+            raise self._error
+
+    async def wait_filled(self) -> None:
+        """Wait until the fill is over (done or failed); at once if it never started."""
+        if self.data is not None:
+            await self._filled.wait()

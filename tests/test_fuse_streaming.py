@@ -1,0 +1,146 @@
+"""Large files through the mount: reads streamed in by chunks, writes pushed while written."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from numpy.lib import format as npformat
+
+from irdma import Client
+
+from .conftest import Cluster
+
+pytestmark = pytest.mark.timeout(120)
+
+MIB = 1 << 20
+# Several of the mount's 4 MiB chunks (the test cluster's shards are 64 KiB).
+N = 10 * MIB // 4
+
+
+def npy_bytes(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    return buf.getvalue()
+
+
+def test_large_file_reads_every_way(cluster: Cluster, mount: Path, tmp_path: Path) -> None:
+    d = mount / "big-read"
+    d.mkdir()
+    x = np.random.default_rng(0).random(N, dtype=np.float32)
+    with Client(cluster.config_path) as c:
+        c.write("big-read/x", x)
+    expected = npy_bytes(x)
+    assert np.array_equal(np.load(d / "x.npy"), x)
+    subprocess.run(
+        ["dd", f"if={d / 'x.npy'}", f"of={tmp_path / 'x.npy'}", "bs=4M", "status=none"],
+        check=True,
+        timeout=60,
+    )
+    assert (tmp_path / "x.npy").read_bytes() == expected
+    assert np.array_equal(np.load(d / "x.npy", mmap_mode="r"), x)
+    # Reads that start in the middle, cross chunk boundaries, run past the end.
+    with open(d / "x.npy", "rb", buffering=0) as f:
+        for off in (len(expected) - 100, 4 * MIB - 5, 128, 9 * MIB + 1, 0):
+            assert os.pread(f.fileno(), 3 * MIB, off) == expected[off : off + 3 * MIB]
+
+
+def test_an_open_reader_keeps_a_large_file_while_this_mount_rewrites_it(mount: Path) -> None:
+    d = mount / "big-keep"
+    d.mkdir()
+    old = np.zeros(N, np.float32)
+    np.save(d / "w.npy", old)
+    with open(d / "w.npy", "rb") as reader:
+        np.save(d / "w.npy", np.ones(N, np.float32))  # pushed while the reader streams in
+        assert np.array_equal(np.load(reader), old)
+    assert np.array_equal(np.load(d / "w.npy"), np.ones(N, np.float32))
+
+
+def test_sequential_write_is_pushed_before_close(cluster: Cluster, mount: Path) -> None:
+    d = mount / "big-push"
+    d.mkdir()
+    x = np.random.default_rng(1).random(N, dtype=np.float32)
+    data = npy_bytes(x)
+    fd = os.open(d / "x.npy", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for off in range(0, len(data), MIB):
+            os.write(fd, data[off : off + MIB])
+        # A write returns once at most a few chunk pushes are under way: all but
+        # the last few chunks are on the daemons while the file is still open.
+        with Client(cluster.config_path) as c:
+            head = bytes(c.read_bytes("big-push/x", 0, 4 * MIB))
+        assert head == x.tobytes()[: 4 * MIB]
+    finally:
+        os.close(fd)
+    with Client(cluster.config_path) as c:
+        assert np.array_equal(c.read("big-push/x"), x)
+
+
+@pytest.mark.parametrize("existing", [None, "same", "other"])
+def test_np_save_of_a_large_array(cluster: Cluster, mount: Path, existing: str | None) -> None:
+    d = mount / f"big-save-{existing}"
+    d.mkdir()
+    x = np.random.default_rng(2).standard_normal(N).astype(np.float32)
+    if existing == "same":
+        np.save(d / "w.npy", np.full(N, 7, np.float32))
+    elif existing == "other":
+        np.save(d / "w.npy", np.arange(1000))
+    np.save(d / "w.npy", x)
+    assert np.array_equal(np.load(d / "w.npy"), x)
+    with Client(cluster.config_path) as c:
+        info = c.stat(f"{d.name}/w")
+        assert (info.dtype, info.shape) == ("float32", (N,))
+        assert np.array_equal(c.read(f"{d.name}/w"), x)
+
+
+def test_large_write_that_goes_back_over_what_was_pushed(mount: Path) -> None:
+    d = mount / "big-back"
+    d.mkdir()
+    x = np.random.default_rng(3).random(N, dtype=np.float32)
+    data = bytearray(npy_bytes(x))
+    with open(d / "x.npy", "wb", buffering=0) as f:
+        f.write(data)
+        f.seek(128 + 4)  # into the first chunk, long since pushed
+        f.write(np.float32(-5).tobytes())
+    x[1] = -5
+    assert np.array_equal(np.load(d / "x.npy"), x)
+
+
+def test_large_header_first_file_over_an_existing_one_is_zero_filled(mount: Path) -> None:
+    d = mount / "big-hdr"
+    d.mkdir()
+    np.save(d / "w.npy", np.full(N, 3, np.float32))  # same layout, non-zero
+    m = npformat.open_memmap(d / "w.npy", mode="w+", dtype=np.float32, shape=(N,))
+    del m  # nothing written through the map: the file is the header, then zeros
+    assert np.array_equal(np.load(d / "w.npy"), np.zeros(N, np.float32))
+    with open(d / "w.npy", "wb") as f:  # half of it written: the rest is zeros
+        f.write(npy_bytes(np.ones(N, np.float32))[: 128 + 4 * (N // 2)])
+    expected = np.zeros(N, np.float32)
+    expected[: N // 2] = 1
+    assert np.array_equal(np.load(d / "w.npy"), expected)
+
+
+def test_large_npy_longer_than_its_header_says_is_refused(mount: Path) -> None:
+    d = mount / "big-long"
+    d.mkdir()
+    with pytest.raises(OSError) as ei, open(d / "w.npy", "wb") as f:
+        f.write(npy_bytes(np.ones(N, np.float32)) + b"trailing")
+    assert ei.value.errno == errno.EINVAL
+
+
+def test_in_place_sequential_rewrite_of_a_raw_file(cluster: Cluster, mount: Path) -> None:
+    d = mount / "big-raw"
+    d.mkdir()
+    (d / "blob").write_bytes(bytes(10 * MIB))
+    payload = os.urandom(10 * MIB)
+    with open(d / "blob", "r+b", buffering=0) as f:
+        for off in range(0, len(payload), MIB):
+            f.write(payload[off : off + MIB])
+    assert (d / "blob").read_bytes() == payload
+    with Client(cluster.config_path) as c:
+        assert bytes(c.read("big-raw/blob")) == payload
