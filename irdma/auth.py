@@ -44,6 +44,7 @@ from .protocol import (
     Op,
     Status,
 )
+from .protocol.messages import Auth
 
 MIN_SECRET = 16
 MAX_SECRET = 64 << 10
@@ -121,7 +122,7 @@ def proof(secret: bytes, label: bytes, client_nonce: bytes, daemon_nonce: bytes)
 
 
 def _frame(step: AuthStep, payload: bytes) -> bytes:
-    return Header(op=Op.AUTH, shard=step, length=len(payload)).pack() + payload
+    return Auth(step).frame(len(payload)).pack() + payload
 
 
 @dataclass
@@ -213,8 +214,9 @@ class DaemonHandshake:
                 "(set secret_file in the cluster config)"
             )
         step = AuthStep.CHALLENGE if self.client_nonce is None else AuthStep.PROOF
-        if header.shard != step:
-            raise AuthRefused(f"AUTH step {header.shard} out of order (expected {step})")
+        got = Auth.decode(header).step
+        if got != step:
+            raise AuthRefused(f"AUTH step {got} out of order (expected {step})")
         want = AUTH_NONCE if step == AuthStep.CHALLENGE else AUTH_PROOF
         if header.length != want:
             raise AuthRefused(f"AUTH step {step} carries {want} bytes, not {header.length}")

@@ -28,6 +28,7 @@ from .protocol import (
     pack_entries,
     unpack_entries,
 )
+from .protocol.messages import Read, ReadBatch, Update, UpdateBatch
 from .ranges import shard_pieces
 from .routing import Router, asks_primary, new_txn, worker_field
 from .sinks import BatchReadSink, IntoSink
@@ -123,22 +124,12 @@ class Batches:
         try:
             if op == Op.READ_BATCH:
                 sink = BatchReadSink(views)
-                hdr = Header(
-                    op=op, shard=len(entries), length=len(head), worker=wid, step=step, wire=wire
-                )
+                hdr = ReadBatch(len(entries), wire, wid, step).frame(len(head))
                 await self.request(node, hdr, [head], sink)
                 answers = sink.entries
             else:
                 length = len(head) + sum(len(v) for v in views)
-                hdr = Header(
-                    op=op,
-                    shard=len(entries),
-                    length=length,
-                    worker=wid,
-                    step=step,
-                    txn=txn,
-                    wire=wire,
-                )
+                hdr = UpdateBatch(op, len(entries), wire, wid, step, txn).frame(length)
                 reply = await self.request(node, hdr, [head, *views])
                 answers = unpack_entries(reply.data, len(entries))
         except (DaemonUnavailable, DaemonError) as exc:
@@ -188,24 +179,28 @@ class Batches:
         size = e.length
         if wire:  # a single op's size counts the tensor's bytes, its length the wire's
             size = e.length // narrowing.holder(wire).itemsize * dtype_from_code(e.dtype).itemsize
-        header = Header(
-            op=single,
-            key=e.key,
-            shard=e.shard,
-            offset=e.offset,
-            size=size,
-            length=e.length if update else 0,
-            wire=wire,
-            alpha=e.alpha,
-            dtype=e.dtype,
-            worker=wid,
-            step=step,
-            txn=(txn + index) % (1 << 64) if txn else 0,
-        )
         if update:
-            await self.router.on_replicas(e.key, e.shard, header, [view], update=True)
+            change = Update(
+                single,
+                e.key,
+                e.shard,
+                e.offset,
+                size,
+                e.alpha,
+                dtype=e.dtype,
+                wire=wire,
+                worker=wid,
+                step=step,
+                txn=(txn + index) % (1 << 64) if txn else 0,
+            )
+            await self.router.on_replicas(
+                e.key, e.shard, change, [view], length=e.length, update=True
+            )
         else:
-            await self.router.on_replicas(e.key, e.shard, header, sink=IntoSink(view), update=False)
+            read = Read(
+                e.key, e.shard, e.offset, size, dtype=e.dtype, wire=wire, worker=wid, step=step
+            )
+            await self.router.on_replicas(e.key, e.shard, read, sink=IntoSink(view), update=False)
 
 
 def frames_of(

@@ -39,7 +39,6 @@ from .modes import Mode
 from .protocol import (
     DTYPE_CODES,
     MAX_NAME_BYTES,
-    Flag,
     Header,
     Op,
     Status,
@@ -50,6 +49,7 @@ from .protocol import (
     tensor_key,
     validate_name,
 )
+from .protocol.messages import Create, Delete, Hello, ListTensors, Read, Stat, Update
 from .ranges import Piece, shard_pieces
 from .routing import Router, asks_primary, new_txn, worker_field
 from .shells import BlockingShell, Shell, TrioShell, drive
@@ -257,7 +257,7 @@ class AsyncClient:
     async def hello(self, node: Node) -> dict[str, Any]:
         """A daemon's self-description: version, readiness, shards by role, arena use,
         last snapshot, replication queues (see psd's ``state.DaemonState.hello``)."""
-        reply = await self._request(node, Header(op=Op.HELLO))
+        reply = await self._request(node, Hello().frame())
         return decode_json(reply.data)
 
     async def holdings(self, node: Node, prefix: str = "") -> list[dict[str, Any]]:
@@ -270,7 +270,7 @@ class AsyncClient:
         raw = prefix.encode()
         if len(raw) > MAX_NAME_BYTES:
             raise ValueError("prefix is too long")
-        reply = await self._request(node, Header(op=Op.LIST, length=len(raw)), [raw])
+        reply = await self._request(node, ListTensors().frame(len(raw)), [raw])
         return decode_json(reply.data)
 
     async def create(
@@ -300,14 +300,10 @@ class AsyncClient:
             shard_size or self.config.shard_size,
             dict(options or {}) | (mode.to_options() if mode is not None else {}),
         )
-        flags = Flag.NONE
-        if replace:
-            flags |= Flag.REPLACE
-        if not exist_ok and not replace:
-            flags |= Flag.EXCLUSIVE
         nodes = self._nodes_holding(meta)
         body = encode_json(meta.to_dict())
-        header = Header(op=Op.CREATE, key=meta.key, length=len(body), flags=int(flags))
+        exclusive = not exist_ok and not replace
+        header = Create(meta.key, replace, exclusive).frame(len(body))
         created_on: list[Node] = []
         results: list[dict[str, Any]] = []
 
@@ -332,7 +328,7 @@ class AsyncClient:
             with self._shell.shielded():
                 for node in created_on:
                     with contextlib.suppress(Exception):
-                        await self._request(node, Header(op=Op.DELETE, key=meta.key))
+                        await self._request(node, Delete(meta.key).frame())
             raise
         if replace and created_on:
             # A redefinition with fewer shards (or another shard size) leaves
@@ -349,7 +345,7 @@ class AsyncClient:
 
         async def drop_on(node: Node) -> None:
             with contextlib.suppress(TensorNotFound, DaemonUnavailable):
-                await self._request(node, Header(op=Op.DELETE, key=key))
+                await self._request(node, Delete(key).frame())
 
         keep = {n.name for n in holders}
         await self._gather(partial(drop_on, n) for n in self.config.nodes if n.name not in keep)
@@ -376,9 +372,7 @@ class AsyncClient:
         validate_name(name)
         key = tensor_key(name)
         try:
-            reply = await self._router.on_replicas(
-                key, 0, Header(op=Op.STAT, key=key), update=False, track=False
-            )
+            reply = await self._router.on_replicas(key, 0, Stat(key), update=False, track=False)
         except TensorNotFound:
             self._meta.pop(name, None)
             raise TensorNotFound(f"no tensor named {name!r}") from None
@@ -388,7 +382,7 @@ class AsyncClient:
 
         async def stat_on(node: Node) -> dict[str, Any]:
             try:
-                r = await self._request(node, Header(op=Op.STAT, key=key))
+                r = await self._request(node, Stat(key).frame())
             except (DaemonUnavailable, TensorNotFound):
                 if not self.replicated:
                     raise
@@ -407,7 +401,7 @@ class AsyncClient:
             raise ValueError("prefix is too long")
 
         async def list_on(node: Node) -> list[dict[str, Any]]:
-            hdr = Header(op=Op.LIST, length=len(raw))
+            hdr = ListTensors().frame(len(raw))
             try:
                 r = await self._request(node, hdr, [raw])
             except DaemonUnavailable:
@@ -431,7 +425,7 @@ class AsyncClient:
 
         async def delete_on(node: Node) -> bool:
             try:
-                await self._request(node, Header(op=Op.DELETE, key=key))
+                await self._request(node, Delete(key).frame())
             except TensorNotFound:
                 return False
             except DaemonUnavailable:
@@ -506,33 +500,43 @@ class AsyncClient:
             else:
                 start, n = p.buf_offset, p.length
             view = buf[start : start + n]
-            header = Header(
-                op=op,
-                key=meta.key,
-                shard=p.shard,
-                offset=p.shard_offset,
-                size=p.length,
-                length=0 if op == Op.READ else n,
-                alpha=alpha,
-                layout=meta.layout,
-                dtype=code,
-                worker=wid,
-                step=step,
-                txn=new_txn() if update and self.replicated else 0,
-                wire=wire,
-            )
             if op == Op.READ:
+                read = Read(
+                    meta.key,
+                    p.shard,
+                    p.shard_offset,
+                    p.length,
+                    layout=meta.layout,
+                    dtype=code,
+                    wire=wire,
+                    worker=wid,
+                    step=step,
+                )
                 reply = await self._router.on_replicas(
                     meta.key,
                     p.shard,
-                    header,
+                    read,
                     sink=IntoSink(view, progress),
                     update=False,
                     candidates=choice.get(p.shard),
                 )
             else:
+                change = Update(
+                    op,
+                    meta.key,
+                    p.shard,
+                    p.shard_offset,
+                    p.length,
+                    alpha,
+                    meta.layout,
+                    code,
+                    wire,
+                    wid,
+                    step,
+                    txn=new_txn() if self.replicated else 0,
+                )
                 reply = await self._router.on_replicas(
-                    meta.key, p.shard, header, [view], update=True
+                    meta.key, p.shard, change, [view], length=n, update=True
                 )
                 if progress is not None:
                     progress(n)

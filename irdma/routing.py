@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from .cluster import ClusterConfig, Node
 from .errors import FAILOVER_STATUSES, DaemonError, DaemonUnavailable
 from .protocol import NO_WORKER, Header
+from .protocol.messages import Read, Stat, Update
 from .transport.base import Buffer, Reply, Sink
 
 Request = Callable[[Node, Header, Sequence[Buffer], Sink | None], Awaitable[Reply]]
@@ -48,10 +49,10 @@ def new_txn() -> int:
     return random.getrandbits(64) or 1
 
 
-def _with_version(header: Header, version: int) -> Header:
-    if header.version == version:
-        return header
-    return dataclasses.replace(header, version=version)
+def _with_version(msg: Read, version: int) -> Read:
+    if msg.min_version == version:
+        return msg
+    return dataclasses.replace(msg, min_version=version)
 
 
 class Router:
@@ -138,15 +139,18 @@ class Router:
         self,
         key: int,
         shard: int,
-        header: Header,
+        msg: Read | Update | Stat,
         payload: Sequence[Buffer] = (),
         sink: Sink | None = None,
         *,
+        length: int = 0,
         update: bool,
         track: bool = True,
         candidates: list[Node] | None = None,
     ) -> Reply:
         """A request for one shard, failing over to its other replicas.
+
+        ``length`` is the payload's size in bytes.
 
         ``track``: the reply's version is the shard's (not a stat's sum), so
         remember it for read-your-writes.
@@ -157,17 +161,19 @@ class Router:
         to notice a dead primary) with the last error.
         """
         if not self.replicated:
-            return await self.request(self.config.primary_for(key, shard), header, payload, sink)
-        candidates = candidates or self.candidates(key, shard, asks_primary(update, header.worker))
+            node = self.config.primary_for(key, shard)
+            return await self.request(node, msg.frame(length), payload, sink)
+        worker = NO_WORKER if isinstance(msg, Stat) else msg.worker
+        candidates = candidates or self.candidates(key, shard, asks_primary(update, worker))
         deadline = self.now() + self.timeout + 2 * self.config.failure_timeout
         attempt = 0
         last: Exception | None = None
         while True:
             node = candidates[attempt % len(candidates)]
-            if track and not update:
-                header = _with_version(header, self.seen(key, shard))
+            if track and isinstance(msg, Read):
+                msg = _with_version(msg, self.seen(key, shard))
             try:
-                reply = await self.request(node, header, payload, sink)
+                reply = await self.request(node, msg.frame(length), payload, sink)
             except DaemonUnavailable as exc:
                 self.failed(node)
                 # A daemon's own refusal says more than another's silence.

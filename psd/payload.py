@@ -9,43 +9,38 @@ should. No handler skips bytes by hand.
 
 from __future__ import annotations
 
-from irdma.protocol import ProtocolError
+from irdma.protocol.conversation import PayloadLeft
 from irdma.transport.tcp import FramedSocket
 
 
-class RequestPayload:
-    """The unread part of one request's payload on ``stream``."""
+class RequestPayload(PayloadLeft):
+    """The unread part of one request's payload on ``stream`` (the accounting is the
+    protocol's ``PayloadLeft``; this adds the reading)."""
 
-    __slots__ = ("left", "stream")
+    __slots__ = ("stream",)
 
     def __init__(self, stream: FramedSocket, length: int) -> None:
+        super().__init__(length)
         self.stream = stream
-        self.left = length
-
-    def _take(self, n: int) -> None:
-        if n > self.left:
-            # A handler bug, not the peer's: it asked for more than the frame has.
-            raise ProtocolError(f"reading {n} bytes of a payload with {self.left} left")
-        self.left -= n
 
     async def read_into(self, view: memoryview | bytearray | object) -> None:
         """Fill ``view`` (a buffer) with the next bytes of the payload."""
         n = memoryview(view).nbytes  # type: ignore[arg-type]
-        self._take(n)
+        self.take(n)
         await self.stream.recv_exactly_into(view)  # type: ignore[arg-type]
 
     async def read_bytes(self, n: int) -> bytearray:
         """The next ``n`` bytes of the payload."""
-        self._take(n)
+        self.take(n)
         return await self.stream.recv_bytes(n)
 
     async def skip(self, n: int) -> None:
         """Pass over the next ``n`` bytes (a refused entry of a batch)."""
-        self._take(n)
+        self.take(n)
         await self.stream.skip(n)
 
     async def skip_rest(self) -> None:
         """Pass over what the handler did not read."""
-        if self.left:
-            n, self.left = self.left, 0
+        n = self.rest()
+        if n:
             await self.stream.skip(n)

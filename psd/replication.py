@@ -37,15 +37,14 @@ from irdma.auth import cluster_secret
 from irdma.cluster import ClusterConfig, Node
 from irdma.errors import AuthFailed
 from irdma.protocol import (
-    Flag,
     Header,
-    Op,
     ProtocolError,
     Status,
     TensorMeta,
     decode_json,
     encode_json,
 )
+from irdma.protocol.messages import Catchup, Ping, ReplicaUpdate, ShardCopy, SyncRequest
 from irdma.transport.base import StreamBroken, StreamClosed
 from irdma.transport.tcp import FramedConnection
 
@@ -273,7 +272,7 @@ class Replicator:
         try:
             header, data = await self.request(
                 peer,
-                Header(op=Op.PING, length=len(body)),
+                Ping().frame(len(body)),
                 [body],
                 timeout=timeout or self.config.failure_timeout,
             )
@@ -363,21 +362,19 @@ class Replicator:
         await self._send_shard(peer, item.key, item.shard)
 
     async def _send_update(self, peer: Peer, c: Commit) -> int:
-        header = Header(
-            op=c.op,
-            key=c.key,
-            shard=c.shard,
-            offset=c.offset,
-            size=c.payload.nbytes,
-            length=c.payload.nbytes,
-            alpha=c.alpha,
-            layout=c.layout,
-            dtype=c.dtype,
-            version=c.version,
-            flags=Flag.REPLICA,
+        header = ReplicaUpdate(
+            c.op,
+            c.key,
+            c.shard,
+            c.offset,
+            c.payload.nbytes,
+            c.alpha,
+            c.layout,
+            c.dtype,
+            produces=c.version,
+            sender=self.index,
             txn=c.txn,
-            worker=self.index,
-        )
+        ).frame(c.payload.nbytes)
         reply, _ = await self.request(peer, header, [c.payload], timeout=self._budget(c.payload))
         return reply.status
 
@@ -396,16 +393,9 @@ class Replicator:
                 }
             )
             data = self.store.arena.view(block, 0, shard.nbytes)
-            header = Header(
-                op=Op.SYNC,
-                key=key,
-                shard=index,
-                offset=len(body),
-                size=shard.nbytes,
-                length=len(body) + shard.nbytes,
-                version=shard.version,
-                worker=self.index,
-            )
+            header = ShardCopy(
+                key, index, shard.version, len(body), shard.nbytes, sender=self.index
+            ).frame(len(body) + shard.nbytes)
             reply, text = await self.request(peer, header, [body, data], timeout=self._budget(data))
         finally:
             self.store.unpin(block)
@@ -492,7 +482,7 @@ class Replicator:
             try:
                 header, data = await self.request(
                     self.peers[name],
-                    Header(op=Op.CATCHUP, length=len(body)),
+                    Catchup().frame(len(body)),
                     [body],
                     timeout=self.config.failure_timeout + 30.0,
                 )
@@ -564,7 +554,7 @@ class Replicator:
         try:
             header, data = await self.request(
                 self.peers[source],
-                Header(op=Op.SYNC_REQUEST, length=len(body)),
+                SyncRequest().frame(len(body)),
                 [body],
                 timeout=self.config.failure_timeout + 30.0 + max(total, len(shards) << 22) / 100e6,
             )
@@ -638,7 +628,7 @@ class Replicator:
                 "so its daemons exchange no replication messages",
             )
 
-    def check_sender(self, header: Header) -> None:
+    def check_sender(self, sender_index: int, key: int, shard: int) -> None:
         """Refuse a forwarded update or shard copy from a daemon that is not in charge of it.
 
         Taken: from a peer this daemon sees as up and ready, for a shard it
@@ -647,13 +637,13 @@ class Replicator:
         """
         self._check_enabled("copy")
         m = self.membership
-        sender = self.names[header.worker] if header.worker < len(self.names) else None
+        sender = self.names[sender_index] if sender_index < len(self.names) else None
         if sender is None or sender == self.node.name:
-            raise StoreError(Status.BAD_ARGUMENT, f"copy from unknown daemon #{header.worker}")
-        if not self.config.holds(sender, header.key, header.shard):
+            raise StoreError(Status.BAD_ARGUMENT, f"copy from unknown daemon #{sender_index}")
+        if not self.config.holds(sender, key, shard):
             raise StoreError(
                 Status.NOT_OWNER,
-                f"{sender} is not a replica of shard {header.shard} of tensor {header.key:#x}",
+                f"{sender} is not a replica of shard {shard} of tensor {key:#x}",
             )
         if not m.ready:
             if sender in self._asked or m.peer_ready(sender):
@@ -663,18 +653,18 @@ class Replicator:
                 f"{self.node.name} is catching up and takes copies only from ready replicas, "
                 f"not {sender}",
             )
-        primary = m.acting_primary(header.key, header.shard)
+        primary = m.acting_primary(key, shard)
         if m.peer_ready(sender) and (primary is None or primary.name != self.node.name):
             return
         raise StoreError(
             Status.NOT_OWNER,
-            f"{self.node.name} takes shard {header.shard} of tensor {header.key:#x} from "
+            f"{self.node.name} takes shard {shard} of tensor {key:#x} from "
             f"{primary.name if primary else 'no ready replica'}, not {sender}",
         )
 
-    def install(self, header: Header, payload: memoryview) -> None:
-        """Apply a SYNC frame: replace the local copy of a shard with the primary's."""
-        meta_len = header.offset
+    def install(self, copy: ShardCopy, payload: memoryview) -> None:
+        """Apply a shard copy (SYNC): replace the local copy of a shard with the primary's."""
+        meta_len = copy.meta_length
         try:
             rec = decode_json(payload[:meta_len])
             meta = TensorMeta.from_dict(rec["meta"])
@@ -687,10 +677,10 @@ class Replicator:
             OverflowError,  # int() of an infinite float (JSON 1e400)
         ) as exc:
             raise StoreError(Status.BAD_ARGUMENT, f"bad shard copy: {exc}") from None
-        if meta.key != header.key:
-            # check_sender vetted the sender for header.key's shard, not this one.
+        if meta.key != copy.key:
+            # check_sender vetted the sender for copy.key's shard, not this one.
             raise StoreError(
                 Status.BAD_ARGUMENT, "shard copy: header key does not match its tensor"
             )
         data = np.frombuffer(payload[meta_len:], dtype=np.uint8)
-        self.store.install_shard(meta, header.shard, header.version, data, txns)
+        self.store.install_shard(meta, copy.shard, copy.version, data, txns)

@@ -46,6 +46,28 @@ from irdma.protocol import (
     pack_response,
     unpack_entries,
 )
+from irdma.protocol.messages import (
+    Auth,
+    BadRequest,
+    Catchup,
+    Create,
+    Delete,
+    Hello,
+    ListTensors,
+    Ping,
+    RdmaConnect,
+    Read,
+    ReadBatch,
+    Release,
+    ReplicaUpdate,
+    Request,
+    ShardCopy,
+    Stat,
+    SyncRequest,
+    Update,
+    UpdateBatch,
+    decode_request,
+)
 from irdma.sizes import SMALL_REPLY, ZERO_COPY_MIN
 from irdma.transport.base import StreamBroken, StreamClosed, acquire_soon
 from irdma.transport.tcp import FramedSocket, to_stdlib
@@ -59,7 +81,8 @@ from .rdma import ConnectRequest, RdmaService, RdmaSession
 from .replication import Replicator
 from .staged import StagedMemory
 from .state import StateReader
-from .store import Store, StoreError, Update
+from .store import Store, StoreError
+from .store import Update as StoreUpdate
 
 log = logging.getLogger("psd")
 
@@ -280,10 +303,18 @@ class Server:
             return False
         conn.payload = payload = RequestPayload(conn.stream, header.length)
         try:
-            op = _OPS.get(header.op)
-            if op is None:
-                raise StoreError(Status.BAD_OP, f"unknown op {header.op}")
-            await self._handlers[op](self, conn, header)
+            try:
+                msg = decode_request(header)
+                handler = self._handlers[type(msg)]
+            except BadRequest as exc:
+                raise StoreError(exc.status, exc.message) from None
+            except KeyError:
+                # ATTACH, say, is the shm handshake's first frame: not a request
+                # on a connection already serving them.
+                raise StoreError(
+                    Status.BAD_OP, f"op {Op(header.op).name} is not served here"
+                ) from None
+            await handler(self, conn, header, msg)
         except StoreError as exc:
             # A refused request's unread payload is skipped before the answer.
             await payload.skip_rest()
@@ -349,20 +380,22 @@ class Server:
         commits = self.store.take_commits()
         return self.replicator.forward(commits) if commits else []
 
-    async def _payload_json(self, conn: _Conn, header: Header, limit: int = MAX_META_PAYLOAD):
-        if header.length > limit:
-            raise StoreError(Status.TOO_LARGE, f"metadata of {header.length} bytes over {limit}")
-        data = await conn.payload.read_bytes(header.length)
+    async def _payload_json(self, conn: _Conn, limit: int = MAX_META_PAYLOAD):
+        length = conn.payload.left
+        if length > limit:
+            raise StoreError(Status.TOO_LARGE, f"metadata of {length} bytes over {limit}")
+        data = await conn.payload.read_bytes(length)
         try:
             return decode_json(data)
         except ProtocolError as exc:
             raise StoreError(Status.BAD_ARGUMENT, str(exc)) from None
 
-    async def _no_payload(self, conn: _Conn, header: Header) -> None:
-        if header.length:
-            raise StoreError(Status.BAD_FRAME, f"op {Op(header.op).name} takes no payload")
+    @staticmethod
+    def _no_payload(conn: _Conn, msg: Request) -> None:
+        if conn.payload.left:
+            raise StoreError(Status.BAD_FRAME, f"op {msg.op.name} takes no payload")
 
-    async def _hello(self, conn: _Conn, header: Header) -> None:
+    async def _hello(self, conn: _Conn, header: Header, msg: Hello) -> None:
         # Any payload is ignored (skipped by dispatch).
         # node, version, protocol, pid, ready, tensors, shards, arena, snapshot,
         # replication: see state.DaemonState.hello.
@@ -373,37 +406,33 @@ class Server:
         }
         await self._reply(conn, header, [encode_json(info)])
 
-    async def _create(self, conn: _Conn, header: Header) -> None:
-        raw = await self._payload_json(conn, header)
+    async def _create(self, conn: _Conn, header: Header, msg: Create) -> None:
+        raw = await self._payload_json(conn)
         try:
             meta = TensorMeta.from_dict(raw)
         except ValueError as exc:
             raise StoreError(Status.BAD_ARGUMENT, f"bad tensor metadata: {exc}") from None
-        if meta.key != header.key:
+        if meta.key != msg.key:
             raise StoreError(Status.BAD_ARGUMENT, "header key does not match the tensor name")
-        tensor, created = self.store.create(
-            meta,
-            replace=bool(header.flags & Flag.REPLACE),
-            exclusive=bool(header.flags & Flag.EXCLUSIVE),
-        )
+        tensor, created = self.store.create(meta, replace=msg.replace, exclusive=msg.exclusive)
         info = self.store.info(tensor) | {"created": created}
         await self._reply(conn, header, [encode_json(info)], version=tensor.version)
 
-    async def _delete(self, conn: _Conn, header: Header) -> None:
-        await self._no_payload(conn, header)
-        self.store.delete(header.key)
+    async def _delete(self, conn: _Conn, header: Header, msg: Delete) -> None:
+        self._no_payload(conn, msg)
+        self.store.delete(msg.key)
         await self._reply(conn, header, [])
 
-    async def _stat(self, conn: _Conn, header: Header) -> None:
-        await self._no_payload(conn, header)
-        tensor = self.store.get(header.key)
+    async def _stat(self, conn: _Conn, header: Header, msg: Stat) -> None:
+        self._no_payload(conn, msg)
+        tensor = self.store.get(msg.key)
         info = self.store.info(tensor) | {"node": self.node.name}
         await self._reply(conn, header, [encode_json(info)], version=tensor.version)
 
-    async def _list(self, conn: _Conn, header: Header) -> None:
-        if header.length > MAX_NAME_BYTES:
+    async def _list(self, conn: _Conn, header: Header, msg: ListTensors) -> None:
+        if conn.payload.left > MAX_NAME_BYTES:
             raise StoreError(Status.BAD_ARGUMENT, "list prefix is too long")
-        raw = await conn.payload.read_bytes(header.length)
+        raw = await conn.payload.read_bytes(conn.payload.left)
         try:
             prefix = raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -413,27 +442,29 @@ class Server:
             raise StoreError(Status.TOO_LARGE, "listing is too large; use a longer prefix")
         await self._reply(conn, header, [data])
 
-    async def _read(self, conn: _Conn, header: Header) -> None:
-        await self._no_payload(conn, header)
+    async def _read(self, conn: _Conn, header: Header, msg: Read) -> None:
+        self._no_payload(conn, msg)
         self._check_ready()
-        if header.worker != NO_WORKER and self.store.waits_for(
-            header.key, header.shard, header.worker, header.step, header.layout
+        if msg.worker != NO_WORKER and self.store.waits_for(
+            msg.key, msg.shard, msg.worker, msg.step, msg.layout
         ):
             conn.deferred = True
             conn.nursery.start_soon(
                 self._wait_then,
                 conn,
                 header,
-                {header.key: [header.shard]},
-                partial(self._read_now, conn, header),
+                msg,
+                {msg.key: [msg.shard]},
+                partial(self._read_now, conn, header, msg),
             )
             return
-        await self._read_now(conn, header)
+        await self._read_now(conn, header, msg)
 
     async def _wait_then(
         self,
         conn: _Conn,
         header: Header,
+        msg: Read | ReadBatch,
         shards: dict[int, list[int]],
         answer: Callable[[], Awaitable[None]],
     ) -> None:
@@ -446,14 +477,14 @@ class Server:
         started = perf_counter()
         try:
             try:
-                if await self._wait_for_step(header.worker, header.step, shards):
+                if await self._wait_for_step(msg.worker, msg.step, shards):
                     await answer()
                 else:
                     await self._error(
                         conn,
                         header,
                         Status.NOT_READY,
-                        f"step {header.step} not reached within {self.poll:g} s; ask again",
+                        f"step {msg.step} not reached within {self.poll:g} s; ask again",
                     )
             except StoreError as exc:
                 await self._error(conn, header, exc.status, exc.message)
@@ -492,46 +523,38 @@ class Server:
                     )
         return not self._still_waiting(worker, step, shards)
 
-    async def _read_now(self, conn: _Conn, header: Header) -> None:
+    async def _read_now(self, conn: _Conn, header: Header, msg: Read) -> None:
         shard, view = self.store.read_view(
-            header.key, header.shard, header.offset, header.size, header.layout, header.dtype
+            msg.key, msg.shard, msg.offset, msg.size, msg.layout, msg.dtype
         )
-        self._check_fresh(header.key, header.version, shard.version, shard.index)
-        if header.wire:
+        self._check_fresh(msg.key, msg.min_version, shard.version, shard.index)
+        if msg.wire:
             # Narrowed: new bytes, sent inline (nothing in the arena to map or pin).
-            narrowed = self.store.read_narrowed(header.key, header.offset, view, header.wire)
+            narrowed = self.store.read_narrowed(msg.key, msg.offset, view, msg.wire)
             await self._reply(conn, header, [narrowed], version=shard.version)
             return
         block = self.store.pin(shard.block)
-        if (
-            conn.memory is not None
-            and header.size >= conn.memory.mapped_min
-            and header.request_id not in conn.pins
-        ):
+        rid = msg.request_id
+        if conn.memory is not None and msg.size >= conn.memory.mapped_min and rid not in conn.pins:
             # Same host: say where the bytes are; the pin keeps them there
             # (an update writes a new block) until the client's RELEASE.
-            conn.pins[header.request_id] = block
-            where = LOCATION.pack(block.offset + header.offset)
-            resp = header.response(
-                Status.OK, length=len(where), flags=Flag.PINNED | Flag.MAPPED, version=shard.version
-            )
-            self.metrics.series(header.op, conn.transport).sent += header.size
-            await conn.send([resp.pack(), where])
+            conn.pins[rid] = block
+            where = LOCATION.pack(block.offset + msg.offset)
+            flags = Flag.PINNED | Flag.MAPPED
+            frame = pack_response(header, 0, len(where), flags, shard.version)
+            self.metrics.series(msg.op, conn.transport).sent += msg.size
+            await conn.send([frame, where])
             return
-        if header.size >= ZERO_COPY_MIN and header.request_id not in conn.pins:
+        if msg.size >= ZERO_COPY_MIN and rid not in conn.pins:
             # The kernel keeps referring to these pages until the client has
             # received them; the pin holds the block until it says RELEASE.
-            conn.pins[header.request_id] = block
-            resp = header.response(
-                Status.OK, length=header.size, flags=Flag.PINNED, version=shard.version
-            )
-            self.metrics.series(header.op, conn.transport).sent += header.size
+            conn.pins[rid] = block
+            frame = pack_response(header, 0, msg.size, Flag.PINNED, shard.version)
+            self.metrics.series(msg.op, conn.transport).sent += msg.size
             await acquire_soon(conn.send_lock)
             try:
-                await conn.stream.send_all([resp.pack()])
-                await conn.stream.sendfile(
-                    self.store.arena.fd, block.offset + header.offset, header.size
-                )
+                await conn.stream.send_all([frame])
+                await conn.stream.sendfile(self.store.arena.fd, block.offset + msg.offset, msg.size)
             finally:
                 conn.send_lock.release()
             return
@@ -540,66 +563,73 @@ class Server:
         finally:
             self.store.unpin(block)
 
-    async def _release(self, conn: _Conn, header: Header) -> None:
-        block = conn.pins.pop(header.request_id, None)
+    async def _release(self, conn: _Conn, header: Header, msg: Release) -> None:
+        block = conn.pins.pop(msg.request_id, None)
         if block is not None:
             self.store.unpin(block)
 
-    async def _update(self, conn: _Conn, header: Header) -> None:
-        staged = await self._staged_location(conn, header)
-        replica = bool(header.flags & Flag.REPLICA)
-        if replica:
-            self.replicator.check_sender(header)
-        else:
-            self._check_primary(header.key, header.shard)
+    async def _receive_update(
+        self, conn: _Conn, msg: Update | ReplicaUpdate, *, wire: int = 0, staged: bool = False
+    ) -> StoreUpdate:
+        """Validate an update and take in its payload (inline or STAGED); not applied yet."""
+        location = await self._staged_location(conn) if staged else None
         update = self.store.begin_update(
-            Op(header.op),
-            header.key,
-            header.shard,
-            header.offset,
-            header.size,
-            alpha=header.alpha,
-            layout=header.layout,
-            dtype=header.dtype,
-            wire=header.wire,
+            msg.op,
+            msg.key,
+            msg.shard,
+            msg.offset,
+            msg.size,
+            alpha=msg.alpha,
+            layout=msg.layout,
+            dtype=msg.dtype,
+            wire=wire,
         )
         try:
             landing = update.landing
-            if staged is None:
-                if header.length != len(landing):
+            if location is None:
+                if conn.payload.left != len(landing):
                     raise StoreError(
                         Status.BAD_FRAME,
-                        f"payload is {header.length} bytes but the op covers {len(landing)}",
+                        f"payload is {conn.payload.left} bytes but the op covers {len(landing)}",
                     )
                 await conn.payload.read_into(landing)
             else:
                 assert conn.memory is not None
-                conn.memory.read_staged(staged, len(landing), landing)
-                self.metrics.series(header.op, conn.transport).received += len(landing)
+                conn.memory.read_staged(location, len(landing), landing)
+                self.metrics.series(msg.op, conn.transport).received += len(landing)
             self.store.received(update)
         except BaseException:
             self.store.abort(update)
             raise
-        update.txn = header.txn
-        if replica:
-            try:
-                self.replicator.check_sender(header)  # the view may have moved meanwhile
-            except StoreError:
-                self.store.abort(update)
-                raise
-            version = self.store.commit_replica(update, header.version)
-            await self._reply(conn, header, [], version=version)
-            return
+        return update
+
+    async def _update(self, conn: _Conn, header: Header, msg: Update) -> None:
+        self._check_primary(msg.key, msg.shard)
+        update = await self._receive_update(conn, msg, wire=msg.wire, staged=msg.staged)
+        update.txn = msg.txn
         # The connection was idle while the payload came in: check again.
         try:
-            self._check_primary(header.key, header.shard)
+            self._check_primary(msg.key, msg.shard)
         except StoreError:
             self.store.abort(update)
             raise
-        version, retried = self._apply_once(update, header.worker, header.step)
+        version, retried = self._apply_once(update, msg.worker, msg.step)
         await self.replicator.wait(self._forward())
         if retried:
             await self.replicator.flush()
+        await self._reply(conn, header, [], version=version)
+
+    async def _replica_update(self, conn: _Conn, header: Header, msg: ReplicaUpdate) -> None:
+        self.replicator.check_sender(msg.sender, msg.key, msg.shard)
+        update = await self._receive_update(conn, msg)
+        update.txn = msg.txn
+        try:
+            # The view may have moved while the payload came in.
+            self.replicator.check_sender(msg.sender, msg.key, msg.shard)
+        except StoreError:
+            self.store.abort(update)
+            raise
+        version = self.store.commit_replica(update, msg.produces)
         await self._reply(conn, header, [], version=version)
 
     def _apply_once(self, update: Update, worker: int, step: int) -> tuple[int, bool]:
@@ -614,56 +644,54 @@ class Server:
             return done, True
         return self.store.push(update, worker, step), False
 
-    async def _staged_location(self, conn: _Conn, header: Header) -> int | None:
-        """Where a STAGED update's data sits in the client's staging memory (None: inline)."""
-        if not header.flags & Flag.STAGED:
-            return None
-        if conn.memory is None or header.length != LOCATION.size:
+    async def _staged_location(self, conn: _Conn) -> int:
+        """Where a STAGED update's data sits in the client's staging memory."""
+        if conn.memory is None or conn.payload.left != LOCATION.size:
             raise StoreError(
                 Status.BAD_FRAME,
                 "STAGED data needs a shm or rdma connection and an 8-byte location"
                 if conn.memory is None
-                else f"STAGED location is {header.length} bytes, not {LOCATION.size}",
+                else f"STAGED location is {conn.payload.left} bytes, not {LOCATION.size}",
             )
         (offset,) = LOCATION.unpack(await conn.payload.read_bytes(LOCATION.size))
         return offset
 
-    async def _batch_entries(self, conn: _Conn, header: Header) -> list[BatchEntry]:
-        need = header.count * ENTRY_SIZE
-        if need > header.length:
-            raise StoreError(
-                Status.BAD_FRAME, f"{header.count} entries need {need} bytes of payload"
-            )
-        return unpack_entries(await conn.payload.read_bytes(need), header.count)
+    async def _batch_entries(self, conn: _Conn, msg: ReadBatch | UpdateBatch) -> list[BatchEntry]:
+        need = msg.count * ENTRY_SIZE
+        if need > conn.payload.left:
+            raise StoreError(Status.BAD_FRAME, f"{msg.count} entries need {need} bytes of payload")
+        return unpack_entries(await conn.payload.read_bytes(need), msg.count)
 
-    async def _read_batch(self, conn: _Conn, header: Header) -> None:
-        entries = await self._batch_entries(conn, header)
-        if header.length != len(entries) * ENTRY_SIZE:
+    async def _read_batch(self, conn: _Conn, header: Header, msg: ReadBatch) -> None:
+        entries = await self._batch_entries(conn, msg)
+        if conn.payload.left:
             raise StoreError(Status.BAD_FRAME, "a read batch carries only its entries")
         self._check_ready()
-        if header.worker != NO_WORKER:
+        if msg.worker != NO_WORKER:
             # One training step for the whole batch: wait on the entries that
             # wait (all belong to tensors of one model, pulled together).
             waiting: dict[int, list[int]] = {}
             for e in entries:
-                if self._entry_waits(header, e):
+                if self._entry_waits(msg, e):
                     waiting.setdefault(e.key, []).append(e.shard)
             if waiting:
-                answer = partial(self._read_batch_now, conn, header, entries)
+                answer = partial(self._read_batch_now, conn, header, msg, entries)
                 conn.deferred = True
-                conn.nursery.start_soon(self._wait_then, conn, header, waiting, answer)
+                conn.nursery.start_soon(self._wait_then, conn, header, msg, waiting, answer)
                 return
-        await self._read_batch_now(conn, header, entries)
+        await self._read_batch_now(conn, header, msg, entries)
 
-    def _entry_waits(self, header: Header, e: BatchEntry) -> bool:
+    def _entry_waits(self, msg: ReadBatch, e: BatchEntry) -> bool:
         try:
-            return bool(self.store.waits_for(e.key, e.shard, header.worker, header.step))
+            return bool(self.store.waits_for(e.key, e.shard, msg.worker, msg.step))
         except StoreError as exc:
             if exc.status == Status.NOT_FOUND:
                 return False  # answered per entry by the read
             raise
 
-    async def _read_batch_now(self, conn: _Conn, header: Header, entries: list[BatchEntry]) -> None:
+    async def _read_batch_now(
+        self, conn: _Conn, header: Header, msg: ReadBatch, entries: list[BatchEntry]
+    ) -> None:
         answers: list[BatchEntry] = []
         views = []
         blocks: list[Block] = []
@@ -672,10 +700,10 @@ class Server:
             for e in entries:
                 try:
                     shard, view = self.store.read_view(
-                        e.key, e.shard, e.offset, self._entry_range(header, e), dtype=e.dtype
+                        e.key, e.shard, e.offset, self._entry_range(msg.wire, e), dtype=e.dtype
                     )
-                    if header.wire:
-                        view = self.store.read_narrowed(e.key, e.offset, view, header.wire)
+                    if msg.wire:
+                        view = self.store.read_narrowed(e.key, e.offset, view, msg.wire)
                 except StoreError as exc:
                     answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=exc.status))
                     continue
@@ -687,7 +715,7 @@ class Server:
                     raise StoreError(
                         Status.TOO_LARGE, f"batch answer over the {self.max_payload} byte limit"
                     )
-                if not header.wire:
+                if not msg.wire:
                     blocks.append(self.store.pin(shard.block))
                 views.append(view)
                 answers.append(BatchEntry(e.key, e.shard, e.offset, e.length, shard.version))
@@ -696,19 +724,18 @@ class Server:
             for block in blocks:
                 self.store.unpin(block)
 
-    def _entry_range(self, header: Header, e: BatchEntry) -> int:
+    def _entry_range(self, wire: int, e: BatchEntry) -> int:
         """The tensor bytes a batch entry covers: its length, or more if narrowed.
 
         With a wire dtype an entry's length counts wire bytes (what follows
         it in the frame), so a frame can be cut without knowing the tensor.
         """
-        return self.store.stored_nbytes(e.key, header.wire, e.length) if header.wire else e.length
+        return self.store.stored_nbytes(e.key, wire, e.length) if wire else e.length
 
-    async def _update_batch(self, conn: _Conn, header: Header) -> None:
-        op = Op.WRITE if header.op == Op.WRITE_BATCH else Op.ACCUMULATE
-        entries = await self._batch_entries(conn, header)
-        data_len = header.length - len(entries) * ENTRY_SIZE
-        if sum(e.length for e in entries) != data_len:
+    async def _update_batch(self, conn: _Conn, header: Header, msg: UpdateBatch) -> None:
+        op = msg.single
+        entries = await self._batch_entries(conn, msg)
+        if sum(e.length for e in entries) != conn.payload.left:
             raise StoreError(Status.BAD_FRAME, "batch entry lengths do not add up to the payload")
         # Receive everything before applying anything: a batch cut short by a
         # broken connection changes nothing.
@@ -722,10 +749,10 @@ class Server:
                         e.key,
                         e.shard,
                         e.offset,
-                        self._entry_range(header, e),
+                        self._entry_range(msg.wire, e),
                         alpha=e.alpha,
                         dtype=e.dtype,
-                        wire=header.wire,
+                        wire=msg.wire,
                     )
                 except StoreError as exc:
                     await conn.payload.skip(e.length)  # this entry is refused, not the batch
@@ -746,10 +773,10 @@ class Server:
                 answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=u.status))
                 continue
             # Entry i of a batch has update id txn + i (the same on a retry).
-            u.txn = (header.txn + i) % (1 << 64) if header.txn else 0
+            u.txn = (msg.txn + i) % (1 << 64) if msg.txn else 0
             try:
                 self._check_primary(e.key, e.shard)
-                version, again = self._apply_once(u, header.worker, header.step)
+                version, again = self._apply_once(u, msg.worker, msg.step)
                 retried = retried or again
             except StoreError as exc:
                 self.store.abort(u)
@@ -763,40 +790,41 @@ class Server:
 
     # -- replication ops ------------------------------------------------------
 
-    async def _ping(self, conn: _Conn, header: Header) -> None:
-        body = await self._payload_json(conn, header)
+    async def _ping(self, conn: _Conn, header: Header, msg: Ping) -> None:
+        body = await self._payload_json(conn)
         answer = await self.replicator.received_ping(body)
         await self._reply(conn, header, [answer])
 
-    async def _catchup(self, conn: _Conn, header: Header) -> None:
-        body = await self._payload_json(conn, header)
+    async def _catchup(self, conn: _Conn, header: Header, msg: Catchup) -> None:
+        body = await self._payload_json(conn)
         await self._reply(conn, header, [self.replicator.catchup_answer(body)])
 
-    async def _sync_request(self, conn: _Conn, header: Header) -> None:
-        body = await self._payload_json(conn, header)
+    async def _sync_request(self, conn: _Conn, header: Header, msg: SyncRequest) -> None:
+        body = await self._payload_json(conn)
         await self.replicator.serve_sync_request(body)
         await self._reply(conn, header, [])
 
-    async def _sync(self, conn: _Conn, header: Header) -> None:
-        if header.offset > MAX_META_PAYLOAD or header.offset + header.size != header.length:
+    async def _sync(self, conn: _Conn, header: Header, msg: ShardCopy) -> None:
+        length = conn.payload.left
+        if msg.meta_length > MAX_META_PAYLOAD or msg.meta_length + msg.size != length:
             raise StoreError(Status.BAD_FRAME, "shard copy: lengths do not add up")
-        self.replicator.check_sender(header)
-        staging = self.store.reserve(header.length)
+        self.replicator.check_sender(msg.sender, msg.key, msg.shard)
+        staging = self.store.reserve(length)
         try:
             if staging is None:  # arena full: the copy waits in process memory
-                buf = np.empty(header.length, dtype=np.uint8)
+                buf = np.empty(length, dtype=np.uint8)
             else:
-                buf = self.store.arena.view(staging, 0, header.length)
+                buf = self.store.arena.view(staging, 0, length)
             await conn.payload.read_into(buf)
-            self.replicator.check_sender(header)
-            self.replicator.install(header, memoryview(buf))
+            self.replicator.check_sender(msg.sender, msg.key, msg.shard)
+            self.replicator.install(msg, memoryview(buf))
         finally:
             if staging is not None:
                 self.store.arena.free(staging)
-        await self._reply(conn, header, [], version=header.version)
+        await self._reply(conn, header, [], version=msg.version)
 
-    async def _rdma_connect(self, conn: _Conn, header: Header) -> None:
-        raw = await self._payload_json(conn, header)
+    async def _rdma_connect(self, conn: _Conn, header: Header, msg: RdmaConnect) -> None:
+        raw = await self._payload_json(conn)
         if self.rdma is None:
             raise StoreError(Status.BAD_OP, f"{self.node.name} serves no RDMA (see its log)")
         if conn.memory is not None:
@@ -813,7 +841,7 @@ class Server:
         conn.memory = session
         await self._reply(conn, header, [encode_json(answer)])
 
-    async def _auth(self, conn: _Conn, header: Header) -> None:
+    async def _auth(self, conn: _Conn, header: Header, msg: Auth) -> None:
         """AUTH past the gate: this daemon has no secret, or the connection passed already."""
         if self.secret is None:
             raise StoreError(
@@ -823,31 +851,26 @@ class Server:
             )
         raise StoreError(Status.AUTH_FAILED, "this connection is authenticated already")
 
-    _handlers: ClassVar[dict[Op, Callable[..., Awaitable[None]]]] = {
-        Op.AUTH: _auth,
-        Op.HELLO: _hello,
-        Op.CREATE: _create,
-        Op.DELETE: _delete,
-        Op.LIST: _list,
-        Op.STAT: _stat,
-        Op.READ: _read,
-        Op.WRITE: _update,
-        Op.ACCUMULATE: _update,
-        Op.READ_BATCH: _read_batch,
-        Op.WRITE_BATCH: _update_batch,
-        Op.ACCUMULATE_BATCH: _update_batch,
-        Op.RELEASE: _release,
-        Op.PING: _ping,
-        Op.CATCHUP: _catchup,
-        Op.SYNC_REQUEST: _sync_request,
-        Op.SYNC: _sync,
-        Op.RDMA_CONNECT: _rdma_connect,
+    # One handler per message kind (irdma.protocol.messages).
+    _handlers: ClassVar[dict[type, Callable[..., Awaitable[None]]]] = {
+        Auth: _auth,
+        Hello: _hello,
+        Create: _create,
+        Delete: _delete,
+        ListTensors: _list,
+        Stat: _stat,
+        Read: _read,
+        Update: _update,
+        ReplicaUpdate: _replica_update,
+        ReadBatch: _read_batch,
+        UpdateBatch: _update_batch,
+        Release: _release,
+        Ping: _ping,
+        Catchup: _catchup,
+        SyncRequest: _sync_request,
+        ShardCopy: _sync,
+        RdmaConnect: _rdma_connect,
     }
-
-
-# Only ops with a handler: ATTACH, say, is the shm handshake's first frame and
-# is answered BAD_OP on a connection already serving requests (a KeyError before).
-_OPS = {int(op): op for op in Server._handlers}
 
 
 def _peer_name(peer: object) -> str:

@@ -27,9 +27,9 @@ from ..errors import AuthFailed
 from ..protocol import (
     Flag,
     Header,
-    Op,
     Status,
 )
+from ..protocol.conversation import check_answer, owes_release, release_frame
 from .auth import prove_secret
 from .base import Buffer, Reply, Sink, StreamBroken, StreamClosed, StreamTimeout
 from .shm import exchange_attach
@@ -190,14 +190,15 @@ class BlockingConnection:
                 raise StreamBroken(
                     f"{stream.peer} answered request {answer.request_id}, expected {rid}"
                 )
+            check_answer(header.op, answer, memory=self.bulk is not SOCKET)
             if answer.status == OK and sink is not None:
                 await self.bulk.receive(self, answer, sink)
                 reply = Reply(answer)
             else:
                 reply = await receive_unsunk(stream, answer)
-            if answer.flags & PINNED:
+            if owes_release(answer):
                 # The daemon holds the answer's memory until told it was taken.
-                await stream.send_all([Header(op=Op.RELEASE, request_id=rid).pack()])
+                await stream.send_all([release_frame(rid)])
             return reply
         except (StreamBroken, StreamClosed, AuthFailed) as exc:
             self._fail(exc)

@@ -46,6 +46,8 @@ from ..protocol import (
     decode_json,
     encode_json,
 )
+from ..protocol.conversation import STAGEABLE, staged
+from ..protocol.messages import RdmaConnect
 from ..sizes import RDMA_STAGING_MIN, STAGING_ALIGN
 from .base import (
     Buffer,
@@ -75,7 +77,6 @@ from .verbs_compat import VerbsUnavailable, comp_channel_fd
 log = logging.getLogger("irdma")
 
 MAPPED = int(Flag.MAPPED)
-STAGEABLE = frozenset({Op.WRITE, Op.ACCUMULATE})
 # Largest single work request; longer transfers are chains of these.
 CHUNK = 1 << 20
 SEND_DEPTH = 256
@@ -406,7 +407,7 @@ class RdmaPath:
             body = encode_json(
                 {"qp": link.local.to_json(), "mtu": endpoint.mtu, "staging": staging_size}
             )
-            reply = await conn.exchange(Header(op=Op.RDMA_CONNECT, length=len(body)), [body])
+            reply = await conn.exchange(RdmaConnect().frame(len(body)), [body])
             said = reply.data.decode(errors="replace")
             if reply.header.status == Status.BAD_OP:
                 raise RdmaUnavailable(said, expected=True)
@@ -487,8 +488,7 @@ class RdmaPath:
 
     async def receive(self, conn: FramedConnection, header: Header, sink: Sink) -> bool:
         if header.flags & MAPPED and isinstance(sink, _Located):
-            if header.length != LOCATION.size:
-                raise ProtocolError(f"MAPPED answer of {header.length} bytes")
+            # check_answer made sure of the length.
             (sink.offset,) = LOCATION.unpack(await conn.stream.recv_bytes(LOCATION.size))
             return True  # RELEASE once the RDMA READ has the bytes
         if header.flags & MAPPED:
@@ -575,10 +575,7 @@ class RdmaPath:
             except BaseException as exc:
                 conn.abandon(exc)
                 raise
-            staged = dataclasses.replace(
-                header, flags=header.flags | Flag.STAGED, length=LOCATION.size
-            )
-            reply = await conn.exchange(staged, [LOCATION.pack(local)], sink)
+            reply = await conn.exchange(staged(header), [LOCATION.pack(local)], sink)
             self.pushed_bytes += n
             return reply
         finally:

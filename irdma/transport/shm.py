@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import array
 import contextlib
-import dataclasses
 import fcntl
 import mmap
 import os
@@ -47,13 +46,14 @@ from ..protocol import (
     LOCATION,
     Flag,
     Header,
-    Op,
     ProtocolError,
     Status,
     decode_json,
     encode_json,
     unpack_header,
 )
+from ..protocol.conversation import STAGEABLE, mapped_data, staged
+from ..protocol.messages import Attach
 from ..sizes import INLINE_MAX, SHM_STAGING_MIN, STAGING_ALIGN
 from .auth import prove_secret
 from .base import (
@@ -72,7 +72,6 @@ from .tcp import Exchanger, FramedConnection, FramedSocket, to_stdlib
 SOCKET_NAME = "psd.sock"
 # Writes below this go inline: a copy into staging would not pay for itself.
 MAPPED = int(Flag.MAPPED)
-STAGEABLE = frozenset({Op.WRITE, Op.ACCUMULATE})
 # sun_path holds 108 bytes; longer paths are reached through /proc/self/fd.
 SUN_PATH_MAX = 100
 
@@ -274,7 +273,7 @@ class AttachSocket(Protocol):
 def attach_frame(staging_size: int) -> bytes:
     """The ATTACH request: the staging size we offer (its memfd goes alongside)."""
     body = encode_json({"staging": staging_size})
-    return Header(op=Op.ATTACH, length=len(body)).pack() + body
+    return Attach().frame(len(body)).pack() + body
 
 
 class SharedMemory:
@@ -303,10 +302,7 @@ class SharedMemory:
         try:
             self.staging.fill(offset, payload)
             self.staged_bytes += n
-            staged = dataclasses.replace(
-                header, flags=header.flags | Flag.STAGED, length=LOCATION.size
-            )
-            return await conn.exchange(staged, [LOCATION.pack(offset)], sink)
+            return await conn.exchange(staged(header), [LOCATION.pack(offset)], sink)
         finally:
             self.staging.give(offset, n, conn)
 
@@ -317,13 +313,10 @@ class SharedMemory:
         if not header.flags & MAPPED:
             await sink.receive(stream, header)
             return False
-        if header.length != LOCATION.size:
-            raise ProtocolError(f"MAPPED answer of {header.length} bytes")
-        loc = bytearray(LOCATION.size)
+        loc = bytearray(LOCATION.size)  # check_answer made sure of the length
         await stream.recv_exactly_into(loc)
         (offset,) = LOCATION.unpack(loc)
-        data_header = dataclasses.replace(header, length=header.size)
-        await sink.receive(MemoryStream(self.arena, offset), data_header)
+        await sink.receive(MemoryStream(self.arena, offset), mapped_data(header))
         self.mapped_bytes += header.size
         return False
 

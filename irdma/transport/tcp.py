@@ -22,13 +22,12 @@ from ..protocol import (
     MAX_ERROR_MESSAGE,
     REQUEST_ID,
     REQUEST_ID_OFFSET,
-    Flag,
     Header,
-    Op,
     ProtocolError,
     Status,
     unpack_header,
 )
+from ..protocol.conversation import check_answer, owes_release, release_frame
 from .auth import prove_secret
 from .base import (
     SOCKET_ERRORS,
@@ -58,7 +57,6 @@ DRAIN_CHUNK = 1 << 20
 # A connection that always has data ready yields to other tasks after this
 # many operations, so one busy peer cannot starve the rest.
 YIELD_EVERY = 32
-PINNED = int(Flag.PINNED)
 AUTH_FAILED = int(Status.AUTH_FAILED)
 
 
@@ -282,9 +280,10 @@ async def receive_unsunk(stream: FramedSocket, header: Header) -> Reply:
 
 
 class _Pending:
-    __slots__ = ("error", "event", "reply", "sink")
+    __slots__ = ("error", "event", "op", "reply", "sink")
 
-    def __init__(self, sink: Sink | None) -> None:
+    def __init__(self, op: int, sink: Sink | None) -> None:
+        self.op = op
         self.sink = sink
         self.event = trio.Event()
         self.reply: Reply | None = None
@@ -457,13 +456,14 @@ class FramedConnection(Connection):
                 raise ProtocolError(
                     f"{self.stream.peer} answered unknown request {header.request_id}"
                 )
+            check_answer(pending.op, header, memory=self.bulk is not SOCKET)
             release_later = False
             if header.status == Status.OK and pending.sink is not None:
                 release_later = await self.bulk.receive(self, header, pending.sink)
                 pending.reply = Reply(header)
             else:
                 pending.reply = await receive_unsunk(self.stream, header)
-            if header.flags & PINNED and not release_later:
+            if owes_release(header) and not release_later:
                 self.release(header.request_id)
             pending.event.set()
 
@@ -490,7 +490,7 @@ class FramedConnection(Connection):
             await self._release_wakeup.wait()
             self._release_wakeup = trio.Event()
             ids, self._releases = self._releases, []
-            frames = [Header(op=Op.RELEASE, request_id=i).pack() for i in ids]
+            frames = [release_frame(i) for i in ids]
             await self._send(frames)
 
     async def _send(self, buffers: list[Buffer]) -> None:
@@ -535,7 +535,7 @@ class FramedConnection(Connection):
         if failure is None:
             await acquire_soon(self._send_lock)  # no frame is left half-sent
             try:
-                frames = [Header(op=Op.RELEASE, request_id=i).pack() for i in self._releases]
+                frames = [release_frame(i) for i in self._releases]
                 self._releases = []
                 if frames:
                     await self.stream.send_all(frames)
@@ -567,7 +567,7 @@ class FramedConnection(Connection):
         rid = self._next_id
         self._next_id += 1
         frame = request_frame(header, rid)
-        pending = _Pending(sink)
+        pending = _Pending(header.op, sink)
         if not self._pending:
             self._last_progress = trio.current_time()
         self._pending[rid] = pending

@@ -1,4 +1,4 @@
-"""The irdma wire format, in one place and without any I/O (sans-IO, as h11).
+"""The irdma wire format: frames, in one place and without any I/O (sans-IO, as h11).
 
 Every message is one fixed 104-byte little-endian header, optionally followed
 by a payload of ``header.length`` bytes. Requests and responses share the

@@ -1,0 +1,572 @@
+"""Typed messages: one frozen dataclass per request kind, each field with one meaning.
+
+The frame header (``frame.Header``) is one fixed struct for every op, so
+some of its fields mean different things by op (a batch's entry count sits
+in ``shard``, a SYNC's metadata length in ``offset``, a replica update's
+sender in ``worker``). Nothing above this module reads those fields: the
+daemon decodes each request frame into its message (``decode_request``)
+and the client builds frames from messages (``message.frame(length)``).
+Payloads are not part of a message: they follow the frame, ``length``
+bytes, and are read (or skipped, ``conversation``) by whoever handles it.
+
+No I/O here, as in ``frame``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .frame import DTYPE_ANY, NO_WORKER, Flag, Header, Op, ProtocolError, Status
+
+_REPLACE, _EXCLUSIVE, _REPLICA, _STAGED = (
+    int(Flag.REPLACE),
+    int(Flag.EXCLUSIVE),
+    int(Flag.REPLICA),
+    int(Flag.STAGED),
+)
+
+
+class BadRequest(ProtocolError):
+    """A request frame that decodes to no message; ``status`` is the answer."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+# -- metadata ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """What a daemon is and holds (answer: JSON). Any payload is ignored."""
+
+    request_id: int = 0
+    op: ClassVar[Op] = Op.HELLO
+
+    def frame(self, length: int = 0) -> Header:
+        return Header(op=Op.HELLO, request_id=self.request_id, length=length)
+
+    @classmethod
+    def decode(cls, h: Header) -> Hello:
+        return cls(h.request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    """Define a tensor; the payload is its ``TensorMeta`` as JSON."""
+
+    key: int
+    replace: bool = False  # replace a tensor of another dtype or shape
+    exclusive: bool = False  # fail if the tensor exists at all
+    request_id: int = 0
+    op: ClassVar[Op] = Op.CREATE
+
+    def frame(self, length: int = 0) -> Header:
+        flags = (_REPLACE if self.replace else 0) | (_EXCLUSIVE if self.exclusive else 0)
+        return Header(
+            op=Op.CREATE, request_id=self.request_id, key=self.key, flags=flags, length=length
+        )
+
+    @classmethod
+    def decode(cls, h: Header) -> Create:
+        return cls(h.key, bool(h.flags & _REPLACE), bool(h.flags & _EXCLUSIVE), h.request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    key: int
+    request_id: int = 0
+    op: ClassVar[Op] = Op.DELETE
+
+    def frame(self, length: int = 0) -> Header:
+        return Header(op=Op.DELETE, request_id=self.request_id, key=self.key, length=length)
+
+    @classmethod
+    def decode(cls, h: Header) -> Delete:
+        return cls(h.key, h.request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    key: int
+    request_id: int = 0
+    op: ClassVar[Op] = Op.STAT
+
+    def frame(self, length: int = 0) -> Header:
+        return Header(op=Op.STAT, request_id=self.request_id, key=self.key, length=length)
+
+    @classmethod
+    def decode(cls, h: Header) -> Stat:
+        return cls(h.key, h.request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ListTensors:
+    """The tensors under a prefix; the payload is the prefix (UTF-8)."""
+
+    request_id: int = 0
+    op: ClassVar[Op] = Op.LIST
+
+    def frame(self, length: int = 0) -> Header:
+        return Header(op=Op.LIST, request_id=self.request_id, length=length)
+
+    @classmethod
+    def decode(cls, h: Header) -> ListTensors:
+        return cls(h.request_id)
+
+
+# -- data -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """Bytes ``[offset, offset+size)`` of one shard (a pull, with ``worker``)."""
+
+    key: int
+    shard: int
+    offset: int
+    size: int
+    min_version: int = 0  # a replica behind this answers BEHIND
+    layout: int = 0  # the layout fingerprint the client assumes (0: unchecked)
+    dtype: int = DTYPE_ANY
+    wire: int = 0  # answer narrowed to this dtype (irdma.narrowing); 0: as stored
+    worker: int = NO_WORKER  # a training worker's pull for ``step``
+    step: int = 0
+    request_id: int = 0
+    op: ClassVar[Op] = Op.READ
+
+    def frame(self, length: int = 0) -> Header:
+        return Header(
+            Op.READ,
+            self.request_id,
+            self.key,
+            self.shard,
+            self.offset,
+            self.size,
+            length,
+            self.min_version,
+            1.0,
+            self.layout,
+            0,
+            0,
+            self.dtype,
+            worker=self.worker,
+            step=self.step,
+            wire=self.wire,
+        )
+
+    @classmethod
+    def decode(cls, h: Header) -> Read:
+        return cls(
+            h.key,
+            h.shard,
+            h.offset,
+            h.size,
+            h.version,
+            h.layout,
+            h.dtype,
+            h.wire,
+            h.worker,
+            h.step,
+            h.request_id,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """A client's WRITE or ACCUMULATE (``tensor[offset:] (+)= alpha * data``) of one shard.
+
+    The payload is the data (``size`` bytes, fewer if narrowed to ``wire``),
+    or with ``staged`` an 8-byte ``LOCATION`` in the connection's staging memory.
+    """
+
+    op: Op
+    key: int
+    shard: int
+    offset: int
+    size: int
+    alpha: float = 1.0
+    layout: int = 0
+    dtype: int = DTYPE_ANY
+    wire: int = 0
+    worker: int = NO_WORKER  # a training worker's push for ``step``
+    step: int = 0
+    txn: int = 0  # the same on every retry, so a retried update is applied once
+    staged: bool = False
+    request_id: int = 0
+
+    def frame(self, length: int) -> Header:
+        return Header(
+            self.op,
+            self.request_id,
+            self.key,
+            self.shard,
+            self.offset,
+            self.size,
+            length,
+            0,
+            self.alpha,
+            self.layout,
+            _STAGED if self.staged else 0,
+            0,
+            self.dtype,
+            worker=self.worker,
+            step=self.step,
+            txn=self.txn,
+            wire=self.wire,
+        )
+
+    @classmethod
+    def decode(cls, h: Header) -> Update:
+        return cls(
+            Op(h.op),
+            h.key,
+            h.shard,
+            h.offset,
+            h.size,
+            h.alpha,
+            h.layout,
+            h.dtype,
+            h.wire,
+            h.worker,
+            h.step,
+            h.txn,
+            bool(h.flags & _STAGED),
+            h.request_id,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaUpdate:
+    """A primary's update forwarded to a backup, applied only on top of ``produces - 1``."""
+
+    op: Op  # WRITE or ACCUMULATE
+    key: int
+    shard: int
+    offset: int
+    size: int
+    alpha: float
+    layout: int
+    dtype: int
+    produces: int  # the version the update produces
+    sender: int  # the sending daemon's index in the cluster's node list
+    txn: int = 0
+    request_id: int = 0
+
+    def frame(self, length: int) -> Header:
+        return Header(
+            self.op,
+            self.request_id,
+            self.key,
+            self.shard,
+            self.offset,
+            self.size,
+            length,
+            self.produces,
+            self.alpha,
+            self.layout,
+            _REPLICA,
+            0,
+            self.dtype,
+            worker=self.sender,
+            txn=self.txn,
+        )
+
+    @classmethod
+    def decode(cls, h: Header) -> ReplicaUpdate:
+        if h.flags & _STAGED or h.wire:
+            raise BadRequest(Status.BAD_FRAME, "a replica update is neither STAGED nor narrowed")
+        return cls(
+            Op(h.op),
+            h.key,
+            h.shard,
+            h.offset,
+            h.size,
+            h.alpha,
+            h.layout,
+            h.dtype,
+            h.version,
+            h.worker,
+            h.txn,
+            h.request_id,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBatch:
+    """``count`` reads; the payload is their ``BatchEntry`` records."""
+
+    count: int
+    wire: int = 0  # every entry narrowed; entry lengths count wire bytes
+    worker: int = NO_WORKER
+    step: int = 0
+    request_id: int = 0
+    op: ClassVar[Op] = Op.READ_BATCH
+
+    def frame(self, length: int) -> Header:
+        return Header(
+            op=Op.READ_BATCH,
+            request_id=self.request_id,
+            shard=self.count,
+            length=length,
+            worker=self.worker,
+            step=self.step,
+            wire=self.wire,
+        )
+
+    @classmethod
+    def decode(cls, h: Header) -> ReadBatch:
+        return cls(h.shard, h.wire, h.worker, h.step, h.request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateBatch:
+    """``count`` writes or accumulates: their entries, then their data back to back.
+
+    Entry ``i`` is update ``txn + i`` (0: none), the same on a retry.
+    """
+
+    op: Op  # WRITE_BATCH or ACCUMULATE_BATCH
+    count: int
+    wire: int = 0
+    worker: int = NO_WORKER
+    step: int = 0
+    txn: int = 0
+    request_id: int = 0
+
+    def frame(self, length: int) -> Header:
+        return Header(
+            op=self.op,
+            request_id=self.request_id,
+            shard=self.count,
+            length=length,
+            worker=self.worker,
+            step=self.step,
+            txn=self.txn,
+            wire=self.wire,
+        )
+
+    @classmethod
+    def decode(cls, h: Header) -> UpdateBatch:
+        return cls(Op(h.op), h.shard, h.wire, h.worker, h.step, h.txn, h.request_id)
+
+    @property
+    def single(self) -> Op:
+        """The op of one of its entries sent alone."""
+        return Op.WRITE if self.op == Op.WRITE_BATCH else Op.ACCUMULATE
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """The pinned answer to request ``request_id`` has been taken: its memory is free."""
+
+    request_id: int
+    op: ClassVar[Op] = Op.RELEASE
+
+    def frame(self, length: int = 0) -> Header:
+        return Header(op=Op.RELEASE, request_id=self.request_id, length=length)
+
+    @classmethod
+    def decode(cls, h: Header) -> Release:
+        return cls(h.request_id)
+
+
+# -- between daemons ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """A daemon's heartbeat; the payload is its state as JSON."""
+
+    request_id: int = 0
+    op: ClassVar[Op] = Op.PING
+
+    def frame(self, length: int = 0) -> Header:
+        return Header(op=Op.PING, request_id=self.request_id, length=length)
+
+    @classmethod
+    def decode(cls, h: Header) -> Ping:
+        return cls(h.request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Catchup:
+    """A recovering daemon asks which of its shards the peer holds (JSON payload)."""
+
+    request_id: int = 0
+    op: ClassVar[Op] = Op.CATCHUP
+
+    def frame(self, length: int = 0) -> Header:
+        return Header(op=Op.CATCHUP, request_id=self.request_id, length=length)
+
+    @classmethod
+    def decode(cls, h: Header) -> Catchup:
+        return cls(h.request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class SyncRequest:
+    """A recovering daemon asks the peer to push these shards (JSON payload) as copies."""
+
+    request_id: int = 0
+    op: ClassVar[Op] = Op.SYNC_REQUEST
+
+    def frame(self, length: int = 0) -> Header:
+        return Header(op=Op.SYNC_REQUEST, request_id=self.request_id, length=length)
+
+    @classmethod
+    def decode(cls, h: Header) -> SyncRequest:
+        return cls(h.request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardCopy:
+    """A whole shard replacing a backup's copy (SYNC): ``meta_length`` bytes of JSON
+    (the tensor's metadata and txn window), then the shard's bytes."""
+
+    key: int
+    shard: int
+    version: int
+    meta_length: int
+    size: int  # the shard's bytes, after the metadata
+    sender: int  # the sending daemon's index in the cluster's node list
+    request_id: int = 0
+    op: ClassVar[Op] = Op.SYNC
+
+    def frame(self, length: int) -> Header:
+        return Header(
+            op=Op.SYNC,
+            request_id=self.request_id,
+            key=self.key,
+            shard=self.shard,
+            offset=self.meta_length,
+            size=self.size,
+            length=length,
+            version=self.version,
+            worker=self.sender,
+        )
+
+    @classmethod
+    def decode(cls, h: Header) -> ShardCopy:
+        return cls(h.key, h.shard, h.version, h.offset, h.size, h.worker, h.request_id)
+
+
+# -- connection set-up -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Auth:
+    """One step of the AUTH handshake (see ``frame``'s AUTH FRAMES)."""
+
+    step: int
+    request_id: int = 0
+    op: ClassVar[Op] = Op.AUTH
+
+    def frame(self, length: int = 0) -> Header:
+        return Header(op=Op.AUTH, request_id=self.request_id, shard=self.step, length=length)
+
+    @classmethod
+    def decode(cls, h: Header) -> Auth:
+        return cls(h.shard, h.request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Attach:
+    """The first frame on a daemon's unix socket (shm): JSON, with the staging memfd."""
+
+    request_id: int = 0
+    op: ClassVar[Op] = Op.ATTACH
+
+    def frame(self, length: int = 0) -> Header:
+        return Header(op=Op.ATTACH, request_id=self.request_id, length=length)
+
+    @classmethod
+    def decode(cls, h: Header) -> Attach:
+        return cls(h.request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class RdmaConnect:
+    """Set up an RC queue pair for this TCP connection (JSON both ways)."""
+
+    request_id: int = 0
+    op: ClassVar[Op] = Op.RDMA_CONNECT
+
+    def frame(self, length: int = 0) -> Header:
+        return Header(op=Op.RDMA_CONNECT, request_id=self.request_id, length=length)
+
+    @classmethod
+    def decode(cls, h: Header) -> RdmaConnect:
+        return cls(h.request_id)
+
+
+Request = (
+    Hello
+    | Create
+    | Delete
+    | Stat
+    | ListTensors
+    | Read
+    | Update
+    | ReplicaUpdate
+    | ReadBatch
+    | UpdateBatch
+    | Release
+    | Ping
+    | Catchup
+    | SyncRequest
+    | ShardCopy
+    | Auth
+    | Attach
+    | RdmaConnect
+)
+
+_DECODERS = {
+    Op.HELLO: Hello.decode,
+    Op.CREATE: Create.decode,
+    Op.DELETE: Delete.decode,
+    Op.STAT: Stat.decode,
+    Op.LIST: ListTensors.decode,
+    Op.READ: Read.decode,
+    Op.READ_BATCH: ReadBatch.decode,
+    Op.WRITE_BATCH: UpdateBatch.decode,
+    Op.ACCUMULATE_BATCH: UpdateBatch.decode,
+    Op.RELEASE: Release.decode,
+    Op.PING: Ping.decode,
+    Op.CATCHUP: Catchup.decode,
+    Op.SYNC_REQUEST: SyncRequest.decode,
+    Op.SYNC: ShardCopy.decode,
+    Op.AUTH: Auth.decode,
+    Op.ATTACH: Attach.decode,
+    Op.RDMA_CONNECT: RdmaConnect.decode,
+}
+_DECODERS_BY_CODE = {int(op): fn for op, fn in _DECODERS.items()}
+_UPDATES = (int(Op.WRITE), int(Op.ACCUMULATE))
+
+
+def decode_request(h: Header) -> Request:
+    """The message a request frame carries; BadRequest (BAD_OP, BAD_FRAME) if none.
+
+    Flags that do not belong to the op are refused here, so a handler never
+    sees a REPLICA read or a STAGED create.
+    """
+    op = h.op
+    flags = h.flags
+    if op in _UPDATES:
+        if flags & _REPLICA:
+            if flags & ~_REPLICA:
+                raise BadRequest(Status.BAD_FRAME, f"flags {flags:#x} on a replica update")
+            return ReplicaUpdate.decode(h)
+        if flags & ~_STAGED:
+            raise BadRequest(Status.BAD_FRAME, f"flags {flags:#x} on {Op(op).name}")
+        return Update.decode(h)
+    decode = _DECODERS_BY_CODE.get(op)
+    if decode is None:
+        raise BadRequest(Status.BAD_OP, f"unknown op {op}")
+    allowed = (_REPLACE | _EXCLUSIVE) if op == Op.CREATE else 0
+    if flags & ~allowed:
+        raise BadRequest(Status.BAD_FRAME, f"flags {flags:#x} on {Op(op).name}")
+    return decode(h)

@@ -1,0 +1,223 @@
+"""Typed messages, without sockets: every kind round-trips through its frame, and
+frames that are no message are refused with the status the daemon answers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from irdma.protocol import (
+    HEADER,
+    MAGIC,
+    PROTOCOL_VERSION,
+    Flag,
+    Header,
+    Op,
+    Status,
+    unpack_header,
+)
+from irdma.protocol.messages import (
+    Attach,
+    Auth,
+    BadRequest,
+    Catchup,
+    Create,
+    Delete,
+    Hello,
+    ListTensors,
+    Ping,
+    RdmaConnect,
+    Read,
+    ReadBatch,
+    Release,
+    ReplicaUpdate,
+    ShardCopy,
+    Stat,
+    SyncRequest,
+    Update,
+    UpdateBatch,
+    decode_request,
+)
+
+U16 = st.integers(0, 2**16 - 1)
+U32 = st.integers(0, 2**32 - 1)
+U64 = st.integers(0, 2**64 - 1)
+ALPHA = st.floats(allow_nan=False, allow_infinity=False, width=64)
+RID = {"request_id": U64}
+UPDATE_OPS = st.sampled_from([Op.WRITE, Op.ACCUMULATE])
+
+MESSAGES = st.one_of(
+    st.builds(Hello, **RID),
+    st.builds(Create, key=U64, replace=st.booleans(), exclusive=st.booleans(), **RID),
+    st.builds(Delete, key=U64, **RID),
+    st.builds(Stat, key=U64, **RID),
+    st.builds(ListTensors, **RID),
+    st.builds(
+        Read,
+        key=U64,
+        shard=U32,
+        offset=U64,
+        size=U64,
+        min_version=U64,
+        layout=U64,
+        dtype=U16,
+        wire=U16,
+        worker=U32,
+        step=U64,
+        **RID,
+    ),
+    st.builds(
+        Update,
+        op=UPDATE_OPS,
+        key=U64,
+        shard=U32,
+        offset=U64,
+        size=U64,
+        alpha=ALPHA,
+        layout=U64,
+        dtype=U16,
+        wire=U16,
+        worker=U32,
+        step=U64,
+        txn=U64,
+        staged=st.booleans(),
+        **RID,
+    ),
+    st.builds(
+        ReplicaUpdate,
+        op=UPDATE_OPS,
+        key=U64,
+        shard=U32,
+        offset=U64,
+        size=U64,
+        alpha=ALPHA,
+        layout=U64,
+        dtype=U16,
+        produces=U64,
+        sender=U32,
+        txn=U64,
+        **RID,
+    ),
+    st.builds(ReadBatch, count=U32, wire=U16, worker=U32, step=U64, **RID),
+    st.builds(
+        UpdateBatch,
+        op=st.sampled_from([Op.WRITE_BATCH, Op.ACCUMULATE_BATCH]),
+        count=U32,
+        wire=U16,
+        worker=U32,
+        step=U64,
+        txn=U64,
+        **RID,
+    ),
+    st.builds(Release, request_id=U64),
+    st.builds(Ping, **RID),
+    st.builds(Catchup, **RID),
+    st.builds(SyncRequest, **RID),
+    st.builds(
+        ShardCopy,
+        key=U64,
+        shard=U32,
+        version=U64,
+        meta_length=U64,
+        size=U64,
+        sender=U32,
+        **RID,
+    ),
+    st.builds(Auth, step=U32, **RID),
+    st.builds(Attach, **RID),
+    st.builds(RdmaConnect, **RID),
+)
+
+
+@given(msg=MESSAGES, length=U64)
+def test_every_message_round_trips_through_its_bytes(msg, length: int) -> None:
+    frame = msg.frame(length)
+    assert frame.length == length
+    back = decode_request(unpack_header(frame.pack()))
+    assert back == msg
+    assert type(back) is type(msg)
+
+
+def test_each_op_decodes_to_its_kind() -> None:
+    """The per-op header fields land in fields of their own meaning."""
+    h = Header(Op.READ_BATCH, 7, shard=12, worker=3, step=9, wire=10)
+    assert decode_request(h) == ReadBatch(count=12, wire=10, worker=3, step=9, request_id=7)
+    h = Header(Op.SYNC, 1, key=5, shard=2, offset=40, size=4096, version=8, worker=1)
+    assert decode_request(h) == ShardCopy(5, 2, 8, 40, 4096, sender=1, request_id=1)
+    h = Header(Op.ACCUMULATE, 2, key=5, shard=2, version=8, worker=1, flags=Flag.REPLICA)
+    copy = decode_request(h)
+    assert isinstance(copy, ReplicaUpdate)
+    assert (copy.produces, copy.sender) == (8, 1)
+    h = Header(Op.READ, 3, key=5, version=11)
+    assert decode_request(h).min_version == 11
+    assert decode_request(Header(Op.AUTH, shard=2)) == Auth(step=2)
+    assert decode_request(Header(Op.WRITE, flags=Flag.STAGED)).staged
+
+
+@pytest.mark.parametrize(
+    ("header", "status"),
+    [
+        (Header(op=0), Status.BAD_OP),
+        (Header(op=200), Status.BAD_OP),
+        (Header(Op.READ, flags=Flag.REPLICA), Status.BAD_FRAME),
+        (Header(Op.READ, flags=Flag.REPLACE), Status.BAD_FRAME),
+        (Header(Op.READ, flags=Flag.STAGED), Status.BAD_FRAME),
+        (Header(Op.CREATE, flags=Flag.STAGED), Status.BAD_FRAME),
+        (Header(Op.WRITE, flags=Flag.PINNED), Status.BAD_FRAME),
+        (Header(Op.WRITE, flags=Flag.REPLICA | Flag.STAGED), Status.BAD_FRAME),
+        (Header(Op.ACCUMULATE, flags=Flag.REPLICA, wire=10), Status.BAD_FRAME),
+        (Header(Op.WRITE_BATCH, flags=Flag.REPLICA), Status.BAD_FRAME),
+        (Header(Op.RELEASE, flags=Flag.MAPPED), Status.BAD_FRAME),
+    ],
+)
+def test_frames_that_are_no_request_are_refused(header: Header, status: Status) -> None:
+    with pytest.raises(BadRequest) as info:
+        decode_request(header)
+    assert info.value.status == status
+
+
+def test_create_keeps_its_two_flags() -> None:
+    h = Create(9, replace=True, exclusive=True).frame(10)
+    assert h.flags == Flag.REPLACE | Flag.EXCLUSIVE
+    assert decode_request(dataclasses.replace(h, flags=Flag.EXCLUSIVE)) == Create(9, False, True)
+
+
+@given(
+    op=st.integers(0, 255),
+    flags=U16,
+    fields=st.tuples(U32, U64, U64, U64, U64, U64, U64, U32, U16, U64, U64),
+)
+def test_any_frame_decodes_to_a_message_or_a_refusal(op: int, flags: int, fields) -> None:
+    shard, rid, key, offset, size, length, version, worker, wire, step, txn = fields
+    raw = HEADER.pack(
+        MAGIC,
+        PROTOCOL_VERSION,
+        op,
+        flags,
+        0,
+        0,
+        shard,
+        rid,
+        key,
+        offset,
+        size,
+        length,
+        version,
+        1.0,
+        0,
+        worker,
+        wire,
+        0,
+        step,
+        txn,
+    )
+    try:
+        msg = decode_request(unpack_header(raw))
+    except BadRequest as exc:
+        assert exc.status in (Status.BAD_OP, Status.BAD_FRAME)
+    else:
+        assert msg.op == op
+        assert msg.request_id == rid
