@@ -11,6 +11,7 @@ each daemon directly (no failover), as sha256 digests with versions.
 expected value (for shaped, lossy links).
 
 ``wait-quorum``: wait until a daemon says it has lost (or regained) quorum.
+``wait-primaries``: wait until a daemon took over shards (its HELLO's count).
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 import trio
@@ -139,13 +142,13 @@ def wait_ready(args: argparse.Namespace) -> None:
     print(json.dumps({"ready": True}))
 
 
-def wait_quorum(args: argparse.Namespace) -> None:
-    """Wait until a daemon's HELLO says it has (or, with --lost, has not) quorum."""
+def _wait_hello(args: argparse.Namespace, done: Callable[[dict], bool]) -> None:
+    """Ask a daemon for HELLO until ``done(answer)``; print the last answer (exit 1 if
+    --timeout passes first)."""
     from irdma.cluster import load_config
 
     config = load_config(args.config)
     node = config.node(args.node)
-    want = not args.lost
     deadline = time.monotonic() + args.timeout
     last: object = None
 
@@ -154,10 +157,10 @@ def wait_quorum(args: argparse.Namespace) -> None:
         async with AsyncClient(config, timeout=1.0) as client:
             while time.monotonic() < deadline:
                 try:
-                    last = (await client.hello(node)).get("quorum")
+                    last = await client.hello(node)
                 except IrdmaError as exc:
                     last = str(exc)
-                if last is want:
+                if isinstance(last, dict) and done(last):
                     return True
                 await trio.sleep(0.05)
         return False
@@ -168,11 +171,27 @@ def wait_quorum(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def wait_quorum(args: argparse.Namespace) -> None:
+    """Wait until a daemon's HELLO says it has (or, with --lost, has not) quorum."""
+    _wait_hello(args, lambda hello: hello.get("quorum") is (not args.lost))
+
+
+def wait_primaries(args: argparse.Namespace) -> None:
+    """Wait until a daemon is the acting primary of more than --above shards (it took
+    over a peer's)."""
+    _wait_hello(args, lambda hello: hello["shards"]["primary"] > args.above)
+
+
 def try_write(args: argparse.Namespace) -> None:
     """Accumulate ones ``--times`` times; print what happened (for a partition's sides)."""
     with Client(args.config, timeout=args.timeout) as client:
         try:
             info = client.stat(args.tensor)
+            if args.go:
+                # Started and connected: the write goes the moment the test says.
+                print("ready", flush=True)
+                while not os.path.exists(args.go):
+                    time.sleep(0.005)
             for _ in range(args.times):
                 if args.first is not None:
                     # Only shard 0, so the answer comes from its replicas alone.
@@ -216,11 +235,17 @@ def main() -> None:
     tw.add_argument("--timeout", type=float, default=2.0)
     tw.add_argument("--times", type=int, default=1)
     tw.add_argument("--first", type=float, help="write this float64 as element 0 instead")
+    tw.add_argument("--go", help="write only once this file exists")
     q = sub.add_parser("wait-quorum")
     q.add_argument("--config", required=True)
     q.add_argument("--node", required=True)
     q.add_argument("--lost", action="store_true", help="wait until it has lost quorum")
     q.add_argument("--timeout", type=float, default=30.0)
+    wp = sub.add_parser("wait-primaries")
+    wp.add_argument("--config", required=True)
+    wp.add_argument("--node", required=True)
+    wp.add_argument("--above", type=int, required=True)
+    wp.add_argument("--timeout", type=float, default=30.0)
     wr = sub.add_parser("write")
     wr.add_argument("--config", required=True)
     wr.add_argument("--tensor", required=True)
@@ -233,6 +258,7 @@ def main() -> None:
         "training": training,
         "wait-ready": wait_ready,
         "wait-quorum": wait_quorum,
+        "wait-primaries": wait_primaries,
         "try-write": try_write,
         "write": write,
     }
