@@ -229,6 +229,7 @@ async def run_local(
         # SIGHUP too (its terminal closed): psd takes SIGHUP as "reload", so
         # the daemons would outlive this command otherwise.
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+            started_at = trio.current_time()
             for node in config.nodes:
                 node.data_dir.mkdir(parents=True, exist_ok=True)
                 procs[node.name] = await start(node.name)
@@ -250,6 +251,7 @@ async def run_local(
                         records[name],
                         procs[name],
                         partial(start, name),
+                        started_at=started_at,
                         policy=policy,
                         changed=changed,
                         log=say,

@@ -100,6 +100,7 @@ async def supervise(
     proc: trio.Process,
     start: Callable[[], Awaitable[trio.Process]],
     *,
+    started_at: float,
     policy: RestartPolicy,
     changed: Callable[[DaemonRecord, trio.Process | None], None],
     log: Callable[[str], None],
@@ -107,6 +108,8 @@ async def supervise(
 ) -> None:
     """Wait for ``proc`` to exit and restart it by ``start()`` until the policy says stop.
 
+    ``started_at``: when ``proc`` was started (``trio.current_time()``), so
+    its first crash is judged fast or not by how long it really ran.
     ``changed`` is called with the record and the current process (None
     while there is none) after every change; ``back`` runs for each restart
     (in the background) to report when the daemon serves again. Returns
@@ -115,7 +118,6 @@ async def supervise(
     """
     async with trio.open_nursery() as nursery:
         while True:
-            started_at = trio.current_time()
             code = await proc.wait()
             delay = record.exited(code, trio.current_time() - started_at, policy)
             changed(record, None)
@@ -138,6 +140,7 @@ async def supervise(
                 f"(restart {record.restarts + 1})"
             )
             await trio.sleep(delay)
+            started_at = trio.current_time()
             proc = await start()
             record.restarts += 1
             record.started(proc.pid)
