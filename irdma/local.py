@@ -159,7 +159,12 @@ async def wait_ready(config: ClusterConfig, procs: dict[str, trio.Process]) -> N
 async def report_back(config: ClusterConfig, record: DaemonRecord, proc: trio.Process) -> None:
     """Say when a restarted daemon serves again (with replicas: once it has caught up)."""
     node = config.node(record.name)
-    async with AsyncClient(config, timeout=1.0) as client:
+    try:
+        client = AsyncClient(config, timeout=1.0)
+    except IrdmaError as exc:  # e.g. the secret file was removed: supervision goes on
+        say(f"cannot ask daemon {record.name} whether it is back: {exc}")
+        return
+    async with client:
         while proc.returncode is None:
             if await serving(client, node):
                 how = "caught up from its replicas" if config.replicas > 1 else "from its snapshot"
