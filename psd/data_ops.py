@@ -1,0 +1,409 @@
+"""The data requests: reads (and pulls that wait for a training step), writes and
+accumulates, one shard or a batch at a time."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from functools import partial
+from time import perf_counter
+
+import trio
+
+from irdma.cluster import Node
+from irdma.protocol import (
+    ENTRY_SIZE,
+    LOCATION,
+    NO_WORKER,
+    BatchEntry,
+    Flag,
+    Header,
+    Status,
+    pack_entries,
+    pack_response,
+    unpack_entries,
+)
+from irdma.protocol.messages import Read, ReadBatch, Release, ReplicaUpdate, Update, UpdateBatch
+from irdma.sizes import ZERO_COPY_MIN
+from irdma.transport.base import StreamBroken, StreamClosed, acquire_soon
+
+from .admission import Admission
+from .arena import Block
+from .conn import Conn, Replies, no_payload
+from .metrics import RequestMetrics
+from .replication import Replicator
+from .store import Store, StoreError
+from .store import Update as StoreUpdate
+
+log = logging.getLogger("psd")
+
+
+class DataOps:
+    """Handlers of the data requests for one daemon's store."""
+
+    def __init__(
+        self,
+        node: Node,
+        store: Store,
+        admission: Admission,
+        replicator: Replicator,
+        replies: Replies,
+        metrics: RequestMetrics,
+        *,
+        poll: float,
+        max_payload: int,
+    ) -> None:
+        self.node = node
+        self.store = store
+        self.admission = admission
+        self.replicator = replicator
+        self.replies = replies
+        self.metrics = metrics
+        # Longest a read waits for a training step before it is answered NOT_READY.
+        self.poll = poll
+        self.max_payload = max_payload
+        self._changed = trio.Event()
+        store.on_change = self.wake
+
+    def wake(self) -> None:
+        """Wake every read waiting for a training step; each re-checks its own condition."""
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def forward(self) -> list:
+        """Queue what was just applied for the backups (call with no await in between)."""
+        commits = self.store.take_commits()
+        return self.replicator.forward(commits) if commits else []
+
+    async def read(self, conn: Conn, header: Header, msg: Read) -> None:
+        no_payload(conn, msg)
+        self.admission.check_ready()
+        if msg.worker != NO_WORKER and self.store.waits_for(
+            msg.key, msg.shard, msg.worker, msg.step, msg.layout
+        ):
+            conn.deferred = True
+            conn.nursery.start_soon(
+                self._wait_then,
+                conn,
+                header,
+                msg,
+                {msg.key: [msg.shard]},
+                partial(self._read_now, conn, header, msg),
+            )
+            return
+        await self._read_now(conn, header, msg)
+
+    async def _wait_then(
+        self,
+        conn: Conn,
+        header: Header,
+        msg: Read | ReadBatch,
+        shards: dict[int, list[int]],
+        answer: Callable[[], Awaitable[None]],
+    ) -> None:
+        """Answer a read once its training step is reached, or NOT_READY after ``poll``.
+
+        Runs in its own task, so the connection serves other requests
+        (the pushes this read may be waiting for among them) meanwhile.
+        ``shards`` maps tensor keys to the shards the read waits on.
+        """
+        started = perf_counter()
+        try:
+            try:
+                if await self._wait_for_step(msg.worker, msg.step, shards):
+                    await answer()
+                else:
+                    await self.replies.error(
+                        conn,
+                        header,
+                        Status.NOT_READY,
+                        f"step {msg.step} not reached within {self.poll:g} s; ask again",
+                    )
+            except StoreError as exc:
+                await self.replies.error(conn, header, exc.status, exc.message)
+        except (StreamBroken, StreamClosed):
+            pass  # the connection task notices and cleans up
+        finally:
+            self.metrics.series(header.op, conn.transport).observe(perf_counter() - started)
+
+    def _still_waiting(self, worker: int, step: int, shards: dict[int, list[int]]) -> bool:
+        return any(
+            self.store.waits_for(key, s, worker, step) for key, ss in shards.items() for s in ss
+        )
+
+    async def _wait_for_step(self, worker: int, step: int, shards: dict[int, list[int]]) -> bool:
+        """Wait until no shard's read waits for anyone; False if ``poll`` ran out first.
+
+        When it runs out, workers silent past the mode's timeout are
+        reported (StoreError WORKER_LOST) or evicted, per the mode.
+        """
+        with trio.move_on_after(self.poll):
+            while True:
+                changed = self._changed
+                if not self._still_waiting(worker, step, shards):
+                    return True
+                await changed.wait()
+        for key, ss in shards.items():
+            for s in ss:
+                lost = self.store.expire(key, s, worker, step)
+                self.forward()  # a step applied without the evicted workers
+                if lost:
+                    log.warning(
+                        "%s: evicted silent worker(s) %s from tensor %s",
+                        self.node.name,
+                        lost,
+                        self.store.tensors[key].meta.name,
+                    )
+        return not self._still_waiting(worker, step, shards)
+
+    async def _read_now(self, conn: Conn, header: Header, msg: Read) -> None:
+        shard, view = self.store.read_view(
+            msg.key, msg.shard, msg.offset, msg.size, msg.layout, msg.dtype
+        )
+        self.admission.check_fresh(msg.key, msg.min_version, shard.version, shard.index)
+        if msg.wire:
+            # Narrowed: new bytes, sent inline (nothing in the arena to map or pin).
+            narrowed = self.store.read_narrowed(msg.key, msg.offset, view, msg.wire)
+            await self.replies.reply(conn, header, [narrowed], version=shard.version)
+            return
+        block = self.store.pin(shard.block)
+        rid = msg.request_id
+        if conn.memory is not None and msg.size >= conn.memory.mapped_min and rid not in conn.pins:
+            # Same host: say where the bytes are; the pin keeps them there
+            # (an update writes a new block) until the client's RELEASE.
+            conn.pins[rid] = block
+            where = LOCATION.pack(block.offset + msg.offset)
+            flags = Flag.PINNED | Flag.MAPPED
+            frame = pack_response(header, 0, len(where), flags, shard.version)
+            self.metrics.series(msg.op, conn.transport).sent += msg.size
+            await conn.send([frame, where])
+            return
+        if msg.size >= ZERO_COPY_MIN and rid not in conn.pins:
+            # The kernel keeps referring to these pages until the client has
+            # received them; the pin holds the block until it says RELEASE.
+            conn.pins[rid] = block
+            frame = pack_response(header, 0, msg.size, Flag.PINNED, shard.version)
+            self.metrics.series(msg.op, conn.transport).sent += msg.size
+            await acquire_soon(conn.send_lock)
+            try:
+                await conn.stream.send_all([frame])
+                await conn.stream.sendfile(self.store.arena.fd, block.offset + msg.offset, msg.size)
+            finally:
+                conn.send_lock.release()
+            return
+        try:
+            await self.replies.reply(conn, header, [view], version=shard.version)
+        finally:
+            self.store.unpin(block)
+
+    async def release(self, conn: Conn, header: Header, msg: Release) -> None:
+        block = conn.pins.pop(msg.request_id, None)
+        if block is not None:
+            self.store.unpin(block)
+
+    async def receive_update(
+        self, conn: Conn, msg: Update | ReplicaUpdate, *, wire: int = 0, staged: bool = False
+    ) -> StoreUpdate:
+        """Validate an update and take in its payload (inline or STAGED); not applied yet."""
+        location = await self._staged_location(conn) if staged else None
+        update = self.store.begin_update(
+            msg.op,
+            msg.key,
+            msg.shard,
+            msg.offset,
+            msg.size,
+            alpha=msg.alpha,
+            layout=msg.layout,
+            dtype=msg.dtype,
+            wire=wire,
+        )
+        try:
+            landing = update.landing
+            if location is None:
+                if conn.payload.left != len(landing):
+                    raise StoreError(
+                        Status.BAD_FRAME,
+                        f"payload is {conn.payload.left} bytes but the op covers {len(landing)}",
+                    )
+                await conn.payload.read_into(landing)
+            else:
+                assert conn.memory is not None
+                conn.memory.read_staged(location, len(landing), landing)
+                self.metrics.series(msg.op, conn.transport).received += len(landing)
+            self.store.received(update)
+        except BaseException:
+            self.store.abort(update)
+            raise
+        return update
+
+    async def update(self, conn: Conn, header: Header, msg: Update) -> None:
+        self.admission.check_primary(msg.key, msg.shard)
+        update = await self.receive_update(conn, msg, wire=msg.wire, staged=msg.staged)
+        update.txn = msg.txn
+        # The connection was idle while the payload came in: check again.
+        try:
+            self.admission.check_primary(msg.key, msg.shard)
+        except StoreError:
+            self.store.abort(update)
+            raise
+        version, retried = self._apply_once(update, msg.worker, msg.step)
+        await self.replicator.wait(self.forward())
+        if retried:
+            await self.replicator.flush()
+        await self.replies.reply(conn, header, [], version=version)
+
+    def _apply_once(self, update: Update, worker: int, step: int) -> tuple[int, bool]:
+        """Apply a client's update unless its txn was applied before: (version, was a retry).
+
+        A retry is not applied twice; its caller answers it only after
+        ``replicator.flush()``, once the backups surely have the original.
+        """
+        done = self.store.applied(update)
+        if done is not None:
+            self.store.abort(update)
+            return done, True
+        return self.store.push(update, worker, step), False
+
+    async def _staged_location(self, conn: Conn) -> int:
+        """Where a STAGED update's data sits in the client's staging memory."""
+        if conn.memory is None or conn.payload.left != LOCATION.size:
+            raise StoreError(
+                Status.BAD_FRAME,
+                "STAGED data needs a shm or rdma connection and an 8-byte location"
+                if conn.memory is None
+                else f"STAGED location is {conn.payload.left} bytes, not {LOCATION.size}",
+            )
+        (offset,) = LOCATION.unpack(await conn.payload.read_bytes(LOCATION.size))
+        return offset
+
+    async def _batch_entries(self, conn: Conn, msg: ReadBatch | UpdateBatch) -> list[BatchEntry]:
+        need = msg.count * ENTRY_SIZE
+        if need > conn.payload.left:
+            raise StoreError(Status.BAD_FRAME, f"{msg.count} entries need {need} bytes of payload")
+        return unpack_entries(await conn.payload.read_bytes(need), msg.count)
+
+    async def read_batch(self, conn: Conn, header: Header, msg: ReadBatch) -> None:
+        entries = await self._batch_entries(conn, msg)
+        if conn.payload.left:
+            raise StoreError(Status.BAD_FRAME, "a read batch carries only its entries")
+        self.admission.check_ready()
+        if msg.worker != NO_WORKER:
+            # One training step for the whole batch: wait on the entries that
+            # wait (all belong to tensors of one model, pulled together).
+            waiting: dict[int, list[int]] = {}
+            for e in entries:
+                if self._entry_waits(msg, e):
+                    waiting.setdefault(e.key, []).append(e.shard)
+            if waiting:
+                answer = partial(self._read_batch_now, conn, header, msg, entries)
+                conn.deferred = True
+                conn.nursery.start_soon(self._wait_then, conn, header, msg, waiting, answer)
+                return
+        await self._read_batch_now(conn, header, msg, entries)
+
+    def _entry_waits(self, msg: ReadBatch, e: BatchEntry) -> bool:
+        try:
+            return bool(self.store.waits_for(e.key, e.shard, msg.worker, msg.step))
+        except StoreError as exc:
+            if exc.status == Status.NOT_FOUND:
+                return False  # answered per entry by the read
+            raise
+
+    async def _read_batch_now(
+        self, conn: Conn, header: Header, msg: ReadBatch, entries: list[BatchEntry]
+    ) -> None:
+        answers: list[BatchEntry] = []
+        views = []
+        blocks: list[Block] = []
+        total = len(entries) * ENTRY_SIZE
+        try:
+            for e in entries:
+                try:
+                    shard, view = self.store.read_view(
+                        e.key, e.shard, e.offset, self._entry_range(msg.wire, e), dtype=e.dtype
+                    )
+                    if msg.wire:
+                        view = self.store.read_narrowed(e.key, e.offset, view, msg.wire)
+                except StoreError as exc:
+                    answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=exc.status))
+                    continue
+                if self.admission.behind(e.key, e.shard, e.version, shard.version):
+                    answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=Status.BEHIND))
+                    continue
+                total += len(view)
+                if total > self.max_payload:
+                    raise StoreError(
+                        Status.TOO_LARGE, f"batch answer over the {self.max_payload} byte limit"
+                    )
+                if not msg.wire:
+                    blocks.append(self.store.pin(shard.block))
+                views.append(view)
+                answers.append(BatchEntry(e.key, e.shard, e.offset, e.length, shard.version))
+            await self.replies.reply(conn, header, [pack_entries(answers), *views])
+        finally:
+            for block in blocks:
+                self.store.unpin(block)
+
+    def _entry_range(self, wire: int, e: BatchEntry) -> int:
+        """The tensor bytes a batch entry covers: its length, or more if narrowed.
+
+        With a wire dtype an entry's length counts wire bytes (what follows
+        it in the frame), so a frame can be cut without knowing the tensor.
+        """
+        return self.store.stored_nbytes(e.key, wire, e.length) if wire else e.length
+
+    async def update_batch(self, conn: Conn, header: Header, msg: UpdateBatch) -> None:
+        op = msg.single
+        entries = await self._batch_entries(conn, msg)
+        if sum(e.length for e in entries) != conn.payload.left:
+            raise StoreError(Status.BAD_FRAME, "batch entry lengths do not add up to the payload")
+        # Receive everything before applying anything: a batch cut short by a
+        # broken connection changes nothing.
+        updates: list[Update | StoreError] = []
+        try:
+            for e in entries:
+                try:
+                    self.admission.check_primary(e.key, e.shard)
+                    upd = self.store.begin_update(
+                        op,
+                        e.key,
+                        e.shard,
+                        e.offset,
+                        self._entry_range(msg.wire, e),
+                        alpha=e.alpha,
+                        dtype=e.dtype,
+                        wire=msg.wire,
+                    )
+                except StoreError as exc:
+                    await conn.payload.skip(e.length)  # this entry is refused, not the batch
+                    updates.append(exc)
+                    continue
+                updates.append(upd)
+                await conn.payload.read_into(upd.landing)
+                self.store.received(upd)
+        except BaseException:
+            for u in updates:
+                if isinstance(u, Update):
+                    self.store.abort(u)
+            raise
+        answers = []
+        retried = False
+        for i, (e, u) in enumerate(zip(entries, updates, strict=True)):
+            if isinstance(u, StoreError):
+                answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=u.status))
+                continue
+            # Entry i of a batch has update id txn + i (the same on a retry).
+            u.txn = (msg.txn + i) % (1 << 64) if msg.txn else 0
+            try:
+                self.admission.check_primary(e.key, e.shard)
+                version, again = self._apply_once(u, msg.worker, msg.step)
+                retried = retried or again
+            except StoreError as exc:
+                self.store.abort(u)
+                answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=exc.status))
+                continue
+            answers.append(BatchEntry(e.key, e.shard, e.offset, e.length, version))
+        await self.replicator.wait(self.forward())
+        if retried:
+            await self.replicator.flush()
+        await self.replies.reply(conn, header, [pack_entries(answers)])

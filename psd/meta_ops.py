@@ -1,0 +1,123 @@
+"""The requests about tensors rather than their bytes (HELLO, CREATE, DELETE, STAT,
+LIST), and the connection set-up ones that reach dispatch (RDMA_CONNECT, a late AUTH)."""
+
+from __future__ import annotations
+
+import logging
+
+from irdma.cluster import ClusterConfig, Node
+from irdma.protocol import MAX_META_PAYLOAD, MAX_NAME_BYTES, Header, Status, TensorMeta, encode_json
+from irdma.protocol.messages import Auth, Create, Delete, Hello, ListTensors, RdmaConnect, Stat
+from irdma.transport.verbs import VerbsError
+
+from .conn import Conn, Replies, no_payload, payload_json
+from .membership import Membership
+from .rdma import ConnectRequest, RdmaService
+from .state import StateReader
+from .store import Store, StoreError
+
+log = logging.getLogger("psd")
+
+
+class MetaOps:
+    """Handlers of the metadata and set-up requests for one daemon."""
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        node: Node,
+        store: Store,
+        state: StateReader,
+        membership: Membership,
+        replies: Replies,
+        *,
+        max_payload: int,
+        rdma: RdmaService | None,
+        secret: bytes | None,
+    ) -> None:
+        self.config = config
+        self.node = node
+        self.store = store
+        self.state = state
+        self.membership = membership
+        self.replies = replies
+        self.max_payload = max_payload
+        self.rdma = rdma
+        self.secret = secret
+
+    async def hello(self, conn: Conn, header: Header, msg: Hello) -> None:
+        # Any payload is ignored (skipped by dispatch).
+        # node, version, protocol, pid, ready, tensors, shards, arena, snapshot,
+        # replication: see state.DaemonState.hello.
+        info = self.state.read().hello() | {
+            "shard_size": self.config.shard_size,
+            "max_payload": self.max_payload,
+            "view": self.membership.describe(),
+        }
+        await self.replies.reply(conn, header, [encode_json(info)])
+
+    async def create(self, conn: Conn, header: Header, msg: Create) -> None:
+        raw = await payload_json(conn)
+        try:
+            meta = TensorMeta.from_dict(raw)
+        except ValueError as exc:
+            raise StoreError(Status.BAD_ARGUMENT, f"bad tensor metadata: {exc}") from None
+        if meta.key != msg.key:
+            raise StoreError(Status.BAD_ARGUMENT, "header key does not match the tensor name")
+        tensor, created = self.store.create(meta, replace=msg.replace, exclusive=msg.exclusive)
+        info = self.store.info(tensor) | {"created": created}
+        await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)
+
+    async def delete(self, conn: Conn, header: Header, msg: Delete) -> None:
+        no_payload(conn, msg)
+        self.store.delete(msg.key)
+        await self.replies.reply(conn, header, [])
+
+    async def stat(self, conn: Conn, header: Header, msg: Stat) -> None:
+        no_payload(conn, msg)
+        tensor = self.store.get(msg.key)
+        info = self.store.info(tensor) | {"node": self.node.name}
+        await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)
+
+    async def list(self, conn: Conn, header: Header, msg: ListTensors) -> None:
+        if conn.payload.left > MAX_NAME_BYTES:
+            raise StoreError(Status.BAD_ARGUMENT, "list prefix is too long")
+        raw = await conn.payload.read_bytes(conn.payload.left)
+        try:
+            prefix = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise StoreError(Status.BAD_ARGUMENT, "list prefix is not UTF-8") from None
+        data = encode_json(self.store.list(prefix))
+        if len(data) > MAX_META_PAYLOAD:
+            raise StoreError(Status.TOO_LARGE, "listing is too large; use a longer prefix")
+        await self.replies.reply(conn, header, [data])
+
+    async def rdma_connect(self, conn: Conn, header: Header, msg: RdmaConnect) -> None:
+        raw = await payload_json(conn)
+        if self.rdma is None:
+            raise StoreError(Status.BAD_OP, f"{self.node.name} serves no RDMA (see its log)")
+        if conn.memory is not None:
+            raise StoreError(Status.BAD_ARGUMENT, f"connection already uses {conn.transport}")
+        try:
+            request = ConnectRequest.parse(raw)
+        except ValueError as exc:
+            raise StoreError(Status.BAD_ARGUMENT, str(exc)) from None
+        try:
+            session, answer = self.rdma.accept(request, conn.stream.peer)
+        except VerbsError as exc:
+            log.warning("%s: RDMA setup for %s failed: %s", self.node.name, conn.stream.peer, exc)
+            raise StoreError(Status.BAD_ARGUMENT, f"RDMA setup failed: {exc}") from None
+        conn.memory = session
+        await self.replies.reply(conn, header, [encode_json(answer)])
+
+    async def auth(self, conn: Conn, header: Header, msg: Auth) -> None:
+        """AUTH past the gate: this daemon has no secret, or the connection passed already."""
+        if self.secret is None:
+            raise StoreError(
+                Status.AUTH_FAILED,
+                f"{self.node.name} has no secret_file in its config, so it cannot prove it "
+                "belongs to the cluster; give every daemon and client the same secret_file",
+            )
+        raise StoreError(Status.AUTH_FAILED, "this connection is authenticated already")
+
+    # One handler per message kind (irdma.protocol.messages).

@@ -1,0 +1,72 @@
+"""The requests daemons send each other: heartbeats, catch-up questions, forwarded
+updates and whole-shard copies (the rules are ``replication.Replicator``'s)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from irdma.protocol import MAX_META_PAYLOAD, Header, Status
+from irdma.protocol.messages import Catchup, Ping, ReplicaUpdate, ShardCopy, SyncRequest
+
+from .conn import Conn, Replies, payload_json
+from .data_ops import DataOps
+from .replication import Replicator
+from .store import Store, StoreError
+
+
+class PeerOps:
+    """Handlers of the replication requests for one daemon."""
+
+    def __init__(
+        self, store: Store, replicator: Replicator, replies: Replies, data: DataOps
+    ) -> None:
+        self.store = store
+        self.replicator = replicator
+        self.replies = replies
+        self.data = data  # receives a forwarded update's payload as a client's
+
+    async def replica_update(self, conn: Conn, header: Header, msg: ReplicaUpdate) -> None:
+        self.replicator.check_sender(msg.sender, msg.key, msg.shard)
+        update = await self.data.receive_update(conn, msg)
+        update.txn = msg.txn
+        try:
+            # The view may have moved while the payload came in.
+            self.replicator.check_sender(msg.sender, msg.key, msg.shard)
+        except StoreError:
+            self.store.abort(update)
+            raise
+        version = self.store.commit_replica(update, msg.produces)
+        await self.replies.reply(conn, header, [], version=version)
+
+    async def ping(self, conn: Conn, header: Header, msg: Ping) -> None:
+        body = await payload_json(conn)
+        answer = await self.replicator.received_ping(body)
+        await self.replies.reply(conn, header, [answer])
+
+    async def catchup(self, conn: Conn, header: Header, msg: Catchup) -> None:
+        body = await payload_json(conn)
+        await self.replies.reply(conn, header, [self.replicator.catchup_answer(body)])
+
+    async def sync_request(self, conn: Conn, header: Header, msg: SyncRequest) -> None:
+        body = await payload_json(conn)
+        await self.replicator.serve_sync_request(body)
+        await self.replies.reply(conn, header, [])
+
+    async def sync(self, conn: Conn, header: Header, msg: ShardCopy) -> None:
+        length = conn.payload.left
+        if msg.meta_length > MAX_META_PAYLOAD or msg.meta_length + msg.size != length:
+            raise StoreError(Status.BAD_FRAME, "shard copy: lengths do not add up")
+        self.replicator.check_sender(msg.sender, msg.key, msg.shard)
+        staging = self.store.reserve(length)
+        try:
+            if staging is None:  # arena full: the copy waits in process memory
+                buf = np.empty(length, dtype=np.uint8)
+            else:
+                buf = self.store.arena.view(staging, 0, length)
+            await conn.payload.read_into(buf)
+            self.replicator.check_sender(msg.sender, msg.key, msg.shard)
+            self.replicator.install(msg, memoryview(buf))
+        finally:
+            if staging is not None:
+                self.store.arena.free(staging)
+        await self.replies.reply(conn, header, [], version=msg.version)
