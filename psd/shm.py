@@ -28,7 +28,8 @@ import trio
 from irdma.protocol import Header, Op, ProtocolError, Status, decode_json, encode_json
 from irdma.sizes import ZERO_COPY_MIN
 from irdma.transport.base import StreamBroken
-from irdma.transport.shm import (
+from irdma.transport.tcp import to_stdlib
+from irdma.transport.unix import (
     framed_view,
     host_identity,
     map_shared,
@@ -37,7 +38,6 @@ from irdma.transport.shm import (
     short_address,
     socket_path,
 )
-from irdma.transport.tcp import to_stdlib
 
 from .auth import admit
 from .staged import StagedMemory

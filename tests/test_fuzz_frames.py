@@ -53,13 +53,8 @@ from irdma.protocol import (
     unpack_entries,
     unpack_header,
 )
-from irdma.transport.shm import (
-    make_staging,
-    recv_fds_frame,
-    send_fds_frame,
-    short_address,
-    socket_path,
-)
+from irdma.transport.shm import make_staging
+from irdma.transport.unix import recv_fds_frame, send_fds_frame, short_address, socket_path
 
 from .conftest import Cluster
 from .fuzz_harness import OTHER, Harness, Outcome, check_replies

@@ -41,8 +41,9 @@ from irdma.protocol import (
 )
 from irdma.transport import select
 from irdma.transport.base import StreamBroken
-from irdma.transport.shm import SharedMemory, make_staging, short_address, socket_path
+from irdma.transport.shm import SharedMemory, make_staging
 from irdma.transport.tcp import FramedConnection
+from irdma.transport.unix import short_address, socket_path
 
 from .conftest import Cluster, make_cluster, recv_exactly
 

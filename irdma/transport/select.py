@@ -26,8 +26,9 @@ from ..sizes import rdma_staging_size, shm_staging_size
 from . import rdma
 from .base import Connection, StreamBroken
 from .blocking import BlockingConnection, BlockingWaits, attach_shm, open_tcp
-from .shm import ShmUnavailable, attach_connection, socket_path
+from .shm import ShmUnavailable, attach_connection
 from .tcp import FramedConnection
+from .unix import socket_path
 
 log = logging.getLogger("irdma")
 
