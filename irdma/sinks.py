@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .protocol import ENTRY_SIZE, BatchEntry, Header, ProtocolError, Status, unpack_entries
+from .protocol.messages import batch_count
 from .transport.base import ByteStream, Sink
 
 
@@ -32,8 +33,9 @@ class BatchReadSink(Sink):
 
     async def receive(self, stream: ByteStream, header: Header) -> None:
         n = len(self.views)
-        if header.count != 0 and header.count != n:
-            raise ProtocolError(f"batch answer has {header.count} entries, expected {n}")
+        count = batch_count(header)
+        if count != 0 and count != n:
+            raise ProtocolError(f"batch answer has {count} entries, expected {n}")
         head = bytearray(n * ENTRY_SIZE)
         if header.length < len(head):
             raise ProtocolError("batch answer is shorter than its entries")

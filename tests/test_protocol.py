@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import struct
 
@@ -40,6 +39,7 @@ from irdma.protocol import (
     unpack_header,
     validate_name,
 )
+from irdma.protocol.messages import ReadBatch, batch_count
 
 U8 = st.integers(0, 2**8 - 1)
 U16 = st.integers(0, 2**16 - 1)
@@ -63,6 +63,9 @@ headers = st.builds(
     status=U16,
     dtype=U16,
     proto=U8,
+    worker=U32,
+    step=U64,
+    txn=U64,
     wire=U16,
 )
 
@@ -132,7 +135,7 @@ def test_request_id_can_be_stamped_into_packed_header(h: Header, rid: int) -> No
     REQUEST_ID.pack_into(data, REQUEST_ID_OFFSET, rid)
     back = unpack_header(data)
     assert back.request_id == rid
-    assert back == dataclasses.replace(h, request_id=rid)
+    assert back == h._replace(request_id=rid)
 
 
 def test_header_defaults() -> None:
@@ -207,9 +210,9 @@ def test_pack_response_is_the_packed_response_header() -> None:
         assert pack_response(req, status, length, flags, version) == want
 
 
-def test_header_count_is_shard_field() -> None:
-    h = unpack_header(Header(op=Op.READ_BATCH, shard=17).pack())
-    assert h.count == 17
+def test_a_batch_answer_echoes_its_count_in_the_shard_field() -> None:
+    h = unpack_header(ReadBatch(count=17).frame(0).response().pack())
+    assert batch_count(h) == 17
 
 
 # -- batch entries -----------------------------------------------------------

@@ -3,8 +3,6 @@ frames that are no message are refused with the status the daemon answers."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -182,7 +180,7 @@ def test_frames_that_are_no_request_are_refused(header: Header, status: Status) 
 def test_create_keeps_its_two_flags() -> None:
     h = Create(9, replace=True, exclusive=True).frame(10)
     assert h.flags == Flag.REPLACE | Flag.EXCLUSIVE
-    assert decode_request(dataclasses.replace(h, flags=Flag.EXCLUSIVE)) == Create(9, False, True)
+    assert decode_request(h._replace(flags=Flag.EXCLUSIVE)) == Create(9, False, True)
 
 
 @given(

@@ -20,8 +20,6 @@ The transports and the daemon call these; none of them restates a rule.
 
 from __future__ import annotations
 
-import dataclasses
-
 from .frame import LOCATION, Flag, Header, Op, ProtocolError, Status
 from .messages import Release
 
@@ -58,14 +56,14 @@ def release_frame(request_id: int) -> bytes:
 
 def mapped_data(answer: Header) -> Header:
     """A MAPPED answer as the data it stands for: ``size`` bytes, read from the arena."""
-    return dataclasses.replace(answer, length=answer.size)
+    return answer._replace(length=answer.size)
 
 
 def staged(request: Header) -> Header:
     """``request`` with its data placed in staging memory: the payload becomes a LOCATION."""
     if request.op not in STAGEABLE:
         raise ProtocolError(f"op {request.op} cannot be sent STAGED")
-    return dataclasses.replace(request, flags=request.flags | _STAGED, length=LOCATION.size)
+    return request._replace(flags=request.flags | _STAGED, length=LOCATION.size)
 
 
 class PayloadLeft:

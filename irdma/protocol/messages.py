@@ -359,6 +359,11 @@ class UpdateBatch:
         return Op.WRITE if self.op == Op.WRITE_BATCH else Op.ACCUMULATE
 
 
+def batch_count(answer: Header) -> int:
+    """The entry count a batch's answer echoes (0 from daemons that do not say)."""
+    return answer.shard
+
+
 @dataclass(frozen=True, slots=True)
 class Release:
     """The pinned answer to request ``request_id`` has been taken: its memory is free."""

@@ -537,9 +537,7 @@ class RdmaPath:
                 self.timeout,
             )
             conn.release(rid)
-            await sink.receive(
-                MemoryStream(staging.view, local), dataclasses.replace(reply.header, length=n)
-            )
+            await sink.receive(MemoryStream(staging.view, local), reply.header._replace(length=n))
         except BaseException as exc:
             conn.abandon(exc)
             raise
