@@ -14,7 +14,10 @@ File format, version 1 (integers little-endian)::
     data      the shard bytes, back to back, in header order
     header    JSON (UTF-8): seq, created, and per tensor its TensorMeta.to_dict(),
               ctime and shards (index, version, mtime, nbytes, offset in the
-              file, crc32 of the bytes)
+              file, crc32 of the bytes, txns: the shard's window of recent
+              update ids as [txn, version] pairs, so a client's retry of an
+              update acknowledged before a restart is still applied once;
+              files written before it was kept have none)
     trailer   32 bytes: u64 header offset, u64 header length, u32 crc32 of the
               header, u32 crc32 of the preceding 20 trailer bytes, b"IRDMSEND"
 
@@ -63,7 +66,7 @@ from irdma.protocol import Status, TensorMeta
 
 from .arena import Block, round_up
 from .errors import StoreError
-from .store import Store, Tensor
+from .store import RECENT_TXNS, Store, Tensor
 
 log = logging.getLogger("psd")
 
@@ -131,6 +134,7 @@ class _CutShard:
     nbytes: int
     view: np.ndarray  # the pinned block's bytes
     slot: int  # where its block sits in the list of pinned blocks
+    txns: list[list[int]]  # the shard's recent [txn, version] pairs, oldest first
 
 
 @dataclass(eq=False, slots=True)
@@ -191,7 +195,10 @@ def _cut(store: Store, pinned: list[Block | None]) -> list[_CutTensor]:
         for index, shard in sorted(tensor.shards.items()):
             pinned.append(store.pin(shard.block))
             view = store.arena.view(shard.block, 0, shard.nbytes)
-            cut = _CutShard(index, shard.version, shard.mtime, shard.nbytes, view, len(pinned) - 1)
+            txns = [[t, v] for t, v in shard.recent.items()]
+            cut = _CutShard(
+                index, shard.version, shard.mtime, shard.nbytes, view, len(pinned) - 1, txns
+            )
             shards.append(cut)
         out.append(_CutTensor(tensor.meta.to_dict(), tensor.ctime, shards))
     return out
@@ -241,6 +248,7 @@ def _write_file(
                                 "nbytes": s.nbytes,
                                 "offset": pos,
                                 "crc32": crc,
+                                "txns": s.txns,
                             }
                         )
                         pos += s.nbytes
@@ -330,6 +338,7 @@ class _ShardEntry:
     nbytes: int
     offset: int
     crc32: int
+    txns: dict[int, int]  # recent update ids -> the versions they produced
 
 
 @dataclass(eq=False, slots=True)
@@ -481,6 +490,7 @@ def _check_header(
                 nbytes=_int(rs, "nbytes", f"{where}: "),
                 offset=_int(rs, "offset", f"{where}: ", lo=PREAMBLE.size),
                 crc32=_int(rs, "crc32", f"{where}: ", hi=1 << 32),
+                txns=_txns(rs, f"{where}: "),
             )
             expect = meta.shard_span(index)[1]
             if entry.nbytes != expect:
@@ -507,6 +517,24 @@ def _check_header(
             f"lists {nshards} of {nbytes}"
         )
     return tensors, SnapshotInfo(path, len(tensors), nshards, nbytes, created, seq)
+
+
+def _txns(d: dict[str, Any], what: str) -> dict[int, int]:
+    """A shard's txn window: [txn, version] pairs, oldest first (absent before they were kept)."""
+    raw = d.get("txns", [])
+    if not isinstance(raw, list) or len(raw) > RECENT_TXNS:
+        raise _Corrupt(f"header: {what}'txns' must be a list of at most {RECENT_TXNS} pairs")
+    out: dict[int, int] = {}
+    for pair in raw:
+        if (
+            not isinstance(pair, list)
+            or len(pair) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in pair)
+            or not (0 < pair[0] < 1 << 64 and 0 <= pair[1] < 1 << 64)
+        ):
+            raise _Corrupt(f"header: {what}bad txn entry {pair!r}")
+        out[pair[0]] = pair[1]
+    return out
 
 
 def _int(d: dict[str, Any], key: str, what: str, lo: int = 0, hi: int | None = None) -> int:
@@ -626,6 +654,8 @@ def _restore(store: Store, f: BinaryIO, parsed: _Parsed, path: Path) -> None:
         for s, shard, _ in targets:
             shard.version = s.version
             shard.mtime = s.mtime
+            # A retry of an update acknowledged before the restart is recognised.
+            shard.recent = dict(s.txns)
     except BaseException:
         for tensor in created:
             if store.tensors.get(tensor.meta.key) is tensor:

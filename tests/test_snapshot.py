@@ -188,6 +188,58 @@ async def test_round_trip(stores: Callable[..., Store], tmp_path: Path) -> None:
     assert path.exists()  # loading keeps the snapshot
 
 
+async def test_the_txn_window_survives_a_restart(
+    stores: Callable[..., Store], tmp_path: Path
+) -> None:
+    """An update acknowledged before a restart, retried after it (same txn), is
+    recognised and not applied again."""
+    src = stores()
+    f32 = sample_metas()[0]
+    src.create(f32)
+    versions = {}
+    for txn in (11, 12, 13):
+        u = src.begin_update(Op.ACCUMULATE, f32.key, 2, 0, 1024)
+        u.buffer[:] = np.ones(256, dtype=np.float32).view(np.uint8)
+        u.txn = txn
+        versions[txn] = src.commit(u)
+    await write_snapshot(src, tmp_path)
+    header = read_snapshot_header(tmp_path / SNAPSHOT_FILE)
+    entry = next(s for s in tensor_entry(header, f32.name)["shards"] if s["index"] == 2)
+    assert entry["txns"] == [[t, v] for t, v in versions.items()]  # oldest first
+
+    dst = stores()
+    load_snapshot(dst, tmp_path)
+    before = shard_bytes(dst, f32.key, 2)
+    retry = dst.begin_update(Op.ACCUMULATE, f32.key, 2, 0, 1024)
+    retry.buffer[:] = np.ones(256, dtype=np.float32).view(np.uint8)
+    retry.txn = 12
+    assert dst.applied(retry) == versions[12]
+    dst.abort(retry)
+    assert shard_bytes(dst, f32.key, 2) == before
+    assert list(dst.tensors[f32.key].shards[2].recent.items()) == list(versions.items())
+
+
+async def test_a_snapshot_without_txns_loads_with_an_empty_window(
+    stores: Callable[..., Store], tmp_path: Path
+) -> None:
+    """Files written before the window was kept have no "txns": they still load."""
+    src = stores()
+    populate(src, sample_metas())
+    await write_snapshot(src, tmp_path)
+    path = tmp_path / SNAPSHOT_FILE
+
+    def drop_txns(h: dict) -> None:
+        for t in h["tensors"]:
+            for shard in t["shards"]:
+                del shard["txns"]
+
+    path.write_bytes(edit_header(drop_txns)(path.read_bytes()))
+    dst = stores()
+    assert load_snapshot(dst, tmp_path) is not None
+    assert all_bytes(dst) == all_bytes(src)
+    assert all(not s.recent for t in dst.tensors.values() for s in t.shards.values())
+
+
 async def test_empty_store_round_trip(stores: Callable[..., Store], tmp_path: Path) -> None:
     info = await write_snapshot(stores(), tmp_path)
     assert (info.tensors, info.shards, info.nbytes, info.seq) == (0, 0, 0, 1)
@@ -445,6 +497,14 @@ CORRUPTIONS: dict[str, tuple[Callable[[bytes], bytes], str]] = {
         "shard 1 of 'm/w' has 5 bytes, its layout says 4096",
     ),
     "bad-seq": (edit_header(lambda h: h.update(seq="one")), "'seq' must be an integer"),
+    "bad-txns": (
+        edit_header(lambda h: tensor_entry(h, "m/w")["shards"][1].update(txns=[[0, 1]])),
+        "shard 1 of 'm/w': bad txn entry [0, 1]",
+    ),
+    "txns-not-a-list": (
+        edit_header(lambda h: tensor_entry(h, "m/w")["shards"][1].update(txns={"1": 2})),
+        "'txns' must be a list",
+    ),
 }
 
 
