@@ -20,9 +20,7 @@ from pathlib import Path
 
 import trio
 
-from irdma import mounts
-from irdma.client import AsyncClient
-from irdma.cluster import ClusterConfig, load_config
+from irdma import AsyncClient, ClusterConfig, load_config, mounts
 from irdma.errors import ConfigError, IrdmaError
 from irdma.sdnotify import Notifier
 

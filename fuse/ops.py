@@ -23,7 +23,7 @@ import numpy as np
 import pyfuse3
 import trio
 
-from irdma.client import AsyncClient, TensorInfo
+from irdma import AsyncClient, TensorInfo
 from irdma.errors import (
     ArenaFull,
     BadRequest,
@@ -39,7 +39,6 @@ from irdma.errors import (
     WorkerLost,
 )
 from irdma.modes import describe_options
-from irdma.protocol import tensor_key
 
 from . import paths
 from .files import FileBuffer, Handle, file_size, identity, is_raw, load, plan_outflow, push
@@ -883,7 +882,7 @@ class IrdmaOperations(pyfuse3.Operations):
             out["mode"] = describe_options(info.options)
         if res.target.kind == Kind.SHARD:
             config = self._c.config
-            replicas = config.replicas_for(tensor_key(info.name), res.target.index)
+            replicas = config.replicas_for(info.meta.key, res.target.index)
             out["replicas"] = ",".join(n.name for n in replicas)
             out["primary"] = replicas[0].name
         return {XATTR_PREFIX + k: v.encode() for k, v in out.items()}
