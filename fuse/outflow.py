@@ -28,7 +28,7 @@ from .npyfile import NpyLayout
 log = logging.getLogger("irdma.fuse")
 
 CHUNK = 4 << 20  # bytes per background push (rounded to whole shards)
-IN_FLIGHT = 4  # background pushes at once; a writer ahead of them waits
+IN_FLIGHT = 16  # background pushes at once (64 MiB); a writer ahead of them waits
 MIN_SIZE = 2 * CHUNK  # smaller files: the close pushes them whole
 
 
