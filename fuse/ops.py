@@ -485,6 +485,8 @@ class IrdmaOperations(pyfuse3.Operations):
         if res.target.kind != Kind.TENSOR:
             raise pyfuse3.FUSEError(errno.EPERM)
         self._pending.pop(path, None)
+        for h in self._open_handles(path):
+            await self._stop_outflow(h)  # a writer still open stores the file at close
         if res.info is not None:
             await self._quiesce(res.target.name)  # open readers keep what they opened
             await self._c.delete(res.target.name)
@@ -759,15 +761,19 @@ class IrdmaOperations(pyfuse3.Operations):
         if dst is not None:
             await self._orphan(dst)
         writer = self._pending.get(src.path) or self._writer(src.path)
+        stored = src.info is not None
         if writer is not None:
             assert writer.buf is not None
             data = writer.buf
+            # Its background pushes went to the old name: done with them (the
+            # whole file goes to the new name), and the old name is deleted.
+            stored = await self._stop_outflow(writer) or stored
         else:
             _, loaded = await load(self._c, src.target, src.info)
             data = FileBuffer(loaded)
         moved = Handle(new, target, True, buf=data, redefine=True)
         await push(self._c, moved)
-        if src.info is not None and target.name != src.target.name:
+        if stored and target.name != src.target.name:
             await self._quiesce(src.target.name)
             with contextlib.suppress(TensorNotFound):
                 await self._c.delete(src.target.name)
@@ -785,6 +791,17 @@ class IrdmaOperations(pyfuse3.Operations):
             self._snapshots[new] = snap
         self._forget_content(src.path)
         self._forget_content(new)
+
+    async def _stop_outflow(self, handle: Handle) -> bool:
+        """End a writer's background pushes (their errors no longer matter: the
+        caller pushes the whole file); whether they stored anything."""
+        flow, handle.outflow = handle.outflow, None
+        if flow is None:
+            return False
+        handle.redefine = True  # what they left is not known: the whole file goes
+        with contextlib.suppress(Exception):
+            await flow.drain()
+        return not flow.define  # the tensor was defined under the old name
 
     async def _orphan(self, dst: Resolved) -> None:
         """Keep the file a rename replaces for the handles open on it, as a local

@@ -144,3 +144,16 @@ def test_in_place_sequential_rewrite_of_a_raw_file(cluster: Cluster, mount: Path
     assert (d / "blob").read_bytes() == payload
     with Client(cluster.config_path) as c:
         assert bytes(c.read("big-raw/blob")) == payload
+
+
+def test_unlink_of_a_large_file_being_written(mount: Path) -> None:
+    """A writer still open on a removed file stores it at close, as before pushes
+    went out while it wrote."""
+    d = mount / "big-unlink"
+    d.mkdir()
+    data = npy_bytes(np.ones(N, np.float32))
+    with open(d / "w.npy", "wb", buffering=0) as f:
+        f.write(data[: 6 * MIB])
+        os.unlink(d / "w.npy")
+        f.write(data[6 * MIB :])
+    assert np.array_equal(np.load(d / "w.npy"), np.ones(N, np.float32))

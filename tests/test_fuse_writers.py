@@ -30,7 +30,7 @@ def npy_bytes(arr: np.ndarray) -> bytes:
 def atomic_save(target: Path, payload: bytes) -> None:
     """Write a temporary file, rename it over ``target`` while still open, then close
     (what serialization libraries do for an atomic save)."""
-    tmp = target.with_name(f".{target.name}.tmp")
+    tmp = target.with_name(f".tmp-{target.name}")  # a .npy name stays one: typed, like it
     with open(tmp, "wb") as f:
         f.write(payload)
         f.flush()  # into the mount's buffer: still not pushed (no close, no fsync)
@@ -54,10 +54,11 @@ def test_rename_of_an_open_raw_file(
     with Client(cluster.config_path) as c:
         assert bytes(c.read(f"{d.name}/ckpt.pt")) == payload
         names = [i.name for i in c.list(d.name + "/")]
-        assert f"{d.name}/.{'ckpt.pt'}.tmp" not in names and f"{d.name}/ckpt.pt" in names
+        assert f"{d.name}/.tmp-ckpt.pt" not in names and f"{d.name}/ckpt.pt" in names
 
 
-@pytest.mark.parametrize("size", SIZES)
+# 12 MiB: pushed while written (several 4 MiB chunks) before the rename moves it.
+@pytest.mark.parametrize("size", [*SIZES, 12 << 20])
 @pytest.mark.parametrize("existing", [False, True], ids=["new", "over-existing"])
 def test_rename_of_an_open_npy_file(
     cluster: Cluster, mount: Path, size: int, existing: bool
@@ -71,6 +72,7 @@ def test_rename_of_an_open_npy_file(
     assert np.array_equal(np.load(d / "w.npy"), x)
     with Client(cluster.config_path) as c:
         assert np.array_equal(c.read(f"{d.name}/w"), x)
+        assert [i.name for i in c.list(d.name + "/") if "tmp" in i.name] == []
 
 
 def test_writes_after_the_rename_reach_the_new_name(cluster: Cluster, mount: Path) -> None:
