@@ -24,6 +24,8 @@ from irdma import AsyncClient, ClusterConfig, load_config, mounts
 from irdma.errors import ConfigError, IrdmaError
 from irdma.sdnotify import Notifier
 
+from .mover import Mover
+
 log = logging.getLogger("irdma.fuse")
 
 DESCRIPTION = """\
@@ -115,6 +117,9 @@ async def serve(
             try:
                 async with trio.open_nursery() as nursery:
                     ops.nursery = nursery  # readers' snapshots stream in here
+                    mover = Mover(config, timeout)
+                    await nursery.start(mover.run)
+                    ops.mover = mover
 
                     async def on_signals() -> None:
                         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -42,6 +42,7 @@ from irdma.modes import describe_options
 
 from . import paths
 from .files import FileBuffer, Handle, file_size, identity, is_raw, load, plan_outflow, push
+from .mover import Mover
 from .npyfile import BadNpy
 from .paths import DIR_MARKER, NPY, Kind, Target
 from .snapshot import Snapshot
@@ -126,6 +127,8 @@ class IrdmaOperations(pyfuse3.Operations):
         self.client: AsyncClient | None = None
         # Where snapshots stream in (set with the client, once the trio loop runs).
         self.nursery: trio.Nursery | None = None
+        # Moves streamed reads' and background pushes' bytes in its own thread.
+        self.mover: Mover | None = None
         self.direct_io = direct_io
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
@@ -604,7 +607,7 @@ class IrdmaOperations(pyfuse3.Operations):
             # (close-to-open), not at a first read that may come after an update;
             # reads are answered as the chunks they need arrive. Opens the page
             # cache already serves start only if a read reaches us.
-            snap.start(self._n, self._c, handle.target, handle.info)
+            snap.start(self._n, self._c, handle.target, handle.info, self.mover)
         return fi
 
     @fuse_errors
@@ -640,7 +643,7 @@ class IrdmaOperations(pyfuse3.Operations):
                 # The page cache was to serve this open and lost pages: the
                 # version now, whole (if it changed since the open: the newer).
                 info = await self._c.stat(handle.target.name)
-                snap.start(self._n, self._c, handle.target, info)
+                snap.start(self._n, self._c, handle.target, info, self.mover)
             await snap.wait(off, size)
         return handle.read(off, size)
 
@@ -657,7 +660,9 @@ class IrdmaOperations(pyfuse3.Operations):
             # the snapshots of the old content streaming in, as for any push).
             if handle.outflow.sent == 0:
                 await self._quiesce(handle.target.name)
-            await handle.outflow.advance(self._n, self._c, handle.buf.array, handle.written_to)
+            await handle.outflow.advance(
+                self._n, self._c, handle.buf.array, handle.written_to, self.mover
+            )
         return n
 
     def _handle(self, fh: int) -> Handle:
@@ -818,7 +823,7 @@ class IrdmaOperations(pyfuse3.Operations):
             return
         for h in replaced:
             if h.snapshot is not None and not h.snapshot.started and h.info is not None:
-                h.snapshot.start(self._n, self._c, h.target, h.info)
+                h.snapshot.start(self._n, self._c, h.target, h.info, self.mover)
         await self._quiesce(dst.target.name)
         orphan = f"{dst.path}\0replaced-{self._next_fh}"
         self._next_fh += 1

@@ -23,6 +23,7 @@ import trio
 
 from irdma import AsyncClient
 
+from .mover import Mover
 from .npyfile import NpyLayout
 
 log = logging.getLogger("irdma.fuse")
@@ -72,9 +73,15 @@ class Outflow:
             self.broken = True
 
     async def advance(
-        self, nursery: trio.Nursery, client: AsyncClient, data: np.ndarray, written_to: int
+        self,
+        nursery: trio.Nursery,
+        client: AsyncClient,
+        data: np.ndarray,
+        written_to: int,
+        mover: Mover | None = None,
     ) -> None:
-        """Start pushing each complete chunk below file offset ``written_to``.
+        """Start pushing each complete chunk below file offset ``written_to`` (by
+        ``mover`` in its own thread if given, else by ``client``).
 
         ``data`` is the writer's buffer; a chunk's bytes are final once the
         writer is past them (a later write there sets ``broken``). Waits while
@@ -92,7 +99,7 @@ class Outflow:
             view = data[self.header + lo : self.header + self.sent]
             self._inflight += 1
             self._idle = trio.Event() if self._idle.is_set() else self._idle
-            nursery.start_soon(self._push, client, lo, view)
+            nursery.start_soon(self._push, mover or client, lo, view)
 
     async def _define(self, client: AsyncClient) -> None:
         # A tensor of the same layout is kept as it is (its bytes are
@@ -107,7 +114,7 @@ class Outflow:
             options=self.options,
         )
 
-    async def _push(self, client: AsyncClient, lo: int, view: np.ndarray) -> None:
+    async def _push(self, client: AsyncClient | Mover, lo: int, view: np.ndarray) -> None:
         try:
             await client.write_bytes(self.name, lo, view)
         except Exception as exc:  # reported by the close (flush), like any push error

@@ -25,6 +25,7 @@ import trio
 from irdma import AsyncClient, TensorInfo
 
 from .files import file_buffer, identity
+from .mover import Mover
 from .paths import Target
 
 log = logging.getLogger("irdma.fuse")
@@ -59,9 +60,15 @@ class Snapshot:
         return self.data is not None
 
     def start(
-        self, nursery: trio.Nursery, client: AsyncClient, target: Target, info: TensorInfo
+        self,
+        nursery: trio.Nursery,
+        client: AsyncClient,
+        target: Target,
+        info: TensorInfo,
+        mover: Mover | None = None,
     ) -> None:
-        """Begin filling from the daemons in the background (once)."""
+        """Begin filling from the daemons in the background (once); the chunks are
+        read by ``mover`` (in its own thread) if given, else by ``client``."""
         if self.data is not None:
             return
         self.target_name = target.name
@@ -72,11 +79,12 @@ class Snapshot:
         self._chunk = max(shard, CHUNK // shard * shard)
         n = -(-len(body) // self._chunk)
         self._ready = [trio.Event() for _ in range(n)]
-        nursery.start_soon(self._fill, client, target, info, body, start)
+        nursery.start_soon(self._fill, client, mover or client, target, info, body, start)
 
     async def _fill(
         self,
         client: AsyncClient,
+        mover: AsyncClient | Mover,
         target: Target,
         info: TensorInfo,
         body: np.ndarray,
@@ -88,7 +96,7 @@ class Snapshot:
             try:
                 lo = i * self._chunk
                 part = body[lo : lo + self._chunk]
-                await client.read_bytes(target.name, start + lo, len(part), out=part)
+                await mover.read_bytes(target.name, start + lo, len(part), part)
             except Exception as exc:  # the readers waiting for it get the error
                 if self._error is None:
                     self._error = exc

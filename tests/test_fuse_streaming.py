@@ -6,15 +6,17 @@ import errno
 import io
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from irdma_fuse.outflow import CHUNK, IN_FLIGHT
 from numpy.lib import format as npformat
 
 from irdma import Client
 
-from .conftest import Cluster
+from .conftest import Cluster, start_mount
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,21 +66,22 @@ def test_an_open_reader_keeps_a_large_file_while_this_mount_rewrites_it(mount: P
 def test_sequential_write_is_pushed_before_close(cluster: Cluster, mount: Path) -> None:
     d = mount / "big-push"
     d.mkdir()
-    x = np.random.default_rng(1).random(N, dtype=np.float32)
+    # A write returns once at most IN_FLIGHT chunk pushes are under way, so
+    # after IN_FLIGHT + 3 chunks the first ones are on the daemons, file still open.
+    x = np.random.default_rng(1).random((IN_FLIGHT + 3) * CHUNK // 4, dtype=np.float32)
     data = npy_bytes(x)
     fd = os.open(d / "x.npy", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         for off in range(0, len(data), MIB):
             os.write(fd, data[off : off + MIB])
-        # A write returns once at most a few chunk pushes are under way: all but
-        # the last few chunks are on the daemons while the file is still open.
         with Client(cluster.config_path) as c:
-            head = bytes(c.read_bytes("big-push/x", 0, 4 * MIB))
-        assert head == x.tobytes()[: 4 * MIB]
+            head = bytes(c.read_bytes("big-push/x", 0, 2 * CHUNK))
+        assert head == x.tobytes()[: 2 * CHUNK]
     finally:
         os.close(fd)
     with Client(cluster.config_path) as c:
         assert np.array_equal(c.read("big-push/x"), x)
+    os.unlink(d / "x.npy")  # the module's daemons have room for a few such files only
 
 
 @pytest.mark.parametrize("existing", [None, "same", "other"])
@@ -157,3 +160,38 @@ def test_unlink_of_a_large_file_being_written(mount: Path) -> None:
         os.unlink(d / "w.npy")
         f.write(data[6 * MIB :])
     assert np.array_equal(np.load(d / "w.npy"), np.ones(N, np.float32))
+
+
+def test_unmount_while_a_large_write_is_being_pushed(cluster: Cluster, tmp_path: Path) -> None:
+    """SIGTERM with a large .npy open and its chunks on their way: all of it is stored."""
+    m = start_mount(cluster, tmp_path / "mnt")
+    try:
+        (m.path / "big-um").mkdir()
+        x = np.arange(3 * CHUNK // 4, dtype=np.float32)
+        np.save(tmp_path / "x.npy", x)
+        code = (
+            "import os, sys, time\n"
+            f"data = open({str(tmp_path / 'x.npy')!r}, 'rb').read()\n"
+            f"fd = os.open({str(m.path / 'big-um' / 'x.npy')!r}, os.O_WRONLY | os.O_CREAT)\n"
+            "for off in range(0, len(data), 1 << 20):\n"
+            "    os.write(fd, data[off : off + (1 << 20)])\n"
+            "print('written', flush=True); time.sleep(60)\n"
+        )
+        writer = subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            assert writer.stdout is not None and writer.stderr is not None
+            line = writer.stdout.readline().strip()
+            assert line == "written", writer.stderr.read() if writer.poll() is not None else ""
+            m.unmount()  # while the file is still open in the writer
+        finally:
+            writer.kill()
+            writer.wait()
+            for stream in (writer.stdout, writer.stderr):
+                if stream is not None:
+                    stream.close()
+    finally:
+        m.unmount()
+    with Client(cluster.config_path) as c:
+        assert np.array_equal(c.read("big-um/x"), x)
