@@ -195,11 +195,13 @@ def test_fio_verify(mount: Path, tmp_path: Path, rw: str) -> None:
             "--do_verify=1",
             "--verify_fatal=1",
             "--ioengine=psync",
+            "--verify_state_save=0",  # no state file left in the working directory
             f"--output={tmp_path / 'fio.out'}",
         ],
         capture_output=True,
         text=True,
         timeout=100,
+        cwd=tmp_path,
     )
     out = (tmp_path / "fio.out").read_text() if (tmp_path / "fio.out").exists() else ""
     assert r.returncode == 0, r.stderr + out
