@@ -163,18 +163,37 @@ class Coordinator(Generic[T]):
                 out.append(w)
         return out
 
-    def evict(self, workers: Iterable[int]) -> dict[int, list[list[T]]]:
-        """Evict ``workers``; return, per shard, the steps (held deltas) that can apply now."""
+    def evict(self, workers: Iterable[int]) -> dict[int, list[tuple[int, list[T]]]]:
+        """Evict ``workers``; return, per shard, the (group, held deltas) steps that apply now."""
         self.evicted.update(workers)
-        done: dict[int, list[list[T]]] = {}
+        done: dict[int, list[tuple[int, list[T]]]] = {}
         for shard, state in self._steps.items():
             for group in range(self.mode.groups):
                 items = self._complete(state, group)
                 if items:
-                    done.setdefault(shard, []).append(items)
+                    done.setdefault(shard, []).append((group, items))
         return done
 
     # -- bookkeeping ------------------------------------------------------------
+
+    def follow(self, shard: int, group: int, applied: int) -> list[T]:
+        """A backup learns its primary applied ``applied`` steps of ``group`` on ``shard``.
+
+        Held contributions of the steps now applied are returned (to release):
+        the primary's sum of them arrived as an update of its own.
+        """
+        state = self._steps.get(shard)
+        if state is None or not 0 <= group < self.mode.groups or applied <= state.applied[group]:
+            return []
+        state.applied[group] = applied
+        released = list(state.pending[group].values())
+        state.pending[group] = {}
+        return released
+
+    def applied_steps(self, shard: int) -> list[int]:
+        """Steps applied per group on ``shard`` (empty outside lockstep modes)."""
+        state = self._steps.get(shard)
+        return list(state.applied) if state else []
 
     def step(self, shard: int, worker: int = 0) -> int:
         """Steps applied to ``shard`` for the group of ``worker`` (lockstep modes)."""

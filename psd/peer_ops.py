@@ -35,7 +35,8 @@ class PeerOps:
         except StoreError:
             self.store.abort(update)
             raise
-        version = self.store.commit_replica(update, msg.produces)
+        step = (msg.group, msg.steps_applied) if msg.steps_applied else None
+        version = self.store.commit_replica(update, msg.produces, step)
         await self.replies.reply(conn, header, [], version=version)
 
     async def ping(self, conn: Conn, header: Header, msg: Ping) -> None:

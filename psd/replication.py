@@ -374,6 +374,8 @@ class Replicator:
             produces=c.version,
             sender=self.index,
             txn=c.txn,
+            group=c.group,
+            steps_applied=c.steps_applied,
         ).frame(c.payload.nbytes)
         reply, _ = await self.request(peer, header, [c.payload], timeout=self._budget(c.payload))
         return reply.status
@@ -390,6 +392,7 @@ class Replicator:
                     "meta": tensor.meta.to_dict(),
                     "version": shard.version,
                     "txns": [[t, v] for t, v in shard.recent.items()],
+                    "steps": self.store.applied_steps(tensor, index),
                 }
             )
             data = self.store.arena.view(block, 0, shard.nbytes)
@@ -669,6 +672,7 @@ class Replicator:
             rec = decode_json(payload[:meta_len])
             meta = TensorMeta.from_dict(rec["meta"])
             txns = {int(t): int(v) for t, v in rec.get("txns", [])}
+            steps = [int(n) for n in rec.get("steps", [])]
         except (
             ProtocolError,  # not JSON at all
             ValueError,
@@ -683,4 +687,4 @@ class Replicator:
                 Status.BAD_ARGUMENT, "shard copy: header key does not match its tensor"
             )
         data = np.frombuffer(payload[meta_len:], dtype=np.uint8)
-        self.store.install_shard(meta, copy.shard, copy.version, data, txns)
+        self.store.install_shard(meta, copy.shard, copy.version, data, txns, steps)

@@ -67,6 +67,10 @@ class Commit:
     payload: np.ndarray  # the update's bytes as received (before any scaling)
     txn: int
     version: int  # the version the update produced
+    # A lockstep training step's sum: its group, and the steps that group has
+    # applied with it (0: not a step), so the backups' coordinators follow.
+    group: int = 0
+    steps_applied: int = 0
 
 
 @dataclass(eq=False, slots=True)
@@ -469,7 +473,7 @@ class Store:
             self.arena.free(update.staging)
             update.staging = None
 
-    def commit(self, update: Update) -> int:
+    def commit(self, update: Update, step: tuple[int, int] | None = None) -> int:
         """Apply a fully received update; return the shard's new version.
 
         Raises StoreError (NO_SPACE) only when copy-on-write needs a block and
@@ -511,6 +515,7 @@ class Store:
                     payload,
                     update.txn,
                     shard.version,
+                    *(step or (0, 0)),
                 )
             )
         return shard.version
@@ -528,11 +533,15 @@ class Store:
             return None
         return update.shard.recent.get(update.txn)
 
-    def commit_replica(self, update: Update, version: int) -> int:
+    def commit_replica(
+        self, update: Update, version: int, step: tuple[int, int] | None = None
+    ) -> int:
         """Apply an update forwarded by the shard's primary, which gave it ``version``.
 
         It must sit on top of this copy's version; otherwise this copy missed
-        updates (BEHIND) and the primary sends the whole shard instead.
+        updates (BEHIND) and the primary sends the whole shard instead. With
+        ``step`` (group, steps applied) it is a lockstep step's sum, and this
+        copy's training-mode bookkeeping follows the primary's.
         """
         update.replicate = False
         if update.shard.version != version - 1:
@@ -543,10 +552,33 @@ class Store:
                 f"shard {update.shard.index} of {update.tensor.meta.name!r} is at version "
                 f"{have}, the update is for {version - 1}",
             )
-        return self.commit(update)
+        tensor, index = update.tensor, update.shard.index
+        done = self.commit(update)
+        if step is not None:
+            self.follow_steps(tensor, index, {step[0]: step[1]})
+        return done
+
+    def follow_steps(self, tensor: Tensor, index: int, applied: dict[int, int]) -> None:
+        """Advance this copy's coordinator to the primary's applied steps (group -> count),
+        so it can take over the tensor's training mode where the primary left it."""
+        if tensor.coord is None:
+            return
+        for group, count in applied.items():
+            for held in tensor.coord.follow(index, group, count):
+                self.abort(held)
+
+    def applied_steps(self, tensor: Tensor, index: int) -> list[int]:
+        """The steps applied per group of a lockstep tensor's shard ([] otherwise)."""
+        return tensor.coord.applied_steps(index) if tensor.coord is not None else []
 
     def install_shard(
-        self, meta: TensorMeta, index: int, version: int, data: np.ndarray, txns: dict[int, int]
+        self,
+        meta: TensorMeta,
+        index: int,
+        version: int,
+        data: np.ndarray,
+        txns: dict[int, int],
+        steps: list[int] | None = None,
     ) -> Shard:
         """Replace this copy of a shard with the primary's (creating the tensor if needed).
 
@@ -585,6 +617,8 @@ class Store:
         shard.version = version
         shard.mtime = time.time()
         shard.recent = dict(txns)
+        if steps:
+            self.follow_steps(tensor, index, dict(enumerate(steps)))
         return shard
 
     def drop_shard(self, key: int, index: int) -> None:
@@ -681,11 +715,12 @@ class Store:
             raise
         if items is None:
             return update.shard.version
-        version = self._apply_step(items, mode)
+        group = mode.group_of(worker)
+        version = self._apply_step(items, mode, group, coord.step(update.shard.index, worker))
         self.on_change()
         return version
 
-    def _apply_step(self, items: list[Update], mode: Mode) -> int:
+    def _apply_step(self, items: list[Update], mode: Mode, group: int, applied: int) -> int:
         """Sum held deltas in worker order and apply them as one update (or set, for apply=set)."""
         first = items[0]
         dt = first.tensor.meta.np_dtype
@@ -697,7 +732,7 @@ class Store:
         first.alpha = 1.0
         if mode.apply == "set":
             first.op = Op.WRITE
-        return self.commit(first)
+        return self.commit(first, (group, applied))
 
     def waits_for(self, key: int, index: int, worker: int, step: int, layout: int = 0) -> list[int]:
         """The workers a read of shard ``index`` by ``worker`` for ``step`` waits for.
@@ -734,9 +769,10 @@ class Store:
                 f"for {mode.worker_timeout:g} s while worker {worker} waits for step {step} "
                 f"({mode.describe()})",
             )
-        for steps in coord.evict(lost).values():
-            for items in steps:
-                self._apply_step(items, mode)
+        for index, steps in coord.evict(lost).items():
+            for group, items in steps:
+                applied = coord.applied_steps(index)[group]
+                self._apply_step(items, mode, group, applied)
         self.on_change()
         return lost
 

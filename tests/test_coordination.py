@@ -107,11 +107,26 @@ def test_eviction_applies_held_steps_and_locks_the_worker_out() -> None:
     c.push(0, 1, 0, "b", 0.0)
     c.push(1, 0, 0, "x", 0.0)
     done = c.evict([2])
-    assert done == {0: [["a", "b"]]}  # shard 1 still waits for worker 1
+    assert done == {0: [(0, ["a", "b"])]}  # group 0's step; shard 1 still waits for worker 1
     assert c.blockers(0, 0, 1) == []
     refused(Status.EVICTED, c.push, 1, 2, 0, "late", 0.0, match="evicted")
     assert c.push(1, 1, 0, "y", 0.0) == ["x", "y"]
     assert c.held() == []
+
+
+def test_a_backup_follows_the_steps_its_primary_applied() -> None:
+    """A backup's coordinator holds nothing it applies itself: it is told which steps
+    the primary applied (with their sums), releases what it held for them, and can
+    then take pushes for the next step, as the primary would."""
+    c = coord(Mode.hybrid(4, 2))
+    assert c.push(0, 0, 0, "a", 0.0) is None  # held, as on the primary
+    assert c.follow(0, 0, 1) == ["a"]  # group 0 applied step 0 on the primary
+    assert c.applied_steps(0) == [1, 0]
+    assert c.follow(0, 0, 1) == []  # told again (a resent copy): nothing changes
+    assert c.push(0, 1, 1, "b", 0.0) is None  # step 1 is the next one now
+    refused(Status.BAD_STEP, c.push, 0, 0, 0, "late", 0.0, match="already applied")
+    assert c.follow(0, 1, 3) == [] and c.applied_steps(0) == [1, 3]
+    assert c.follow(0, 5, 9) == []  # no such group: ignored
 
 
 def test_held_lists_what_is_pending() -> None:

@@ -174,3 +174,29 @@ def test_a_different_mode_is_refused_unless_replaced(store: Store) -> None:
     bad = TensorMeta("m/x", "float32", (4,), 1024, {"mode": "sync", "workers": 0})
     with pytest.raises(StoreError, match="workers must be between"):
         store.create(bad)
+
+
+def test_a_shard_copy_carries_the_steps_its_primary_applied(clock: Clock) -> None:
+    """What a primary's store says it applied (applied_steps) is what a backup's store
+    installing the whole-shard copy follows: the next step's pushes are taken, the
+    held contributions of applied steps are released."""
+    arenas = [Arena(4 << 20), Arena(4 << 20)]
+    try:
+        primary, backup = (Store(a, lambda key, shard: True, clock) for a in arenas)
+        meta = make(primary, Mode.sync(2))
+        make(backup, Mode.sync(2))
+        for step in range(3):
+            push(primary, meta, 0, np.ones(1000, np.float32), worker=0, step=step)
+            push(primary, meta, 0, np.ones(1000, np.float32), worker=1, step=step)
+        push(backup, meta, 0, np.ones(1000, np.float32), worker=0, step=0)  # held, stale
+        tensor = primary.tensors[meta.key]
+        steps = primary.applied_steps(tensor, 0)
+        assert steps == [3]
+        data = primary.arena.view(tensor.shards[0].block, 0, 1024)
+        backup.install_shard(meta, 0, tensor.shards[0].version, data, {}, steps)
+        assert backup.applied_steps(backup.tensors[meta.key], 0) == [3]
+        assert backup.tensors[meta.key].coord.held() == []  # the stale hold was released
+        assert push(backup, meta, 0, np.ones(1000, np.float32), worker=0, step=3) == 3
+    finally:
+        for a in arenas:
+            a.close()

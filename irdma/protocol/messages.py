@@ -254,6 +254,10 @@ class ReplicaUpdate:
     produces: int  # the version the update produces
     sender: int  # the sending daemon's index in the cluster's node list
     txn: int = 0
+    # A lockstep training step's sum: its group and the steps that group has
+    # applied with it (0: not a step); the backup's coordinator follows.
+    group: int = 0
+    steps_applied: int = 0
     request_id: int = 0
 
     def frame(self, length: int) -> Header:
@@ -272,6 +276,7 @@ class ReplicaUpdate:
             0,
             self.dtype,
             worker=self.sender,
+            step=self.steps_applied << 16 | self.group,  # groups < 2**16 (MAX_WORKERS)
             txn=self.txn,
         )
 
@@ -291,6 +296,8 @@ class ReplicaUpdate:
             h.version,
             h.worker,
             h.txn,
+            h.step & 0xFFFF,
+            h.step >> 16,
             h.request_id,
         )
 
