@@ -20,9 +20,8 @@ from pathlib import Path
 
 import trio
 
-from irdma import AsyncClient, ClusterConfig, load_config, mounts
+from irdma import AsyncClient, ClusterConfig, Notifier, load_config, mounts
 from irdma.errors import ConfigError, IrdmaError
-from irdma.sdnotify import Notifier
 
 from .mover import Mover
 

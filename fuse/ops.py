@@ -23,7 +23,7 @@ import numpy as np
 import pyfuse3
 import trio
 
-from irdma import AsyncClient, TensorInfo
+from irdma import AsyncClient, TensorInfo, describe_options
 from irdma.errors import (
     ArenaFull,
     BadRequest,
@@ -38,7 +38,6 @@ from irdma.errors import (
     WorkerEvicted,
     WorkerLost,
 )
-from irdma.modes import describe_options
 
 from . import paths
 from .files import FileBuffer, Handle, file_size, identity, is_raw, load, plan_outflow, push

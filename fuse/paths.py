@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 # mkdir stores this zero-size tensor so an empty directory exists for every
 # mount (one definition with the command line, which hides it from listings).
-from irdma.names import DIR_MARKER
+from irdma import DIR_MARKER
 
 NPY = ".npy"
 SHARDS = ".shards"

@@ -4,6 +4,7 @@ Workers use ``irdma.Client`` (blocking) or ``irdma.AsyncClient`` (trio) to
 create, read, write and accumulate tensors held by ``psd`` daemons.
 """
 
+from . import mounts
 from .client import AsyncClient, Client, TensorInfo
 from .cluster import ClusterConfig, load_config
 from .errors import (
@@ -21,10 +22,14 @@ from .errors import (
     TensorExists,
     TensorNotFound,
 )
+from .modes import Mode, describe_options
+from .names import DIR_MARKER
+from .sdnotify import Notifier
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DIR_MARKER",
     "ArenaFull",
     "AsyncClient",
     "AuthFailed",
@@ -37,10 +42,14 @@ __all__ = [
     "DaemonUnavailable",
     "DtypeMismatch",
     "IrdmaError",
+    "Mode",
+    "Notifier",
     "OutOfRange",
     "ShapeMismatch",
     "TensorExists",
     "TensorInfo",
     "TensorNotFound",
+    "describe_options",
     "load_config",
+    "mounts",
 ]

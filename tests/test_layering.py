@@ -48,3 +48,31 @@ def test_no_transport_subclasses_another() -> None:
 def test_irdma_imports_neither_the_daemon_nor_the_mount() -> None:
     for file, names in imports_of("irdma").items():
         assert not {n for n in names if n.split(".")[0] in ("psd", "irdma_psd", "irdma_fuse")}, file
+
+
+def test_the_mount_uses_only_the_public_api() -> None:
+    """fuse/ imports ``irdma`` and ``irdma.errors``, and only names they export."""
+    used = sorted(
+        {
+            (f, n)
+            for f, names in imports_of("fuse").items()
+            for n in names
+            if n.split(".")[0] == "irdma"
+        }
+    )
+    assert used, "fuse imports nothing from irdma? the check reads the wrong files"
+    wrong = [(f, n) for f, n in used if not _public(n)]
+    assert not wrong, f"fuse imports irdma internals: {wrong}"
+
+
+def _public(name: str) -> bool:
+    """``irdma``, ``irdma.errors`` or a name exported from either."""
+    import irdma
+    import irdma.errors
+
+    if name in ("irdma", "irdma.errors"):
+        return True
+    module, _, attr = name.rpartition(".")
+    if module == "irdma":
+        return attr in irdma.__all__
+    return module == "irdma.errors" and hasattr(irdma.errors, attr)
