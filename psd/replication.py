@@ -138,9 +138,16 @@ class Replicator:
             self.membership.grace,
         )
         # Whatever was queued while primary is stale now: others may have
-        # taken over. This daemon catches up instead.
+        # taken over. This daemon catches up instead. Forwards already written
+        # to a peer's socket are dropped too (a reset, not a close): sent when
+        # the path comes back, a backup could apply an update that was never
+        # acknowledged and that this daemon's catch-up is about to undo.
         for peer in self.peers.values():
             peer.skip_all()
+            if peer.conn is not None:
+                peer.conn.stream.reset()
+                peer.conn.abandon(StreamClosed(f"{self.node.name} lost its majority"))
+                peer.conn = None
         self._lost.set()
 
     def _on_change(self) -> None:
@@ -303,8 +310,22 @@ class Replicator:
         return [peer.put(Item(key, index, None)) for key, index in shards]
 
     async def wait(self, items: list[Item]) -> None:
+        """Wait until the backups have these updates, or were declared down.
+
+        Raises StoreError (NO_QUORUM) when one was not delivered because this
+        daemon lost its majority meanwhile: it is applied here only, another
+        replica may be primary by now and this copy will be replaced, so it must
+        not be acknowledged; the client retries it elsewhere with the same txn.
+        """
         for item in items:
             await item.done.wait()
+        m = self.membership
+        if any(not i.delivered for i in items) and not (m.ready and m.has_quorum()):
+            raise StoreError(
+                Status.NO_QUORUM,
+                f"{self.node.name} lost contact with a majority before its backups had the "
+                "update; it is not acknowledged: retry it on another replica",
+            )
 
     async def drain(self, peer_name: str) -> None:
         """Wait until everything queued for a peer so far was delivered (or it went down)."""

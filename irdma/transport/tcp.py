@@ -8,9 +8,11 @@ the only copy on a pull is the kernel's into the client's array.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket as stdsocket
+import struct
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
@@ -58,6 +60,8 @@ DRAIN_CHUNK = 1 << 20
 # many operations, so one busy peer cannot starve the rest.
 YIELD_EVERY = 32
 AUTH_FAILED = int(Status.AUTH_FAILED)
+# SO_LINGER on, 0 s: close() resets the connection and drops unsent data.
+_LINGER_RESET = struct.pack("ii", 1, 0)
 
 
 def tune_socket(sock: stdsocket.socket | trio.socket.SocketType) -> None:
@@ -203,6 +207,14 @@ class FramedSocket:
         if self.sock.fileno() != -1:
             self.waits.closing(self.sock)
             self.sock.close()
+
+    def reset(self) -> None:
+        """Close with a reset: bytes still in the send buffer are dropped, not delivered
+        (a plain close would have the kernel send them whenever the path comes back)."""
+        if self.sock.fileno() != -1:
+            with contextlib.suppress(OSError):
+                self.sock.setsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_LINGER, _LINGER_RESET)
+        self.close()
 
 
 async def open_tcp_socket(host: str, port: int) -> stdsocket.socket:
