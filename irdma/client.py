@@ -229,9 +229,13 @@ class AsyncClient:
         except StreamClosed as exc:
             if self._closed:
                 raise ClientClosed("client was closed during the request") from exc
-            raise DaemonUnavailable(node.name, str(node.address), str(exc)) from exc
+            raise DaemonUnavailable(
+                node.name, str(node.address), str(exc), single_copy=not self.replicated
+            ) from exc
         except StreamBroken as exc:
-            raise DaemonUnavailable(node.name, str(node.address), str(exc)) from exc
+            raise DaemonUnavailable(
+                node.name, str(node.address), str(exc), single_copy=not self.replicated
+            ) from exc
         status = reply.header.status
         if status != Status.OK:
             text = reply.data.decode("utf-8", "replace")

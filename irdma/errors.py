@@ -28,8 +28,15 @@ class ClientClosed(IrdmaError):
 class DaemonUnavailable(IrdmaError):
     """A daemon could not be reached, or the connection to it broke."""
 
-    def __init__(self, node: str, address: str, reason: str) -> None:
-        super().__init__(f"daemon {node} at {address} is unavailable: {reason}")
+    def __init__(self, node: str, address: str, reason: str, *, single_copy: bool = False) -> None:
+        # With one copy of each shard there is no replica to fail over to: say so.
+        alone = (
+            "; the cluster keeps one copy of each shard (replicas = 1), so the shards "
+            "on this daemon are unavailable until it is back"
+            if single_copy
+            else ""
+        )
+        super().__init__(f"daemon {node} at {address} is unavailable: {reason}{alone}")
         self.node = node
         self.address = address
 

@@ -290,6 +290,9 @@ def test_daemon_down_is_a_clear_error(fresh_cluster: Cluster) -> None:
         client.read("down/x")
     with pytest.raises(irdma.DaemonUnavailable, match="n2"):
         fresh_cluster.client().read("down/x")
+    # One copy of each shard: the error says there is no other to ask.
+    with pytest.raises(irdma.DaemonUnavailable, match="unavailable until it is back"):
+        client.read("down/x")
 
 
 def test_hung_daemon_times_out(fresh_cluster: Cluster) -> None:

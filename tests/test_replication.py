@@ -292,15 +292,6 @@ def test_partitioned_host_refuses_writes_and_converges(netcluster: NetCluster) -
     print(f"minority side answered: {alone['error']}: {alone['message'][:200]}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="psd bug (issue 18): a primary that loses its majority while an update waits "
-    "for its backup marks the forward done (Replicator._on_lost skip_all, and _sender "
-    "when not ready) and Server._update acknowledges it; its catch-up then replaces the "
-    "copy: the acknowledged write is lost. And the unsent forward, left in the closed "
-    "socket, is retransmitted after the cut heals and applied by the backup once the "
-    "old primary is ready again: the replicas diverge. Fix proposed in the issue's note",
-)
 @pytest.mark.timeout(180)
 def test_a_primary_cut_off_mid_update_does_not_acknowledge_what_its_backup_lacks(
     netcluster: NetCluster,
