@@ -15,7 +15,7 @@ No I/O here, as in ``frame``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Self
 
 from .frame import DTYPE_ANY, NO_WORKER, Flag, Header, Op, ProtocolError, Status
 
@@ -40,18 +40,25 @@ class BadRequest(ProtocolError):
 
 
 @dataclass(frozen=True, slots=True)
-class Hello:
-    """What a daemon is and holds (answer: JSON). Any payload is ignored."""
+class _Bare:
+    """A request whose meaning is its op and its payload (JSON, a prefix, or none)."""
 
     request_id: int = 0
-    op: ClassVar[Op] = Op.HELLO
+    op: ClassVar[Op]
 
     def frame(self, length: int = 0) -> Header:
-        return Header(op=Op.HELLO, request_id=self.request_id, length=length)
+        return Header(op=self.op, request_id=self.request_id, length=length)
 
     @classmethod
-    def decode(cls, h: Header) -> Hello:
+    def decode(cls, h: Header) -> Self:
         return cls(h.request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Hello(_Bare):
+    """What a daemon is and holds (answer: JSON). Any payload is ignored."""
+
+    op: ClassVar[Op] = Op.HELLO
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,18 +111,10 @@ class Stat:
 
 
 @dataclass(frozen=True, slots=True)
-class ListTensors:
+class ListTensors(_Bare):
     """The tensors under a prefix; the payload is the prefix (UTF-8)."""
 
-    request_id: int = 0
     op: ClassVar[Op] = Op.LIST
-
-    def frame(self, length: int = 0) -> Header:
-        return Header(op=Op.LIST, request_id=self.request_id, length=length)
-
-    @classmethod
-    def decode(cls, h: Header) -> ListTensors:
-        return cls(h.request_id)
 
 
 # -- data -------------------------------------------------------------------------------
@@ -390,48 +389,24 @@ class Release:
 
 
 @dataclass(frozen=True, slots=True)
-class Ping:
+class Ping(_Bare):
     """A daemon's heartbeat; the payload is its state as JSON."""
 
-    request_id: int = 0
     op: ClassVar[Op] = Op.PING
 
-    def frame(self, length: int = 0) -> Header:
-        return Header(op=Op.PING, request_id=self.request_id, length=length)
-
-    @classmethod
-    def decode(cls, h: Header) -> Ping:
-        return cls(h.request_id)
-
 
 @dataclass(frozen=True, slots=True)
-class Catchup:
+class Catchup(_Bare):
     """A recovering daemon asks which of its shards the peer holds (JSON payload)."""
 
-    request_id: int = 0
     op: ClassVar[Op] = Op.CATCHUP
-
-    def frame(self, length: int = 0) -> Header:
-        return Header(op=Op.CATCHUP, request_id=self.request_id, length=length)
-
-    @classmethod
-    def decode(cls, h: Header) -> Catchup:
-        return cls(h.request_id)
 
 
 @dataclass(frozen=True, slots=True)
-class SyncRequest:
+class SyncRequest(_Bare):
     """A recovering daemon asks the peer to push these shards (JSON payload) as copies."""
 
-    request_id: int = 0
     op: ClassVar[Op] = Op.SYNC_REQUEST
-
-    def frame(self, length: int = 0) -> Header:
-        return Header(op=Op.SYNC_REQUEST, request_id=self.request_id, length=length)
-
-    @classmethod
-    def decode(cls, h: Header) -> SyncRequest:
-        return cls(h.request_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,33 +461,17 @@ class Auth:
 
 
 @dataclass(frozen=True, slots=True)
-class Attach:
+class Attach(_Bare):
     """The first frame on a daemon's unix socket (shm): JSON, with the staging memfd."""
 
-    request_id: int = 0
     op: ClassVar[Op] = Op.ATTACH
-
-    def frame(self, length: int = 0) -> Header:
-        return Header(op=Op.ATTACH, request_id=self.request_id, length=length)
-
-    @classmethod
-    def decode(cls, h: Header) -> Attach:
-        return cls(h.request_id)
 
 
 @dataclass(frozen=True, slots=True)
-class RdmaConnect:
+class RdmaConnect(_Bare):
     """Set up an RC queue pair for this TCP connection (JSON both ways)."""
 
-    request_id: int = 0
     op: ClassVar[Op] = Op.RDMA_CONNECT
-
-    def frame(self, length: int = 0) -> Header:
-        return Header(op=Op.RDMA_CONNECT, request_id=self.request_id, length=length)
-
-    @classmethod
-    def decode(cls, h: Header) -> RdmaConnect:
-        return cls(h.request_id)
 
 
 Request = (
