@@ -76,3 +76,19 @@ def _public(name: str) -> bool:
     if module == "irdma":
         return attr in irdma.__all__
     return module == "irdma.errors" and hasattr(irdma.errors, attr)
+
+
+def test_every_package_is_in_the_distribution() -> None:
+    """A package missing from pyproject's list is absent from ``pip install .`` (not from an
+    editable install, so only the installed units would notice): irdma.protocol was."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    on_disk = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for p in (ROOT / "irdma").rglob("__init__.py")
+        if "__pycache__" not in p.parts
+    }
+    assert on_disk <= listed, f"not in pyproject.toml's packages: {sorted(on_disk - listed)}"
