@@ -111,9 +111,9 @@ def test_rdma_may_be_used_only_where_asked_for_or_a_device_exists(cluster: Clust
     assert not may_use_rdma(nodes, "tcp") and not may_use_rdma(nodes, "shm")
 
 
-def test_a_fan_out_borrows_the_threads_sockets_and_gives_them_back(cluster: Cluster) -> None:
-    """The shards of one call are pipelined on the thread's own connections, which
-    stay open and in use for the small calls after it (no reconnect)."""
+def test_the_shards_of_one_call_use_the_threads_own_connections(cluster: Cluster) -> None:
+    """The shards of one call go over the thread's own connections, which stay open
+    and in use for the small calls after it (no reconnect)."""
     x = np.arange(N, dtype=np.float32)
     with Client(cluster.config_path, transport="tcp") as c:
         c.write("shell/loan", x)

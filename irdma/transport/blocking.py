@@ -7,9 +7,7 @@ answer rules (``next_answer``, PINNED then RELEASE) and the shm bulk path
 writes STAGED) are the ones the trio connections use; only the waiting
 differs (``BlockingWaits``).
 
-Waits happen in the calling thread (``poll`` with the client's timeout), or
-under trio while the blocking client runs the shards of one call
-concurrently (``BlockingWaits.in_trio``, see ``irdma.shells``).
+Waits happen in the calling thread (``poll`` with the client's timeout).
 """
 
 from __future__ import annotations
@@ -20,8 +18,6 @@ import socket as stdsocket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import trio
 
 from ..errors import AuthFailed
 from ..protocol import (
@@ -49,12 +45,10 @@ OK = int(Status.OK)
 
 
 class BlockingWaits:
-    """How one thread's blocking connections wait: ``poll`` bounded by ``timeout``,
-    or trio's waits while ``in_trio`` (the thread is inside ``trio.run``)."""
+    """How one thread's blocking connections wait: ``poll`` bounded by ``timeout``."""
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self.in_trio = False
 
     def _poll(self, sock: stdsocket.socket, events: int) -> None:
         poller = select.poll()
@@ -62,37 +56,17 @@ class BlockingWaits:
         if not poller.poll(self.timeout * 1000):
             raise StreamTimeout(f"no answer within {self.timeout:g} s")
 
-    async def _trio_wait(self, wait: Any, sock: stdsocket.socket) -> None:
-        with trio.move_on_after(self.timeout) as scope:
-            await wait(sock)
-        if scope.cancelled_caught:
-            raise StreamTimeout(f"no answer within {self.timeout:g} s")
-
     async def readable(self, sock: stdsocket.socket) -> None:
-        if self.in_trio:
-            await self._trio_wait(trio.lowlevel.wait_readable, sock)
-        else:
-            self._poll(sock, select.POLLIN)
+        self._poll(sock, select.POLLIN)
 
     async def writable(self, sock: stdsocket.socket) -> None:
-        if self.in_trio:
-            await self._trio_wait(trio.lowlevel.wait_writable, sock)
-        else:
-            self._poll(sock, select.POLLOUT)
+        self._poll(sock, select.POLLOUT)
 
     async def checkpoint(self) -> None:
-        if self.in_trio:
-            await trio.lowlevel.checkpoint()
+        pass
 
     def closing(self, sock: stdsocket.socket) -> None:
-        if self.in_trio:
-            trio.lowlevel.notify_closing(sock)
-
-    def enter_trio(self) -> None:
-        self.in_trio = True
-
-    def leave_trio(self) -> None:
-        self.in_trio = False
+        pass
 
 
 class WaitingSocket:

@@ -391,9 +391,12 @@ class FramedConnection(Connection):
         self._releases: list[int] = []
         self._release_wakeup = trio.Event()
         self._cancel = trio.CancelScope()
+        # Callers' sends in progress: cancelled when the connection fails, so a
+        # send waiting on a full socket (a daemon that stopped reading) ends with
+        # the watchdog's timeout instead of waiting for ever.
+        self._sending: set[trio.CancelScope] = set()
         self._failure: BaseException | None = None
         self._closed = False
-        self._lent = False  # the socket belongs to a blocking connection (``lend``)
 
     @classmethod
     async def open(
@@ -520,43 +523,13 @@ class FramedConnection(Connection):
             pending.error = self._failure
             pending.event.set()
         self._pending.clear()
+        for sending in self._sending:
+            sending.cancel()
         self._cancel.cancel()
-        if self._lent:
-            return  # the socket and the bulk path go back to their owner
         self.stream.close()
         # Verbs resources are destroyed now, not whenever the garbage collector
         # gets to them (pyverbs objects freed in the wrong order crash).
         self.bulk.close()
-
-    @classmethod
-    def lend(
-        cls, stream: FramedSocket, timeout: float, bulk: BulkPath, nursery: trio.Nursery
-    ) -> FramedConnection:
-        """A connection over a socket lent by a blocking connection for one trio run,
-        so that many requests are in flight on it; ``give_back`` ends the loan."""
-        conn = cls(stream, timeout, bulk)
-        conn._lent = True
-        nursery.start_soon(conn._run)
-        return conn
-
-    async def give_back(self) -> BaseException | None:
-        """End a loan: send the RELEASEs still due and stop the tasks, leaving the
-        socket open. Returns what broke the connection during the loan (its
-        owner must drop the socket then), or None."""
-        failure = self._failure
-        if failure is None:
-            await acquire_soon(self._send_lock)  # no frame is left half-sent
-            try:
-                frames = [release_frame(i) for i in self._releases]
-                self._releases = []
-                if frames:
-                    await self.stream.send_all(frames)
-            except (StreamBroken, StreamClosed) as exc:
-                failure = exc
-            finally:
-                self._send_lock.release()
-        self._fail(StreamClosed(f"loan of the connection to {self.stream.peer} ended"))
-        return failure
 
     def abandon(self, exc: BaseException) -> None:
         """A request failed or was cancelled mid-way: the connection cannot be trusted."""
@@ -584,7 +557,14 @@ class FramedConnection(Connection):
             self._last_progress = trio.current_time()
         self._pending[rid] = pending
         try:
-            await self._send([frame, *payload])
+            with trio.CancelScope() as sending:
+                self._sending.add(sending)
+                try:
+                    await self._send([frame, *payload])
+                finally:
+                    self._sending.discard(sending)
+            if sending.cancelled_caught:
+                raise self._failure or StreamClosed(f"connection to {self.stream.peer} failed")
             await pending.event.wait()
         except BaseException as exc:
             # Cancelled or failed part-way: the stream may hold half a frame,
