@@ -9,8 +9,7 @@ all its waiting, timing and concurrency through its shell:
 - ``BlockingShell`` (``Client``): each thread has its own connections and
   runs its requests itself; nothing ever suspends, so ``drive`` runs a core
   coroutine to its end with one ``send``. Calls that fan out (the shards of
-  a large tensor, one frame per daemon) run under ``trio.run`` in the same
-  thread, on the same connections, so the daemons work in parallel.
+  a large tensor, one frame per daemon) run one after another.
 """
 
 from __future__ import annotations

@@ -424,7 +424,7 @@ class Store:
         update = Update(op, tensor, shard, offset, size, alpha, staging, heap, buffer)
         if holder is not None:
             update.wire = wire
-            update.narrow = np.empty(size // tensor.meta.np_dtype.itemsize * holder.itemsize, "u1")
+            update.narrow = np.empty(narrowing.wire_nbytes(tensor.meta.np_dtype, wire, size), "u1")
         return update
 
     @staticmethod
