@@ -458,6 +458,26 @@ class Network:
         _run(["ip", "-n", self.switch_ns, "link", "set", "dev", self._host(host).port,
               "master", SWITCH_BRIDGE])  # fmt: skip
 
+    def cut_link(self, a: str, b: str) -> None:
+        """Break the path between two hosts only: each keeps reaching every other host.
+
+        An asymmetric fault (Jepsen's "bridge"): a blackhole route for the other's
+        address in each host's namespace. Packets either sends to the other are
+        dropped on the way out (new connections fail, established ones go silent);
+        the switch, the other hosts and ``partition``/``shape`` are not touched.
+        """
+        ha, hb = self._host(a), self._host(b)
+        if ha is hb:
+            raise ValueError(f"cannot cut the link from {a!r} to itself")
+        for src, dst in ((ha, hb), (hb, ha)):
+            _run(["ip", "-n", src.ns, "route", "replace", "blackhole", f"{dst.address}/32"])
+
+    def restore_link(self, a: str, b: str) -> None:
+        """Undo cut_link() (a link that was not cut is left as it is)."""
+        ha, hb = self._host(a), self._host(b)
+        for src, dst in ((ha, hb), (hb, ha)):
+            _try(["ip", "-n", src.ns, "route", "del", "blackhole", f"{dst.address}/32"])
+
     def shape(
         self, host: str, *, delay_ms: float = 0, loss_pct: float = 0, rate: str | None = None
     ) -> None:

@@ -161,6 +161,18 @@ def test_partition_cuts_a_host_off_and_heal_restores_it(net: Network) -> None:
 
 
 @pytest.mark.timeout(30)
+def test_cut_link_breaks_one_path_and_restore_link_mends_it(net: Network) -> None:
+    net.run("c", [sys.executable, "-c", ECHO_SERVER, str(PORT)])
+    assert reachable(net, "b", "c", retry_for=10)
+    net.cut_link("a", "b")
+    assert not reachable(net, "b", "a")
+    assert not reachable(net, "a", "b")
+    assert reachable(net, "b", "c") and reachable(net, "a", "c")  # both still reach c
+    net.restore_link("a", "b")
+    assert reachable(net, "b", "a", retry_for=5)
+
+
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize("shaper", SHAPERS)
 def test_shape_delays_both_directions_and_unshape_removes_it(shaper: str, tmp_path: Path) -> None:
     with Network(["a", "b"], shaper=shaper) as n:
