@@ -201,9 +201,15 @@ def irdma_worker(args: argparse.Namespace) -> dict[str, Any]:
                 with contextlib.suppress(Exception):
                     client.delete(name)
         # Which transports served us: tells whether the transport was honoured.
-        kinds = sorted({c.transport for c in client._client._conns.values()})
+        conns = client._client._conns.values()
+        kinds = sorted({c.transport for c in conns})
+        readers = [r for c in conns if (r := getattr(c.bulk, "directory", None)) is not None]
     memory = {"extra_bytes": extra, "largest_tensor": max(args.sizes)}
-    return {"results": results, "connections": kinds, "memory": memory}
+    one_sided = {
+        "reads": sum(r.reads for r in readers),
+        "handed_to_daemon": sum(r.contended for r in readers),
+    }
+    return {"results": results, "connections": kinds, "memory": memory, "one_sided": one_sided}
 
 
 def private_bytes(pid: int | str = "self") -> int:
@@ -440,8 +446,12 @@ def rows_from(
 
 
 def detail_of(report: dict[str, Any]) -> str:
-    """What served a worker (library version, connection classes), for the JSON."""
-    return report.get("library") or ", ".join(report.get("connections", []))
+    """What served a worker (library version, connection classes, one-sided reads),
+    for the JSON."""
+    text = report.get("library") or ", ".join(report.get("connections", []))
+    if one := report.get("one_sided"):
+        text += f"; one-sided reads {one['reads']}, handed to the daemon {one['handed_to_daemon']}"
+    return text
 
 
 def missing(system: str, what: str) -> list[Row]:
@@ -583,12 +593,16 @@ def measure_irdma(
     args: argparse.Namespace,
     memory: list[dict[str, Any]],
     system: str = "",
+    one_sided: bool = True,
 ) -> list[Row]:
     system = system or f"irdma {transport}"
+    env = transport_env(transport)
+    if not one_sided:
+        env["IRDMA_ONE_SIDED"] = "0"
     try:
         out = subprocess.run(
             worker_cmd("irdma_worker", args, config=config),
-            env=transport_env(transport),
+            env=env,
             capture_output=True,
             text=True,
             timeout=args.worker_timeout,
@@ -729,6 +743,10 @@ def measure_all(args: argparse.Namespace, memory: list[dict[str, Any]]) -> list[
         if "irdma" in args.only:
             for transport in args.transports:
                 rows += measure_irdma(config, transport, args, memory)
+                if transport == "shm":
+                    # Reads asking the daemon, as before one-sided reads: the difference.
+                    system = "irdma shm via daemon"
+                    rows += measure_irdma(config, transport, args, [], system, one_sided=False)
         if "group" in args.only:
             for transport in args.transports:
                 rows += measure_group(config, tmp, transport, args)

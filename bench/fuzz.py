@@ -126,20 +126,20 @@ TOKENS = [
 
 # Header fields the random engine sets to interesting values: (offset, size).
 FIELDS = [(5, 1), (6, 2), (10, 2), (12, 4), (16, 8), (24, 8), (32, 8), (40, 8), (48, 8)]
-FIELDS += [(56, 8), (64, 8), (72, 8), (80, 4), (88, 8), (96, 8)]
-INTERESTING = [0, 1, 2, 3, 7, 8, 16, 47, 48, 64, 103, 104, 255, 256, 4095, 4096, 4097]
+FIELDS += [(56, 8), (64, 8), (72, 8), (80, 4), (88, 8), (96, 8), (104, 8)]
+INTERESTING = [0, 1, 2, 3, 7, 8, 16, 47, 48, 64, 111, 112, 255, 256, 4095, 4096, 4097]
 INTERESTING += [1 << 16, (1 << 18) - 1, 1 << 18, 1 << 20, 1 << 26, (1 << 31) - 1]
 INTERESTING += [1 << 31, (1 << 32) - 1, 1 << 32, (1 << 63) - 1, 1 << 63, (1 << 64) - 1]
 
 
 # -- JSON-aware mutation -------------------------------------------------------------
 
-HEADER_SIZE = 104
+HEADER_SIZE = 112
 JSON_OPS = {2, 13, 15, 16}  # CREATE, PING, CATCHUP, SYNC_REQUEST
 SYNC = 14  # its payload starts with ``offset`` bytes of JSON
 KEYS = ["name", "dtype", "shape", "shard_size", "options", "mode", "workers", "slack"]
 KEYS += ["groups", "worker_timeout", "on_timeout", "apply", "node", "ready", "handoff"]
-KEYS += ["boot", "seq", "shards", "meta", "txns", "version", "x"]
+KEYS += ["boot", "seq", "shards", "meta", "txns", "version", "stamp", "x"]
 STRINGS = ["", "fz/new", "fz/new/deeper", "a/../b", "n1", "n2", "n3", "float32", "int8"]
 STRINGS += ["bool", "complex128", "object", "sync", "ssp", "hybrid", "async", "evict", "set"]
 STRINGS += ["\ud800", "x" * 1100, "a\0b"]
@@ -424,9 +424,9 @@ def mutate(rng: random.Random, data: bytes, corpus: list[bytes]) -> bytes:
             i = rng.randrange(1, len(b))
             b[i] ^= 1 << rng.randrange(8)
         elif what == 1:  # set a header field of some frame
-            frame = rng.randrange(max(1, (len(b) - 1) // 104 + 1))
+            frame = rng.randrange(max(1, (len(b) - 1) // 112 + 1))
             off, size = rng.choice(FIELDS)
-            at = 1 + frame * 104 + off
+            at = 1 + frame * 112 + off
             if at + size <= len(b):
                 value = rng.choice(INTERESTING) if rng.random() < 0.7 else rng.getrandbits(64)
                 if off == 64 and rng.random() < 0.5:

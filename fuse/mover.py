@@ -23,10 +23,11 @@ from irdma import AsyncClient, ClientClosed, ClusterConfig
 
 @dataclass(eq=False)
 class _Job:
-    method: str  # an AsyncClient method: read_bytes or write_bytes
+    method: str  # an AsyncClient method: read_range or write_bytes
     args: tuple
     done: trio.Event  # of the caller's loop
     error: BaseException | None = None
+    result: Any = None
 
 
 @dataclass(eq=False)
@@ -74,7 +75,7 @@ class Mover:
     async def _do(self, client: AsyncClient, job: _Job) -> None:
         assert self._main is not None
         try:
-            await getattr(client, job.method)(*job.args)
+            job.result = await getattr(client, job.method)(*job.args)
         except Exception as exc:  # the caller raises it
             job.error = exc
         except BaseException:
@@ -86,7 +87,7 @@ class Mover:
             with contextlib.suppress(trio.RunFinishedError):  # the mount is ending
                 self._main.run_sync_soon(job.done.set)
 
-    async def call(self, method: str, *args: Any) -> None:
+    async def call(self, method: str, *args: Any) -> Any:
         """Run ``AsyncClient.<method>(*args)`` in the Mover's thread; raise what it raised.
 
         Buffers passed in must stay untouched until it returns (a cancelled
@@ -98,9 +99,10 @@ class Mover:
         await job.done.wait()
         if job.error is not None:
             raise job.error
+        return job.result
 
-    async def read_bytes(self, name: str, offset: int, size: int, out: Any) -> None:
-        await self.call("read_bytes", name, offset, size, out)
+    async def read_range(self, name: str, offset: int, out: Any, at: int = 0) -> int:
+        return await self.call("read_range", name, offset, out, at)
 
     async def write_bytes(self, name: str, offset: int, data: Any) -> None:
         await self.call("write_bytes", name, offset, data)

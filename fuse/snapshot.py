@@ -7,11 +7,15 @@ the whole load, and pulling the next chunks overlaps with answering it.
 
 Consistency: the snapshot is of the version the open saw (its stat); this
 mount's own writes to the tensor wait until snapshots being filled are
-complete (``IrdmaOperations._quiesce``), so they never mix into one. A write
-from elsewhere while a file streams in is detected when it is complete (the
-version moved) and logged: bytes already served cannot be taken back, as on
-any filesystem read during a concurrent write (close-to-open promises the
-next open the new version, which it gets).
+complete (``IrdmaOperations._quiesce``), so they never mix into one. A
+whole-tensor write from elsewhere while a file streams in does not mix in
+either: the first chunk is read alone, and every later chunk is read from
+the same write (``AsyncClient.read_range``; the daemons keep each shard's
+previous copy). Rewritten twice before the stream ends, that write is gone:
+the open's reads fail (EIO) rather than mix. Accumulates and partial writes
+from elsewhere are per shard, as for any reader; a version that moved is
+logged when the stream is complete (close-to-open promises the next open
+the new version, which it gets).
 """
 
 from __future__ import annotations
@@ -91,12 +95,17 @@ class Snapshot:
         start: int,
     ) -> None:
         limit = trio.Semaphore(IN_FLIGHT)
+        # The whole-tensor write the first chunk came from: every later chunk
+        # is read from that write too, even if the tensor is rewritten meanwhile.
+        stamp = 0
 
         async def one(i: int) -> None:
+            nonlocal stamp
             try:
                 lo = i * self._chunk
                 part = body[lo : lo + self._chunk]
-                await mover.read_bytes(target.name, start + lo, len(part), part)
+                got = await mover.read_range(target.name, start + lo, part, stamp)
+                stamp = stamp or got
             except Exception as exc:  # the readers waiting for it get the error
                 if self._error is None:
                     self._error = exc
@@ -105,8 +114,11 @@ class Snapshot:
                 self._ready[i].set()
 
         try:
+            if self._ready:
+                await limit.acquire()
+                await one(0)  # alone: the others follow its write
             async with trio.open_nursery() as nursery:
-                for i in range(len(self._ready)):
+                for i in range(1, len(self._ready)):
                     await limit.acquire()
                     if self._error is not None:
                         for event in self._ready[i:]:

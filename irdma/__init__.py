@@ -21,6 +21,7 @@ from .errors import (
     ShapeMismatch,
     TensorExists,
     TensorNotFound,
+    TornRead,
 )
 from .modes import Mode, describe_options
 from .names import DIR_MARKER
@@ -49,6 +50,7 @@ __all__ = [
     "TensorExists",
     "TensorInfo",
     "TensorNotFound",
+    "TornRead",
     "describe_options",
     "load_config",
     "mounts",

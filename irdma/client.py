@@ -11,11 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import trio
@@ -32,13 +32,17 @@ from .errors import (
     DtypeMismatch,
     ShapeMismatch,
     StaleLayout,
+    StampGone,
+    StampPending,
     TensorNotFound,
+    TornRead,
     error_for_status,
 )
 from .modes import Mode
 from .protocol import (
     DTYPE_CODES,
     MAX_NAME_BYTES,
+    NO_WORKER,
     Header,
     Op,
     Status,
@@ -49,9 +53,18 @@ from .protocol import (
     tensor_key,
     validate_name,
 )
-from .protocol.messages import Create, Delete, Hello, ListTensors, Read, Stat, Update
+from .protocol.messages import (
+    Create,
+    Delete,
+    Hello,
+    ListTensors,
+    Read,
+    Stat,
+    Update,
+    served_stamps,
+)
 from .ranges import Piece, shard_pieces
-from .routing import Router, asks_primary, new_txn, worker_field
+from .routing import Router, asks_primary, new_stamp, new_txn, worker_field
 from .shells import BlockingShell, Shell, TrioShell, drive
 from .sinks import IntoSink
 from .transport.base import (
@@ -67,6 +80,21 @@ from .transport.select import forced_transport, may_use_rdma
 
 Progress = Callable[[int], None]
 T = TypeVar("T")
+
+# Rounds in a row without progress a read of several shards makes to get them
+# all from one whole-tensor write before it gives up (TornRead).
+AGREE_TRIES = 16
+# Pause (times the round) before looking again at pieces a write has not reached.
+AGREE_PAUSE = 0.0005
+
+
+class Served(NamedTuple):
+    """One piece of a read or update as answered: the shard's version, the stamp of
+    the whole-tensor write its bytes come from, and of the copy before it (0: none)."""
+
+    version: int
+    stamp: int
+    prev: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +163,9 @@ class AsyncClient:
     With the config's ``secret_file`` every connection authenticates
     (``irdma.auth``). Raises ConfigError for a bad config or secret file;
     requests raise AuthFailed when a daemon and this client do not share the secret.
+    Reads from a daemon attached over shared memory copy straight out of its
+    arena after a version check, without a message to it (one-sided; not with
+    replicas); ``IRDMA_ONE_SIDED=0`` makes every read ask the daemon.
     """
 
     def __init__(
@@ -147,6 +178,11 @@ class AsyncClient:
         self.config = config if isinstance(config, ClusterConfig) else load_config(config)
         self.timeout = timeout if timeout is not None else self.config.timeout
         self.transport = forced_transport(transport)
+        # One-sided reads from same-host arenas (``IRDMA_ONE_SIDED=0``: always ask the daemon).
+        self._direct = os.environ.get("IRDMA_ONE_SIDED", "1") != "0"
+        # Reads of several shards that met two whole-tensor writes and read
+        # pieces again to get one (a measure of write/read contention).
+        self.reads_reconciled = 0
         # Read now, so a missing or exposed secret file is reported at once.
         self._secret = cluster_secret(self.config)
         self._meta: dict[str, TensorMeta] = {}
@@ -473,12 +509,15 @@ class AsyncClient:
         worker: int | None = None,
         step: int = 0,
         wire: int = 0,
-    ) -> int:
-        """Move ``buf`` to or from bytes at ``offset`` of a tensor; return the versions' sum.
+        at: int = 0,
+    ) -> list[Served]:
+        """Move ``buf`` to or from bytes at ``offset`` of a tensor; return each piece's answer.
 
         ``worker`` and ``step`` name a training worker's step (see ``irdma.modes``).
         With a ``wire`` dtype, ``buf`` holds the values in that dtype
         (``irdma.narrowing``) while ``offset`` still counts the tensor's bytes.
+        A read of several shards gets them all from one whole-tensor write;
+        with ``at``, from that write (TornRead if a daemon no longer has it).
         """
         wid = worker_field(worker, step)
         held = narrowing.check(meta.np_dtype, wire).itemsize if wire else 0
@@ -497,14 +536,25 @@ class AsyncClient:
                 choice[p.shard] = self._router.candidates(meta.key, p.shard, False, load)
                 first = choice[p.shard][0].name
                 load[first] = load.get(first, 0) + p.length
+        # A write of the whole tensor is one write for its readers: every
+        # shard carries its stamp (see psd/store.py).
+        stamp = new_stamp() if op == Op.WRITE and len(pieces) > 1 and size == meta.nbytes else 0
+        direct = op == Op.READ and not wire and self._direct_ok(meta, wid)
 
-        async def one(p: Piece) -> int:
+        async def one(p: Piece, want: int = 0) -> Served:
+            """Move one piece; ``want``: re-read it from that whole-tensor write's copy."""
             if wire:
                 start, n = p.buf_offset // itemsize * held, p.length // itemsize * held
             else:
                 start, n = p.buf_offset, p.length
             view = buf[start : start + n]
             if op == Op.READ:
+                if direct and not want:
+                    got = await self._read_direct(meta, p, view)
+                    if got is not None:
+                        if progress is not None:
+                            progress(n)
+                        return got
                 read = Read(
                     meta.key,
                     p.shard,
@@ -515,41 +565,187 @@ class AsyncClient:
                     wire=wire,
                     worker=wid,
                     step=step,
+                    stamp=want,
                 )
                 reply = await self._router.on_replicas(
                     meta.key,
                     p.shard,
                     read,
-                    sink=IntoSink(view, progress),
+                    sink=IntoSink(view, None if want else progress),
                     update=False,
+                    # An older write's copy says nothing about what this client saw.
+                    track=not want,
                     candidates=choice.get(p.shard),
                 )
-            else:
-                change = Update(
-                    op,
-                    meta.key,
-                    p.shard,
-                    p.shard_offset,
-                    p.length,
-                    alpha,
-                    meta.layout,
-                    code,
-                    wire,
-                    wid,
-                    step,
-                    txn=new_txn() if self.replicated else 0,
-                )
-                reply = await self._router.on_replicas(
-                    meta.key, p.shard, change, [view], length=n, update=True
-                )
-                if progress is not None:
-                    progress(n)
-            return reply.header.version
+                return Served(reply.header.version, *served_stamps(reply.header))
+            change = Update(
+                op,
+                meta.key,
+                p.shard,
+                p.shard_offset,
+                p.length,
+                alpha,
+                meta.layout,
+                code,
+                wire,
+                wid,
+                step,
+                txn=new_txn() if self.replicated else 0,
+                stamp=stamp,
+            )
+            reply = await self._router.on_replicas(
+                meta.key, p.shard, change, [view], length=n, update=True
+            )
+            if progress is not None:
+                progress(n)
+            return Served(reply.header.version, stamp, 0)
 
         if len(pieces) == 1:  # most small requests: no fan-out to set up
-            return await one(pieces[0])
-        versions = await self._gather(partial(one, p) for p in pieces)
-        return sum(versions)
+            served = [await one(pieces[0])]
+        else:
+            served = await self._gather(partial(one, p) for p in pieces)
+        if at:
+            return await self._at(meta, at, pieces, served, one)
+        if op == Op.READ and len(pieces) > 1:
+            return await self._agree(meta, pieces, served, one, direct)
+        return served
+
+    async def _at(
+        self,
+        meta: TensorMeta,
+        at: int,
+        pieces: list[Piece],
+        served: list[Served],
+        one: Callable[..., Any],
+    ) -> list[Served]:
+        """Get every piece from whole-tensor write ``at``: from its copy where the shard
+        moved on, or, where the write has not reached the shard yet, once it has."""
+
+        async def from_copy(i: int) -> Served | None:
+            try:
+                return await one(pieces[i], at)
+            except StampPending:
+                return None  # on its way: looked at again below
+
+        deadline = self._now() + self.timeout
+        redo = [i for i, s in enumerate(served) if s.stamp != at]
+        pause = 0
+        while redo:
+            try:
+                got = await self._gather(partial(from_copy, i) for i in redo)
+            except StampGone:
+                raise TornRead(
+                    f"tensor {meta.name!r} was rewritten twice while it was being read: "
+                    "the rest of the write the read began with is gone; read it again"
+                ) from None
+            for i, s in zip(redo, got, strict=True):
+                if s is not None:
+                    served[i] = s
+            redo = [i for i in redo if served[i].stamp != at]
+            if not redo:
+                break
+            if self._now() >= deadline:
+                raise TornRead(
+                    f"tensor {meta.name!r}: the write the read began with never reached "
+                    f"some of its shards within {self.timeout:g} s (its writer stopped "
+                    "half-way?); read it again"
+                )
+            pause += 1
+            await self._shell.sleep(AGREE_PAUSE * pause)
+        return served
+
+    async def _agree(
+        self,
+        meta: TensorMeta,
+        pieces: list[Piece],
+        served: list[Served],
+        one: Callable[..., Any],
+        direct: bool,
+    ) -> list[Served]:
+        """Make a read of several shards come from one whole-tensor write.
+
+        Pieces from two writes (a rewrite ran during the read) are read again,
+        whichever costs less: those behind a write in progress (a stamp that
+        other pieces have as their previous copy) as they are now, since the
+        writer is reaching them; or the rest from the copy of a write every
+        piece still has (current, or the previous copy daemons keep). One-sided
+        readers prefer the first: a fresh look costs them no message.
+        ``TornRead`` after ``AGREE_TRIES`` rounds in a row that changed nothing,
+        or after the client timeout.
+        """
+
+        async def at(i: int, target: int) -> Served | None:
+            try:
+                return await one(pieces[i], target)
+            except (StampGone, StampPending):
+                return None  # rewritten again meanwhile: looked at anew next round
+
+        if len({s.stamp for s in served}) > 1:
+            self.reads_reconciled += 1
+        deadline = self._now() + self.timeout
+        stuck = 0  # rounds in a row that changed no piece
+        while stuck < AGREE_TRIES and self._now() < deadline:
+            stamps = {s.stamp for s in served}
+            if len(stamps) == 1:
+                return served
+            superseded = {s.prev for s in served if s.prev}
+            behind = [i for i, s in enumerate(served) if s.stamp in superseded]
+            common = [t for t in stamps if all(t in (s.stamp, s.prev) for s in served)]
+            redo: list[int] = []
+            target = 0
+            if common:
+                target = max(common, key=lambda t: sum(s.stamp == t for s in served))
+                redo = [i for i, s in enumerate(served) if s.stamp != target]
+            chase = behind and (
+                not redo or len(behind) <= len(redo) or (direct and stuck < AGREE_TRIES // 2)
+            )
+            if chase or not redo:
+                fresh = behind or [i for i, s in enumerate(served) if s.stamp != _most(served)]
+                again = await self._gather(partial(one, pieces[i]) for i in fresh)
+                moved = again != [served[i] for i in fresh]
+                for i, s in zip(fresh, again, strict=True):
+                    served[i] = s
+                stuck = 0 if moved else stuck + 1
+                if not moved:
+                    # Nothing moved: give the writer a moment to reach them.
+                    await self._shell.sleep(AGREE_PAUSE * stuck)
+                continue
+            got = await self._gather(partial(at, i, target) for i in redo)
+            for i, s in zip(redo, got, strict=True):
+                if s is not None:
+                    served[i] = s
+            stuck = 0 if any(s is not None for s in got) else stuck + 1
+        raise TornRead(
+            f"tensor {meta.name!r}: its shards kept coming from different whole-tensor "
+            "writes (rewritten faster than it can be read, or a writer stopped half-way "
+            "and the older copies were taken back for room); read it again, or write it "
+            "whole again"
+        )
+
+    def _direct_ok(self, meta: TensorMeta, wid: int) -> bool:
+        """Whether reads of this tensor may copy straight out of a same-host arena.
+
+        Not with replicas (a daemon's gates, catching up and quorum, are
+        checked on the daemon per request), and not for a training pull that
+        may have to wait for its step.
+        """
+        if self.replicated or not self._direct:
+            return False
+        return wid == NO_WORKER or Mode.from_options(meta.options).kind == "async"
+
+    async def _read_direct(self, meta: TensorMeta, p: Piece, view: memoryview) -> Served | None:
+        """One-sided: copy the piece out of its daemon's arena, if attached over shm."""
+        node = self.config.primary_for(meta.key, p.shard)
+        try:
+            conn = await self._connection(node)
+        except (StreamBroken, StreamClosed, StreamTimeout):
+            return None  # asked the usual way, which says what went wrong
+        reader = getattr(conn.bulk, "directory", None)
+        if reader is None or not conn.daemon_alive():
+            return None
+        out = np.frombuffer(view, dtype=np.uint8)
+        got = reader.read(meta.key, meta.layout, p.shard, p.shard_offset, out)
+        return None if got is None else Served(*got)
 
     async def read(
         self,
@@ -609,6 +805,24 @@ class AsyncClient:
             buf = memoryview(out if out is not None else bytearray(n)).cast("B")[:n]
             await self._move(Op.READ, meta, offset, buf)
             return buf
+
+        return await self._with_fresh_meta(name, go)
+
+    async def read_range(self, name: str, offset: int, out: Buffer, at: int = 0) -> int:
+        """Fill ``out`` with the tensor's bytes from ``offset``; return the stamp of the
+        whole-tensor write they come from (as reads carry it).
+
+        With ``at`` (a stamp an earlier ``read_range`` returned), the bytes come
+        from that write even if the tensor was rewritten since, so ranges read
+        one after another make up one version (TornRead once the daemons no
+        longer hold it: the tensor was rewritten twice meanwhile).
+        """
+
+        async def go(meta: TensorMeta) -> int:
+            buf = memoryview(out).cast("B")
+            n = max(0, min(len(buf), meta.nbytes - offset))
+            served = await self._move(Op.READ, meta, offset, buf[:n], at=at)
+            return served[0].stamp if served else 0
 
         return await self._with_fresh_meta(name, go)
 
@@ -786,6 +1000,11 @@ class AsyncClient:
         data = {n: _narrowed_delta(metas[n], a, code) for n, a in arrs.items()}
         items = [(metas[n], _byte_view(a)) for n, a in data.items()]
         await self._batches.run(Op.ACCUMULATE_BATCH, items, alpha, worker, step, wire=code)
+
+
+def _most(served: list[Served]) -> int:
+    """The stamp most pieces have."""
+    return Counter(s.stamp for s in served).most_common(1)[0][0]
 
 
 def _merged_version(records: list[dict[str, Any]]) -> int:
@@ -974,6 +1193,10 @@ class Client:
     ) -> memoryview:
         """See AsyncClient.read_bytes."""
         return self._call(self._client.read_bytes, name, offset, size, out)
+
+    def read_range(self, name: str, offset: int, out: Buffer, *, at: int = 0) -> int:
+        """See AsyncClient.read_range."""
+        return self._call(self._client.read_range, name, offset, out, at=at)
 
     def write(self, name: str, array: Any, **kwargs: Any) -> None:
         """See AsyncClient.write."""

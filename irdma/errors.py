@@ -155,6 +155,27 @@ class Behind(DaemonError):
     status = Status.BEHIND
 
 
+class StampGone(DaemonError):
+    """A daemon no longer holds the copy of a shard from the whole-tensor write a
+    consistent read asked for (the tensor was rewritten twice meanwhile)."""
+
+    status = Status.STAMP_GONE
+
+
+class StampPending(DaemonError):
+    """A shard has not yet received the whole-tensor write a consistent read asked for."""
+
+    status = Status.STAMP_PENDING
+
+
+class TornRead(DaemonError):
+    """A read of several shards could not get them all from one whole-tensor write:
+    the tensor kept being rewritten, or a writer stopped half-way and the
+    copies of the write before it were taken back for room."""
+
+    status = Status.STAMP_GONE
+
+
 class AuthFailed(DaemonError):
     """This process and a daemon could not authenticate each other.
 
@@ -189,6 +210,8 @@ _BY_STATUS: dict[int, type[DaemonError]] = {
     Status.NO_QUORUM: NoQuorum,
     Status.BEHIND: Behind,
     Status.AUTH_FAILED: AuthFailed,
+    Status.STAMP_GONE: StampGone,
+    Status.STAMP_PENDING: StampPending,
 }
 
 # Statuses that mean "this replica cannot do it now, another one may": a

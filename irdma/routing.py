@@ -49,6 +49,11 @@ def new_txn() -> int:
     return random.getrandbits(64) or 1
 
 
+def new_stamp() -> int:
+    """A fresh whole-tensor write id: random, never 0 (none) or 1 (UNSTAMPED)."""
+    return random.getrandbits(64) | 2
+
+
 def _with_version(msg: Read, version: int) -> Read:
     if msg.min_version == version:
         return msg

@@ -2,7 +2,10 @@
 
 The arena is a memfd mapped once at start. Every shard lives inside it, so
 the whole arena can be registered for RDMA once, mapped by same-host clients,
-and sent with ``sendfile`` without copying through user space.
+and sent with ``sendfile`` without copying through user space. Past the
+``capacity`` bytes of blocks, the memfd holds the shard directory
+(``psd/directory.py``), so a client that maps the arena can also find where
+each shard is and check that it is reading one version of it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from irdma.extents import PAGE, Allocator, ArenaFullError, round_up
+from irdma.protocol.directory import SLOT_BYTES, slots_for
+
+from .directory import Directory
 
 __all__ = ["PAGE", "Allocator", "Arena", "ArenaFullError", "Block", "round_up"]
 
@@ -35,23 +41,28 @@ class Block:
 
 
 class Arena:
-    """A memfd of ``capacity`` bytes, reserved up front and mapped read-write."""
+    """A memfd of ``capacity`` bytes of blocks and the shard directory after them,
+    reserved up front and mapped read-write (``size`` bytes in all)."""
 
     def __init__(self, capacity: int, name: str = "irdma-arena") -> None:
         capacity = round_up(capacity)
+        slots = slots_for(capacity, PAGE)
+        size = capacity + round_up(slots * SLOT_BYTES)
         self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
         try:
-            os.ftruncate(self.fd, capacity)
+            os.ftruncate(self.fd, size)
             # Reserve the memory now, so a host without it fails at start
             # rather than on some later write.
-            os.posix_fallocate(self.fd, 0, capacity)
-            self._map = mmap.mmap(self.fd, capacity)
+            os.posix_fallocate(self.fd, 0, size)
+            self._map = mmap.mmap(self.fd, size)
         except BaseException:
             os.close(self.fd)
             raise
         self.capacity = capacity
+        self.size = size
         self.buf = np.frombuffer(self._map, dtype=np.uint8)
         self.allocator = Allocator(capacity)
+        self.directory = Directory(self.buf, capacity, slots)
 
     @property
     def used(self) -> int:
@@ -77,6 +88,7 @@ class Arena:
 
     def close(self) -> None:
         self.buf = None  # type: ignore[assignment]
+        self.directory.table = None  # type: ignore[assignment]
         # A view still alive keeps the mapping; it goes with the process then.
         with contextlib.suppress(BufferError):
             self._map.close()

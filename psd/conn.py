@@ -64,18 +64,29 @@ class Replies:
         self.metrics = metrics
 
     async def reply(
-        self, conn: Conn, header: Header, data: list, *, flags: int = 0, version: int | None = None
+        self,
+        conn: Conn,
+        header: Header,
+        data: list,
+        *,
+        flags: int = 0,
+        version: int | None = None,
+        stamps: tuple[int, int] | None = None,
     ) -> None:
-        """Answer ``header`` OK with ``data`` (buffers) as the payload."""
+        """Answer ``header`` OK with ``data`` (buffers) as the payload.
+
+        ``stamps``: a READ's answer, (served copy's stamp, previous copy's
+        stamp) as ``messages.read_answer`` carries them."""
+        stamp, prev = stamps if stamps is not None else (None, None)
         if len(data) == 1:
             # One payload (a shard's bytes, a JSON answer): one buffer to send.
             view = memoryview(data[0])
             length = view.nbytes
-            frame = pack_response(header, 0, length, flags, version)
+            frame = pack_response(header, 0, length, flags, version, stamp, prev)
             buffers = [frame + view] if length <= SMALL_REPLY else [frame, view]
         else:
             length = sum(memoryview(d).nbytes for d in data)
-            buffers = [pack_response(header, 0, length, flags, version), *data]
+            buffers = [pack_response(header, 0, length, flags, version, stamp, prev), *data]
         self.metrics.series(header.op, conn.transport).sent += length
         await conn.send(buffers)
 

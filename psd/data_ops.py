@@ -20,10 +20,18 @@ from irdma.protocol import (
     Header,
     Status,
     pack_entries,
-    pack_response,
     unpack_entries,
 )
-from irdma.protocol.messages import Read, ReadBatch, Release, ReplicaUpdate, Update, UpdateBatch
+from irdma.protocol.messages import (
+    Read,
+    ReadBatch,
+    Release,
+    ReplicaUpdate,
+    Update,
+    UpdateBatch,
+    read_answer,
+    wire_stamp,
+)
 from irdma.sizes import ZERO_COPY_MIN
 from irdma.transport.base import StreamBroken, StreamClosed, acquire_soon
 
@@ -157,16 +165,21 @@ class DataOps:
         return not self._still_waiting(worker, step, shards)
 
     async def _read_now(self, conn: Conn, header: Header, msg: Read) -> None:
-        shard, view = self.store.read_view(
+        shard, _ = self.store.read_view(
             msg.key, msg.shard, msg.offset, msg.size, msg.layout, msg.dtype
         )
-        self.admission.check_fresh(msg.key, msg.min_version, shard.version, shard.index)
+        # The current copy, or the one a whole-tensor write's reader asks for.
+        block, version = self.store.copy_for(shard, msg.stamp)
+        stamp = wire_stamp(shard.stamp) if block is shard.block else msg.stamp
+        stamps = (stamp, wire_stamp(shard.prev_stamp) if shard.prev else 0)
+        view = self.store.arena.view(block, msg.offset, msg.size)
+        self.admission.check_fresh(msg.key, msg.min_version, version, shard.index)
         if msg.wire:
             # Narrowed: new bytes, sent inline (nothing in the arena to map or pin).
             narrowed = self.store.read_narrowed(msg.key, msg.offset, view, msg.wire)
-            await self.replies.reply(conn, header, [narrowed], version=shard.version)
+            await self.replies.reply(conn, header, [narrowed], version=version, stamps=stamps)
             return
-        block = self.store.pin(shard.block)
+        block = self.store.pin(block)
         rid = msg.request_id
         if conn.memory is not None and msg.size >= conn.memory.mapped_min and rid not in conn.pins:
             # Same host: say where the bytes are; the pin keeps them there
@@ -174,7 +187,7 @@ class DataOps:
             conn.pins[rid] = block
             where = LOCATION.pack(block.offset + msg.offset)
             flags = Flag.PINNED | Flag.MAPPED
-            frame = pack_response(header, 0, len(where), flags, shard.version)
+            frame = read_answer(header, len(where), flags, version, *stamps)
             self.metrics.series(msg.op, conn.transport).sent += msg.size
             await conn.send([frame, where])
             return
@@ -182,7 +195,7 @@ class DataOps:
             # The kernel keeps referring to these pages until the client has
             # received them; the pin holds the block until it says RELEASE.
             conn.pins[rid] = block
-            frame = pack_response(header, 0, msg.size, Flag.PINNED, shard.version)
+            frame = read_answer(header, msg.size, Flag.PINNED, version, *stamps)
             self.metrics.series(msg.op, conn.transport).sent += msg.size
             await acquire_soon(conn.send_lock)
             try:
@@ -192,7 +205,7 @@ class DataOps:
                 conn.send_lock.release()
             return
         try:
-            await self.replies.reply(conn, header, [view], version=shard.version)
+            await self.replies.reply(conn, header, [view], version=version, stamps=stamps)
         finally:
             self.store.unpin(block)
 
@@ -240,6 +253,7 @@ class DataOps:
         self.admission.check_primary(msg.key, msg.shard)
         update = await self.receive_update(conn, msg, wire=msg.wire, staged=msg.staged)
         update.txn = msg.txn
+        update.stamp = msg.stamp
         # The connection was idle while the payload came in: check again.
         try:
             self.admission.check_primary(msg.key, msg.shard)

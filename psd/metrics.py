@@ -13,7 +13,7 @@ tcp, shm or rdma, from the connection that carried the request):
 - ``irdma_errors_total`` (labels ``op`` and ``code``, the status name):
   requests answered with an error status.
 
-Headers (104 bytes each way) are not in the byte counts. The counters are
+Headers (112 bytes each way) are not in the byte counts. The counters are
 plain integers, updated from the event loop only and turned into
 prometheus_client metric families when scraped: prometheus_client's own
 ``Counter`` takes a lock on every update (about 1 us each, 2 us for a

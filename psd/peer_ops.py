@@ -29,6 +29,7 @@ class PeerOps:
         self.replicator.check_sender(msg.sender, msg.key, msg.shard)
         update = await self.data.receive_update(conn, msg)
         update.txn = msg.txn
+        update.stamp = msg.stamp
         try:
             # The view may have moved while the payload came in.
             self.replicator.check_sender(msg.sender, msg.key, msg.shard)

@@ -397,6 +397,7 @@ class Replicator:
             txn=c.txn,
             group=c.group,
             steps_applied=c.steps_applied,
+            stamp=c.stamp,
         ).frame(c.payload.nbytes)
         reply, _ = await self.request(peer, header, [c.payload], timeout=self._budget(c.payload))
         return reply.status
@@ -414,6 +415,7 @@ class Replicator:
                     "version": shard.version,
                     "txns": [[t, v] for t, v in shard.recent.items()],
                     "steps": self.store.applied_steps(tensor, index),
+                    "stamp": shard.stamp,
                 }
             )
             data = self.store.arena.view(block, 0, shard.nbytes)
@@ -694,6 +696,9 @@ class Replicator:
             meta = TensorMeta.from_dict(rec["meta"])
             txns = {int(t): int(v) for t, v in rec.get("txns", [])}
             steps = [int(n) for n in rec.get("steps", [])]
+            stamp = int(rec.get("stamp", 0))
+            if not 0 <= stamp < 1 << 64:
+                raise ValueError(f"stamp {stamp} is not a 64-bit id")
         except (
             ProtocolError,  # not JSON at all
             ValueError,
@@ -708,4 +713,4 @@ class Replicator:
                 Status.BAD_ARGUMENT, "shard copy: header key does not match its tensor"
             )
         data = np.frombuffer(payload[meta_len:], dtype=np.uint8)
-        self.store.install_shard(meta, copy.shard, copy.version, data, txns, steps)
+        self.store.install_shard(meta, copy.shard, copy.version, data, txns, steps, stamp)

@@ -182,7 +182,9 @@ class ShmListener:
             {
                 "node": self.server.node.name,
                 "host": host_identity(),
-                "arena_size": store.arena.capacity,
+                # The whole memfd: the blocks, then the shard directory.
+                "arena_size": store.arena.size,
+                "directory": [store.directory.offset, store.directory.slots],
             }
         )
         # A read-only open of the arena: the client can copy out, never write.

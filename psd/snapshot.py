@@ -135,6 +135,7 @@ class _CutShard:
     view: np.ndarray  # the pinned block's bytes
     slot: int  # where its block sits in the list of pinned blocks
     txns: list[list[int]]  # the shard's recent [txn, version] pairs, oldest first
+    stamp: int  # the whole-tensor write its bytes come from (0: none)
 
 
 @dataclass(eq=False, slots=True)
@@ -197,7 +198,14 @@ def _cut(store: Store, pinned: list[Block | None]) -> list[_CutTensor]:
             view = store.arena.view(shard.block, 0, shard.nbytes)
             txns = [[t, v] for t, v in shard.recent.items()]
             cut = _CutShard(
-                index, shard.version, shard.mtime, shard.nbytes, view, len(pinned) - 1, txns
+                index,
+                shard.version,
+                shard.mtime,
+                shard.nbytes,
+                view,
+                len(pinned) - 1,
+                txns,
+                shard.stamp,
             )
             shards.append(cut)
         out.append(_CutTensor(tensor.meta.to_dict(), tensor.ctime, shards))
@@ -249,6 +257,7 @@ def _write_file(
                                 "offset": pos,
                                 "crc32": crc,
                                 "txns": s.txns,
+                                "stamp": s.stamp,
                             }
                         )
                         pos += s.nbytes
@@ -339,6 +348,7 @@ class _ShardEntry:
     offset: int
     crc32: int
     txns: dict[int, int]  # recent update ids -> the versions they produced
+    stamp: int = 0  # the whole-tensor write its bytes come from (0: none)
 
 
 @dataclass(eq=False, slots=True)
@@ -491,6 +501,7 @@ def _check_header(
                 offset=_int(rs, "offset", f"{where}: ", lo=PREAMBLE.size),
                 crc32=_int(rs, "crc32", f"{where}: ", hi=1 << 32),
                 txns=_txns(rs, f"{where}: "),
+                stamp=_int(rs, "stamp", f"{where}: ", hi=1 << 64) if "stamp" in rs else 0,
             )
             expect = meta.shard_span(index)[1]
             if entry.nbytes != expect:
@@ -656,6 +667,8 @@ def _restore(store: Store, f: BinaryIO, parsed: _Parsed, path: Path) -> None:
             shard.mtime = s.mtime
             # A retry of an update acknowledged before the restart is recognised.
             shard.recent = dict(s.txns)
+            shard.stamp = s.stamp
+            store.publish(shard)
     except BaseException:
         for tensor in created:
             if store.tensors.get(tensor.meta.key) is tensor:

@@ -9,6 +9,19 @@ place only when nothing pins the shard's block; otherwise it builds a new
 block and swaps it in (copy-on-write), so bytes being sent never change under
 a reader. Updates are received into a staging buffer first and applied
 synchronously, so a broken connection never leaves a half-written shard.
+Readers that pin nothing (a same-host client copying out of its mapping of
+the arena, an RDMA READ) check the shard's directory slot instead
+(``psd/directory.py``): every change to a shard's bytes, block, version or
+stamp happens between a ``begin`` and a ``publish`` of its slot.
+
+Whole-tensor writes: a write of whole shards carrying a ``stamp`` (one id
+for every shard of one ``Client.write``) keeps the shard's previous copy
+(``prev``) instead of overwriting it, so a reader that got some shards of
+the previous write can still get the rest of that write (``copy_for``).
+Copies older than that stay for ``OLDER_COPIES_KEPT`` seconds (``older``),
+so a reader streaming a tensor that is rewritten back to back (the mount)
+can finish the version it began. They use free arena room only: when an
+allocation finds none, the older copies are freed, then the previous ones.
 """
 
 from __future__ import annotations
@@ -16,6 +29,7 @@ from __future__ import annotations
 import math
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +39,7 @@ import numpy as np
 from irdma import narrowing
 from irdma.modes import Mode
 from irdma.protocol import DTYPE_ANY, DTYPE_NAMES, NO_WORKER, Op, Status, TensorMeta
+from irdma.protocol.messages import UNSTAMPED, wire_stamp
 
 from .arena import Arena, ArenaFullError, Block
 from .coordination import Coordinator
@@ -34,6 +49,13 @@ from .errors import StoreError
 # (after a timeout or a failover) has it applied once. Retries come within a
 # client timeout, so a bounded window suffices.
 RECENT_TXNS = 1024
+# How long a shard keeps copies older than its previous one (while the arena
+# has room): what a reader streaming a tensor rewritten back to back has to
+# finish the version it began.
+OLDER_COPIES_KEPT = 5.0
+# Stamps a shard remembers having had (to tell a copy that is gone from one
+# that has not arrived yet).
+STAMPS_SEEN = 64
 
 
 @dataclass(eq=False, slots=True)
@@ -45,6 +67,18 @@ class Shard:
     mtime: float = 0.0
     # txn -> the version its update produced (insertion order = age).
     recent: dict[int, int] = field(default_factory=dict)
+    # The whole-tensor write the bytes come from (0: none), and the copy the
+    # one before it left (its block, stamp and version), while kept.
+    stamp: int = 0
+    prev: Block | None = None
+    prev_stamp: int = 0
+    prev_version: int = 0
+    # Copies before ``prev``, oldest first: (stamp, block, version, replaced at).
+    older: list[tuple[int, Block, int, float]] = field(default_factory=list)
+    # The last stamps this shard had, kept or not: a read asking for one it
+    # never had is early (the write is on its way), not late.
+    stamps_seen: deque[int] = field(default_factory=lambda: deque(maxlen=STAMPS_SEEN))
+    slot: int = -1  # its directory slot (-1: none; reads go through the daemon)
 
     def remember(self, txn: int, version: int) -> None:
         if txn:
@@ -71,6 +105,7 @@ class Commit:
     # applied with it (0: not a step), so the backups' coordinators follow.
     group: int = 0
     steps_applied: int = 0
+    stamp: int = 0  # the whole-tensor write it is part of (0: none)
 
 
 @dataclass(eq=False, slots=True)
@@ -105,6 +140,7 @@ class Update:
     heap: np.ndarray | None
     buffer: np.ndarray  # uint8, exactly ``size`` bytes, where the payload goes
     txn: int = 0  # the client's update id (0: none)
+    stamp: int = 0  # a whole-tensor write's id (0: none); see the module docstring
     replicate: bool = True  # False for updates a backup receives from its primary
     # With a wire dtype (irdma.narrowing): the payload lands here, narrower,
     # and ``store.received`` widens it into ``buffer``.
@@ -187,6 +223,12 @@ class Store:
         # Called after anything a waiting read may depend on changed (a
         # training step applied, a worker evicted, a tensor gone).
         self.on_change: Callable[[], None] = _nothing
+        self.directory = arena.directory
+        # Shards holding a previous copy, so the arena can take them back.
+        self.prevs: dict[tuple[int, int], Shard] = {}
+        # Blocks replaced during the update being applied: freed once the
+        # directory names their successors (readers of them then retry).
+        self._replaced: list[Block] = []
 
     # -- blocks -------------------------------------------------------------
 
@@ -206,16 +248,64 @@ class Store:
 
     def _alloc(self, nbytes: int, what: str) -> Block:
         try:
-            return self.arena.alloc(nbytes)
+            return self._alloc_or_reclaim(nbytes)
         except ArenaFullError as exc:
             raise StoreError(Status.NO_SPACE, f"arena full: {what}: {exc}") from None
+
+    def _alloc_or_reclaim(self, nbytes: int) -> Block:
+        """A block, taking back the previous copies of whole-tensor writes if need be."""
+        try:
+            return self.arena.alloc(nbytes)
+        except ArenaFullError:
+            if not self.prevs:
+                raise
+        if any(s.older for s in self.prevs.values()):
+            self.drop_older()
+            try:
+                return self.arena.alloc(nbytes)
+            except ArenaFullError:
+                pass
+        self.drop_prevs()
+        return self.arena.alloc(nbytes)
+
+    def drop_older(self) -> None:
+        """Free the copies kept beyond each shard's previous one."""
+        for shard in self.prevs.values():
+            for _, block, _, _ in shard.older:
+                self._retire(block)
+            shard.older.clear()
+
+    def drop_prevs(self) -> None:
+        """Free every copy kept for readers of an older whole-tensor write."""
+        for shard in self.prevs.values():
+            self._forget_prev(shard)
+        self.prevs.clear()
+
+    def _forget_prev(self, shard: Shard) -> None:
+        if shard.prev is not None:
+            self._retire(shard.prev)
+        for _, block, _, _ in shard.older:
+            self._retire(block)
+        shard.older.clear()
+        shard.prev, shard.prev_stamp, shard.prev_version = None, 0, 0
 
     def reserve(self, nbytes: int) -> Block | None:
         """A staging block for incoming bytes, or None when the arena has no room."""
         try:
-            return self.arena.alloc(nbytes)
+            return self._alloc_or_reclaim(nbytes)
         except ArenaFullError:
             return None
+
+    def publish(self, shard: Shard) -> None:
+        """Tell the directory where the shard is now (its block, version, stamp), then
+        free the blocks it replaced. Call after changing any of them."""
+        prev = wire_stamp(shard.prev_stamp) if shard.prev is not None else 0
+        self.directory.publish(
+            shard.slot, shard.block.offset, prev, shard.version, wire_stamp(shard.stamp)
+        )
+        replaced, self._replaced = self._replaced, []
+        for block in replaced:
+            self._retire(block)
 
     # -- metadata ops -------------------------------------------------------
 
@@ -279,6 +369,9 @@ class Store:
             raise
         if old is not None:
             self._drop(old)
+        for shard in shards.values():
+            shard.slot = self.directory.place(key, meta.layout, shard.index)
+            self.publish(shard)
         coord = None if mode.kind == "async" else Coordinator(meta.name, mode, list(shards))
         tensor = Tensor(meta, shards, coord=coord)
         self.tensors[key] = tensor
@@ -294,11 +387,19 @@ class Store:
     def _drop(self, tensor: Tensor) -> None:
         """Free a deleted or replaced tensor's blocks and any deltas held for its steps."""
         for s in tensor.shards.values():
-            self._retire(s.block)
+            self._forget_shard(tensor.meta.key, s)
         if tensor.coord is not None:
             for update in tensor.coord.held():
                 self.abort(update)
             self.on_change()  # reads waiting on it now fail with NOT_FOUND
+
+    def _forget_shard(self, key: int, shard: Shard) -> None:
+        """Free a shard's slot and memory (a reader of the slot sees it freed first)."""
+        self.directory.free(shard.slot)
+        shard.slot = -1
+        self._retire(shard.block)
+        self._forget_prev(shard)
+        self.prevs.pop((key, shard.index), None)
 
     def get(self, key: int, layout: int = 0) -> Tensor:
         tensor = self.tensors.get(key)
@@ -413,7 +514,7 @@ class Store:
         staging: Block | None
         heap: np.ndarray | None = None
         try:
-            staging = self.arena.alloc(size)
+            staging = self._alloc_or_reclaim(size)
             buffer = self.arena.view(staging, 0, size)
         except ArenaFullError:
             # Fall back to process memory for the payload; the update may still
@@ -488,19 +589,35 @@ class Store:
                 Status.NOT_FOUND,
                 f"tensor {update.tensor.meta.name!r} was deleted or replaced during the update",
             )
+        if update.stamp and not (update.op == Op.WRITE and self._whole_shard(update)):
+            self.abort(update)
+            raise StoreError(
+                Status.BAD_ARGUMENT,
+                f"a whole-tensor write's stamp needs a WRITE of all of shard {shard.index} "
+                f"of {update.tensor.meta.name!r}",
+            )
         # Backups apply the update as received (accumulate scales the delta
         # in place), so keep a copy of it for them first.
         payload = update.buffer.copy() if self.replicated and update.replicate else None
+        # Readers that pin nothing retry while the slot says "changing".
+        self.directory.begin(shard.slot)
         try:
-            if update.op == Op.WRITE:
+            if update.stamp:
+                self._commit_stamped(update)
+            elif update.op == Op.WRITE:
                 self._commit_write(update)
             else:
                 self._commit_accumulate(update)
+        except BaseException:
+            self.directory.settle(shard.slot)
+            self._replaced.clear()  # nothing was swapped out
+            raise
         finally:
             self.abort(update)  # frees staging unless it became the shard's block
         shard.version += 1
         shard.mtime = time.time()
         shard.remember(update.txn, shard.version)
+        self.publish(shard)
         if payload is not None:
             meta = update.tensor.meta
             self.commits.append(
@@ -516,6 +633,7 @@ class Store:
                     update.txn,
                     shard.version,
                     *(step or (0, 0)),
+                    stamp=update.stamp,
                 )
             )
         return shard.version
@@ -579,6 +697,7 @@ class Store:
         data: np.ndarray,
         txns: dict[int, int],
         steps: list[int] | None = None,
+        stamp: int = 0,
     ) -> Shard:
         """Replace this copy of a shard with the primary's (creating the tensor if needed).
 
@@ -611,12 +730,19 @@ class Store:
         if shard.block.pins:
             block = self._alloc(shard.nbytes, f"copy of shard {index} of {meta.name!r}")
             self.arena.view(block, 0, shard.nbytes)[:] = data
+            self.directory.begin(shard.slot)
             self._swap(shard, block)
         else:
+            self.directory.begin(shard.slot)
             self.arena.view(shard.block, 0, shard.nbytes)[:] = data
         shard.version = version
         shard.mtime = time.time()
         shard.recent = dict(txns)
+        # The copy replaces whatever this one was: no older write's copy is kept.
+        shard.stamp = stamp
+        self._forget_prev(shard)
+        self.prevs.pop((meta.key, index), None)
+        self.publish(shard)
         if steps:
             self.follow_steps(tensor, index, dict(enumerate(steps)))
         return shard
@@ -626,7 +752,7 @@ class Store:
         tensor = self.tensors.get(key)
         if tensor is None or index not in tensor.shards:
             return
-        self._retire(tensor.shards.pop(index).block)
+        self._forget_shard(key, tensor.shards.pop(index))
         if not tensor.shards:
             self.delete(key)
 
@@ -638,9 +764,62 @@ class Store:
         return update.offset == 0 and update.size == update.shard.nbytes
 
     def _swap(self, shard: Shard, block: Block) -> None:
-        old = shard.block
+        """Make ``block`` the shard's; the old one is freed by ``_publish``."""
+        self._replaced.append(shard.block)
         shard.block = block
-        self._retire(old)
+
+    def _commit_stamped(self, update: Update) -> None:
+        """A whole-tensor write's shard: new bytes in a new block, the old kept as ``prev``."""
+        shard = update.shard
+        key = update.tensor.meta.key
+        if update.staging is not None:
+            block, update.staging = update.staging, None
+        else:
+            try:
+                block = self._alloc_or_reclaim(shard.nbytes)
+            except ArenaFullError:
+                # No room for two copies: write over this one (no previous
+                # copy is kept; a reader that needs it reads again).
+                self._forget_prev(shard)
+                self.prevs.pop((key, shard.index), None)
+                self._commit_write(update)
+                shard.stamp = update.stamp
+                shard.stamps_seen.append(update.stamp)
+                return
+            self.arena.view(block, 0, update.size)[:] = update.buffer
+        now = time.monotonic()
+        if shard.prev is not None:
+            shard.older.append((shard.prev_stamp, shard.prev, shard.prev_version, now))
+        while shard.older and now - shard.older[0][3] > OLDER_COPIES_KEPT:
+            self._replaced.append(shard.older.pop(0)[1])
+        shard.prev, shard.prev_stamp, shard.prev_version = shard.block, shard.stamp, shard.version
+        shard.stamps_seen.append(update.stamp)
+        shard.block = block
+        shard.stamp = update.stamp
+        self.prevs[(key, shard.index)] = shard
+
+    def copy_for(self, shard: Shard, stamp: int) -> tuple[Block, int]:
+        """The block and version of the shard's copy from whole-tensor write ``stamp``
+        as a read asks for it (0: the current copy; UNSTAMPED: the copy from before
+        any whole-tensor write); STAMP_GONE when it is no longer kept here."""
+        want = 0 if stamp == UNSTAMPED else stamp
+        if not stamp or want == shard.stamp:
+            return shard.block, shard.version
+        if shard.prev is not None and shard.prev_stamp == want:
+            return shard.prev, shard.prev_version
+        for older_stamp, block, version, _ in reversed(shard.older):
+            if older_stamp == want:
+                return block, version
+        if want and want not in shard.stamps_seen:
+            raise StoreError(
+                Status.STAMP_PENDING,
+                f"shard {shard.index} has not received write {stamp:#x} yet",
+            )
+        raise StoreError(
+            Status.STAMP_GONE,
+            f"shard {shard.index} no longer holds the copy of write {stamp:#x} "
+            "(rewritten since); read the tensor again",
+        )
 
     def _cow_copy(self, shard: Shard) -> Block:
         new = self._alloc(shard.nbytes, f"copy-on-write of shard {shard.index}")

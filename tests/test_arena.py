@@ -12,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from irdma_psd.arena import PAGE, Allocator, Arena, ArenaFullError, Block, round_up
 
+from irdma.protocol.directory import SLOT_BYTES, slots_for
+
 # -- round_up ----------------------------------------------------------------
 
 
@@ -230,9 +232,13 @@ def test_arena_capacity_rounding() -> None:
         try:
             assert a.capacity == got
             assert a.allocator.capacity == got
-            assert len(a.buf) == got
+            # The shard directory follows the blocks in the same memfd.
+            table = round_up(slots_for(got) * SLOT_BYTES)
+            assert a.size == got + table
+            assert len(a.buf) == a.size
             assert a.buf.dtype == np.uint8
-            assert os.fstat(a.fd).st_size == got
+            assert os.fstat(a.fd).st_size == a.size
+            assert a.directory.offset == got
             assert a.used == 0
         finally:
             a.close()

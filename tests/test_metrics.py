@@ -120,13 +120,19 @@ def test_writes_and_reads_move_the_request_and_byte_counters(daemon: Cluster) ->
     assert delta(before, after, "irdma_request_duration_seconds_sum", **tcp_read) > 0
 
 
-def test_shm_traffic_is_labelled_shm_and_counts_staged_and_mapped_bytes(daemon: Cluster) -> None:
+def test_shm_traffic_is_labelled_shm_and_counts_staged_and_mapped_bytes(
+    daemon: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     x = np.arange(128 << 10, dtype=np.float32)  # 512 KiB: written STAGED, read MAPPED
     with Client(daemon.config_path, transport="shm") as c:
         c.create("m/shm", x.shape, x.dtype)
         before = scrape(daemon)
         c.write("m/shm", x)
-        assert np.array_equal(c.read("m/shm"), x)
+        assert np.array_equal(c.read("m/shm"), x)  # one-sided: no request at all
+    assert delta(before, scrape(daemon), "irdma_requests_total", op="read", transport="shm") == 0
+    monkeypatch.setenv("IRDMA_ONE_SIDED", "0")
+    with Client(daemon.config_path, transport="shm") as c:
+        assert np.array_equal(c.read("m/shm"), x)  # asks the daemon: MAPPED
     after = scrape(daemon)
     shm_write = {"op": "write", "transport": "shm"}
     shm_read = {"op": "read", "transport": "shm"}

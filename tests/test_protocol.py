@@ -67,6 +67,7 @@ headers = st.builds(
     step=U64,
     txn=U64,
     wire=U16,
+    stamp=U64,
 )
 
 entries = st.builds(
@@ -86,9 +87,9 @@ entries = st.builds(
 
 
 def test_struct_sizes() -> None:
-    assert HEADER_SIZE == 104
+    assert HEADER_SIZE == 112
     assert ENTRY_SIZE == 48
-    assert len(Header(op=Op.HELLO).pack()) == 104
+    assert len(Header(op=Op.HELLO).pack()) == 112
     assert len(BatchEntry(key=1).pack()) == 48
 
 

@@ -186,10 +186,10 @@ def test_create_keeps_its_two_flags() -> None:
 @given(
     op=st.integers(0, 255),
     flags=U16,
-    fields=st.tuples(U32, U64, U64, U64, U64, U64, U64, U32, U16, U64, U64),
+    fields=st.tuples(U32, U64, U64, U64, U64, U64, U64, U32, U16, U64, U64, U64),
 )
 def test_any_frame_decodes_to_a_message_or_a_refusal(op: int, flags: int, fields) -> None:
-    shard, rid, key, offset, size, length, version, worker, wire, step, txn = fields
+    shard, rid, key, offset, size, length, version, worker, wire, step, txn, stamp = fields
     raw = HEADER.pack(
         MAGIC,
         PROTOCOL_VERSION,
@@ -211,6 +211,7 @@ def test_any_frame_decodes_to_a_message_or_a_refusal(op: int, flags: int, fields
         0,
         step,
         txn,
+        stamp,
     )
     try:
         msg = decode_request(unpack_header(raw))

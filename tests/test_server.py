@@ -287,6 +287,7 @@ frame_fields = st.fixed_dictionaries(
         "step": st.one_of(st.integers(0, 8), st.integers(0, 2**64 - 1)),
         "txn": st.one_of(st.just(0), st.integers(0, 2**64 - 1)),
         "wire": st.one_of(st.just(0), st.sampled_from([10, 11, 15]), st.integers(0, 2**16 - 1)),
+        "stamp": st.one_of(st.just(0), st.just(1), st.integers(0, 2**64 - 1)),
     }
 )
 
@@ -328,6 +329,7 @@ def test_random_frames_never_hurt(cluster, canary, fields, use_key, payload) -> 
         0,
         fields["step"],
         fields["txn"],
+        fields["stamp"],
     )
     s = connect(cluster, node)
     try:
@@ -358,4 +360,4 @@ def test_header_struct_is_what_the_daemon_parses(cluster: Cluster) -> None:
     s.sendall(Header(op=Op.HELLO, request_id=0xDEADBEEF).pack())
     h, data = reply(s)
     assert h.request_id == 0xDEADBEEF and h.is_response and b'"node":"n2"' in data
-    assert struct.calcsize("<4sBBHHHIQQQQQQdQIIQQ") == HEADER_SIZE
+    assert struct.calcsize("<4sBBHHHIQQQQQQdQIIQQQ") == HEADER_SIZE

@@ -98,7 +98,7 @@ def test_a_paused_daemon_is_a_timeout_then_the_client_reconnects(fresh_cluster: 
         c.signal("n1", signal.SIGSTOP)
         try:
             with pytest.raises(DaemonTimeout, match="n1"):
-                client.read("shell/paused")
+                client.write("shell/paused", x)  # reads need no daemon CPU (one-sided)
         finally:
             c.signal("n1", signal.SIGCONT)
         # The timed-out connection was dropped; a new one serves.

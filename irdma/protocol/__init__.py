@@ -1,6 +1,6 @@
 """The irdma wire protocol, without any I/O (sans-IO, as h11).
 
-- ``frame``: the bytes (the 104-byte header, codes, batch entries, tensor
+- ``frame``: the bytes (the 112-byte header, codes, batch entries, tensor
   metadata, JSON payloads) and their limits.
 - ``messages``: one typed message per request kind, decoded from and
   encoded to frames; nothing else reads the header's per-op fields.

@@ -1,6 +1,6 @@
 """The irdma wire format: frames, in one place and without any I/O (sans-IO, as h11).
 
-Every message is one fixed 104-byte little-endian header, optionally followed
+Every message is one fixed 112-byte little-endian header, optionally followed
 by a payload of ``header.length`` bytes. Requests and responses share the
 header; a response has ``FLAG_RESPONSE`` set, echoes the request id, and
 carries a status. Transports only move these bytes; parsing and validation
@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 MAGIC = b"IRDM"
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 # magic, protocol version, op, flags, status, dtype, shard (or entry count),
 # request id, tensor key, offset, size (bytes of tensor data the op covers),
@@ -35,13 +35,16 @@ PROTOCOL_VERSION = 4
 # accumulate is its gradient for that step, a read waits until the tensor's
 # training mode lets that step proceed), txn (the client's id of one logical
 # update, the same on every retry, so a retried update is applied once; 0 for
-# none). In a read, version is the least version the client will accept (a
-# replica behind it answers BEHIND). In a REPLICA update and in SYNC, worker is
-# the index of the sending daemon in the cluster's node list (a receiver takes
-# copies only from the daemon it sees as the shard's acting primary).
-HEADER = struct.Struct("<4sBBHHHIQQQQQQdQIHHQQ")
+# none), stamp (the id of one whole-tensor write, the same on all its shards,
+# so readers can tell two writes apart; 0: none; in a read, the copy wanted;
+# in a read's answer, the copy served). In a read, version is the least
+# version the client will accept (a replica behind it answers BEHIND). In a
+# REPLICA update and in SYNC, worker is the index of the sending daemon in the
+# cluster's node list (a receiver takes copies only from the daemon it sees as
+# the shard's acting primary).
+HEADER = struct.Struct("<4sBBHHHIQQQQQQdQIHHQQQ")
 HEADER_SIZE = HEADER.size
-assert HEADER_SIZE == 104
+assert HEADER_SIZE == 112
 NO_WORKER = 0xFFFFFFFF
 # Where the request id sits, so a connection can stamp it into a packed header.
 REQUEST_ID = struct.Struct("<Q")
@@ -113,7 +116,9 @@ class Op(enum.IntEnum):
 LOCATION = struct.Struct("<Q")
 # What an ATTACH answer says: the daemon's node name, the host identity
 # (boot id and network namespace: a client elsewhere must not use shm), and
-# the arena's size in bytes.
+# the arena memfd's size in bytes; and, from daemons that have one, where the
+# shard directory sits in it: "directory": [byte offset, slots]
+# (``protocol/directory.py``).
 ATTACH_KEYS = ("node", "host", "arena_size")
 # RDMA_CONNECT request: the client's queue pair {"qpn", "psn", "gid"} (gid:
 # a RoCE v2 IPv4-mapped GID), its MTU in bytes, and the staging size it wants.
@@ -222,6 +227,12 @@ class Status(enum.IntEnum):
     # The connection did not authenticate (no secret, wrong secret, a replayed
     # handshake, or an op before AUTH); the payload says which. Closed after.
     AUTH_FAILED = 22
+    # A read asked for the copy of a shard made by one whole-tensor write
+    # (its stamp) and this daemon no longer has it: read the tensor again.
+    STAMP_GONE = 23
+    # A read asked for the copy of a whole-tensor write this shard has not
+    # received yet (the write is still on its way): read it again shortly.
+    STAMP_PENDING = 24
 
 
 # Stored dtypes. Always little-endian on the wire and in the arena.
@@ -333,6 +344,7 @@ class Header(NamedTuple):
     step: int = 0
     txn: int = 0
     wire: int = 0
+    stamp: int = 0
 
     @property
     def is_response(self) -> bool:
@@ -360,6 +372,7 @@ class Header(NamedTuple):
             0,
             self.step,
             self.txn,
+            self.stamp,
         )
 
     def response(
@@ -390,11 +403,18 @@ class Header(NamedTuple):
             self.step,
             self.txn,
             self.wire,
+            self.stamp,
         )
 
 
 def pack_response(
-    request: Header, status: int = 0, length: int = 0, flags: int = 0, version: int | None = None
+    request: Header,
+    status: int = 0,
+    length: int = 0,
+    flags: int = 0,
+    version: int | None = None,
+    stamp: int | None = None,
+    txn: int | None = None,
 ) -> bytes:
     """``request.response(...).pack()`` without building the response Header (the
     daemon answers every request: this is on its hot path)."""
@@ -419,7 +439,8 @@ def pack_response(
         r.wire,
         0,
         r.step,
-        r.txn,
+        r.txn if txn is None else txn,
+        r.stamp if stamp is None else stamp,
     )
 
 
@@ -428,7 +449,7 @@ def pack_header(**fields: Any) -> bytes:
 
 
 def unpack_header(data: bytes | bytearray | memoryview) -> Header:
-    """Parse a 104-byte header; raises ProtocolError for a bad magic (garbage).
+    """Parse a 112-byte header; raises ProtocolError for a bad magic (garbage).
 
     Only the framing is checked here; op, version and field values are
     checked by whoever handles the frame, so they can answer with a status.
@@ -456,6 +477,7 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
         _reserved,
         step,
         txn,
+        stamp,
     ) = HEADER.unpack(data)
     if magic != MAGIC:
         raise ProtocolError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
@@ -478,6 +500,7 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
         step=step,
         txn=txn,
         wire=wire,
+        stamp=stamp,
     )
 
 

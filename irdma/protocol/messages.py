@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Self
 
-from .frame import DTYPE_ANY, NO_WORKER, Flag, Header, Op, ProtocolError, Status
+from .frame import DTYPE_ANY, NO_WORKER, Flag, Header, Op, ProtocolError, Status, pack_response
 
 _REPLACE, _EXCLUSIVE, _REPLICA, _STAGED = (
     int(Flag.REPLACE),
@@ -134,6 +134,9 @@ class Read:
     wire: int = 0  # answer narrowed to this dtype (irdma.narrowing); 0: as stored
     worker: int = NO_WORKER  # a training worker's pull for ``step``
     step: int = 0
+    # The copy made by this whole-tensor write (0: the current one); a daemon
+    # that no longer holds it answers STAMP_GONE.
+    stamp: int = 0
     request_id: int = 0
     op: ClassVar[Op] = Op.READ
 
@@ -155,6 +158,7 @@ class Read:
             worker=self.worker,
             step=self.step,
             wire=self.wire,
+            stamp=self.stamp,
         )
 
     @classmethod
@@ -170,8 +174,35 @@ class Read:
             h.wire,
             h.worker,
             h.step,
+            h.stamp,
             h.request_id,
         )
+
+
+# A copy's stamp as reads name it: a shard never written whole by a stamped
+# write has stamp 0 in the daemon; on the wire that copy is UNSTAMPED, since
+# 0 means "the current copy" in a request and "none kept" in an answer.
+# Clients never make stamps 0 or 1 (``irdma.routing.new_stamp``).
+UNSTAMPED = 1
+
+
+def wire_stamp(stamp: int) -> int:
+    """A copy's stamp as a read request or answer carries it."""
+    return stamp or UNSTAMPED
+
+
+def read_answer(
+    request: Header, length: int, flags: int, version: int, stamp: int, prev_stamp: int
+) -> bytes:
+    """The packed answer to a READ: the served copy's version and whole-write stamp
+    (``wire_stamp``), and in ``txn`` the stamp of the shard's previous copy still
+    held (0: none)."""
+    return pack_response(request, 0, length, flags, version, stamp=stamp, txn=prev_stamp)
+
+
+def served_stamps(answer: Header) -> tuple[int, int]:
+    """(stamp of the copy a READ answer carries, stamp of the previous copy still held)."""
+    return answer.stamp, answer.txn
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +226,10 @@ class Update:
     step: int = 0
     txn: int = 0  # the same on every retry, so a retried update is applied once
     staged: bool = False
+    # A WRITE of whole shards that is part of one whole-tensor write: its id,
+    # the same on every shard (0: none). The daemon keeps the shard's previous
+    # copy, so a reader can get every shard of one write.
+    stamp: int = 0
     request_id: int = 0
 
     def frame(self, length: int) -> Header:
@@ -216,10 +251,13 @@ class Update:
             step=self.step,
             txn=self.txn,
             wire=self.wire,
+            stamp=self.stamp,
         )
 
     @classmethod
     def decode(cls, h: Header) -> Update:
+        if h.stamp and h.op != Op.WRITE:
+            raise BadRequest(Status.BAD_FRAME, "only a WRITE carries a whole-tensor stamp")
         return cls(
             Op(h.op),
             h.key,
@@ -234,6 +272,7 @@ class Update:
             h.step,
             h.txn,
             bool(h.flags & _STAGED),
+            h.stamp,
             h.request_id,
         )
 
@@ -257,6 +296,7 @@ class ReplicaUpdate:
     # applied with it (0: not a step); the backup's coordinator follows.
     group: int = 0
     steps_applied: int = 0
+    stamp: int = 0  # the whole-tensor write it is part of (0: none)
     request_id: int = 0
 
     def frame(self, length: int) -> Header:
@@ -277,6 +317,7 @@ class ReplicaUpdate:
             worker=self.sender,
             step=self.steps_applied << 16 | self.group,  # groups < 2**16 (MAX_WORKERS)
             txn=self.txn,
+            stamp=self.stamp,
         )
 
     @classmethod
@@ -297,6 +338,7 @@ class ReplicaUpdate:
             h.txn,
             h.step & 0xFFFF,
             h.step >> 16,
+            h.stamp,
             h.request_id,
         )
 

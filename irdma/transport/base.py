@@ -171,5 +171,11 @@ class Connection(abc.ABC):
     @abc.abstractmethod
     def broken(self) -> bool: ...
 
+    def daemon_alive(self) -> bool:
+        """Whether the daemon's end of the connection is, as far as can be told without
+        waiting, still open (a one-sided read must not trust memory of a daemon
+        that died)."""
+        return not self.broken
+
     @abc.abstractmethod
     async def aclose(self) -> None: ...

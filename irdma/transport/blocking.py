@@ -127,6 +127,7 @@ class BlockingConnection:
         self._next_id = 1
         self._failure: BaseException | None = None
         self._closed = False
+        self._poll: select.poll | None = None
 
     @property
     def transport(self) -> str:
@@ -135,6 +136,16 @@ class BlockingConnection:
     @property
     def broken(self) -> bool:
         return self._failure is not None or self._closed
+
+    def daemon_alive(self) -> bool:
+        """No request is in flight between calls, so anything to read (an end of
+        stream, an error) means the daemon went away: ask it, and find out how."""
+        if self.broken:
+            return False
+        if self._poll is None:
+            self._poll = select.poll()
+            self._poll.register(self.stream.sock.fileno(), select.POLLIN)
+        return not self._poll.poll(0)
 
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:

@@ -45,6 +45,7 @@ from ..protocol import (
     encode_json,
 )
 from ..protocol.conversation import STAGEABLE, mapped_data, staged
+from ..protocol.directory import ONE_SIDED_ARCH, SLOT_BYTES
 from ..protocol.messages import Attach
 from ..sizes import INLINE_MAX, SHM_STAGING_MIN, STAGING_ALIGN
 from .auth import prove_secret
@@ -57,6 +58,7 @@ from .base import (
     StreamTimeout,
     Waits,
 )
+from .direct import DirectReader
 from .staging import StagingArea
 from .tcp import Exchanger, FramedConnection, FramedSocket, to_stdlib
 from .unix import (
@@ -121,6 +123,20 @@ def check_attach_answer(
     return int(answer["arena_size"])
 
 
+def directory_of(answer: dict, arena_size: int) -> tuple[int, int] | None:
+    """Where the shard directory is in the arena (offset, slots), if the daemon has one
+    that fits in what it mapped; None otherwise (reads then always ask the daemon)."""
+    where = answer.get("directory")
+    if not (isinstance(where, list) and len(where) == 2 and all(type(x) is int for x in where)):
+        return None
+    offset, slots = where
+    if offset < 0 or slots <= 0 or slots & (slots - 1):
+        return None
+    if offset % SLOT_BYTES or offset + slots * SLOT_BYTES > arena_size:
+        return None
+    return offset, slots
+
+
 async def exchange_attach(
     sock: AttachSocket,
     path: Path,
@@ -159,7 +175,8 @@ async def exchange_attach(
         for extra in fds[1:]:
             os.close(extra)
         arena_size = check_attach_answer(path, peer, node, header, data, arena_fd)
-        return SharedMemory(arena_fd, arena_size, staging_fd, staging_size)
+        directory = directory_of(decode_json(data), arena_size)
+        return SharedMemory(arena_fd, arena_size, staging_fd, staging_size, directory)
     finally:
         # Mapped (or failed): the descriptors are no longer needed.
         for fd in (staging_fd, arena_fd):
@@ -181,10 +198,21 @@ class SharedMemory:
 
     transport = "shm"
 
-    def __init__(self, arena_fd: int, arena_size: int, staging_fd: int, staging_size: int) -> None:
+    def __init__(
+        self,
+        arena_fd: int,
+        arena_size: int,
+        staging_fd: int,
+        staging_size: int,
+        directory: tuple[int, int] | None = None,
+    ) -> None:
         self._arena_map, self.arena = map_shared(arena_fd, arena_size, writable=False)
         self._staging_map, view = map_shared(staging_fd, staging_size, writable=True)
         self.staging = StagingArea(view, STAGING_ALIGN, "staging area")
+        # The daemon's shard directory: reads copy straight out of the arena.
+        self.directory = (
+            DirectReader(self.arena, *directory) if directory and ONE_SIDED_ARCH else None
+        )
         # Bytes moved through shared memory rather than the socket.
         self.mapped_bytes = 0
         self.staged_bytes = 0
@@ -216,6 +244,11 @@ class SharedMemory:
         await sink.receive(MemoryStream(self.arena, offset), mapped_data(header))
         self.mapped_bytes += header.size
         return False
+
+    @property
+    def direct_bytes(self) -> int:
+        """Bytes read one-sided out of the arena (no message to the daemon)."""
+        return self.directory.bytes if self.directory is not None else 0
 
     def background(self) -> list:
         return []

@@ -1,0 +1,277 @@
+"""One-sided reads and whole-tensor writes, with real daemons and a real mount.
+
+A same-host client reads shards straight out of the daemon's arena after a
+version check (no message to the daemon); a whole-tensor write is one write
+for every reader: all its shards, or all of the write before, never a mix.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import irdma
+from irdma import Client
+from irdma.protocol import Op, tensor_key
+from irdma.protocol.messages import Update
+from irdma.routing import new_stamp
+from irdma.shells import drive
+
+from .conftest import Cluster, make_cluster, start_mount
+
+pytestmark = pytest.mark.timeout(180)
+
+SHARD = 64 << 10  # the cluster fixture's shard size
+N = 5 * SHARD // 4  # float32: five shards, spread over the three daemons
+
+
+def readers_of(client: Client) -> list:
+    """The one-sided readers of a client's connections (the calling thread's)."""
+    return [
+        c.bulk.directory
+        for c in client._client._conns.values()
+        if getattr(c.bulk, "directory", None) is not None
+    ]
+
+
+def uniform(y: np.ndarray) -> bool:
+    return bool((y == y.flat[0]).all())
+
+
+class Rewriter:
+    """A thread rewriting one tensor whole with 1, 2, 3, ... until stopped."""
+
+    def __init__(self, client: Client, name: str, n: int) -> None:
+        self.client, self.name, self.n = client, name, n
+        self.done = 0  # writes acknowledged
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.client.write(self.name, np.full(self.n, self.done + 1, np.float32))
+                self.done += 1
+        except BaseException as exc:
+            self.error = exc
+
+    def __enter__(self) -> Rewriter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        assert self.error is None, self.error
+
+
+# -- one-sided reads --------------------------------------------------------------------
+
+
+def test_a_same_host_read_asks_no_daemon(cluster: Cluster) -> None:
+    x = np.arange(N, dtype=np.float32)
+    with Client(cluster.config_path) as c:
+        c.write("one/x", x)
+        assert np.array_equal(c.read("one/x"), x)
+        readers = readers_of(c)
+        assert readers and sum(r.reads for r in readers) == 5
+        assert sum(r.bytes for r in readers) == x.nbytes
+        assert sum(c.bulk.mapped_bytes for c in c._client._conns.values()) == 0
+        small = np.arange(10, dtype=np.int64)
+        c.write("one/small", small)
+        assert np.array_equal(c.read("one/small"), small)
+        assert sum(r.reads for r in readers_of(c)) == 6
+
+
+def test_one_sided_reads_can_be_turned_off(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("IRDMA_ONE_SIDED", "0")
+    x = np.arange(N, dtype=np.float32)
+    with Client(cluster.config_path) as c:
+        c.write("one/off", x)
+        assert np.array_equal(c.read("one/off"), x)
+        assert sum(r.reads for r in readers_of(c)) == 0
+
+
+def test_not_one_sided_over_tcp_or_with_replicas(tmp_path: Path, cluster: Cluster) -> None:
+    x = np.arange(N, dtype=np.float32)
+    with Client(cluster.config_path, transport="tcp") as c:
+        c.write("one/tcp", x)
+        assert np.array_equal(c.read("one/tcp"), x)
+        assert readers_of(c) == []
+    replicated = make_cluster(tmp_path / "r", replicas=2)
+    try:
+        with Client(replicated.config_path) as c:
+            c.write("one/r", x)
+            assert np.array_equal(c.read("one/r"), x)
+            assert sum(r.reads for r in readers_of(c)) == 0
+    finally:
+        replicated.close()
+
+
+def test_a_recreated_tensor_is_read_as_it_is_now(cluster: Cluster) -> None:
+    with Client(cluster.config_path) as reader, Client(cluster.config_path) as writer:
+        writer.write("one/re", np.arange(N, dtype=np.float32))
+        reader.read("one/re")  # slots found and kept
+        writer.delete("one/re")
+        with pytest.raises(irdma.TensorNotFound):
+            reader.read("one/re")
+        y = np.arange(2 * N, dtype=np.int64)  # same name, another layout
+        writer.write("one/re", y)
+        assert np.array_equal(reader.read("one/re"), y)
+        writer.delete("one/re")
+        z = np.full(2 * N, 7, np.int64)  # the same layout again, new slots
+        writer.write("one/re", z)
+        assert np.array_equal(reader.read("one/re"), z)
+
+
+def test_reads_during_continuous_accumulates_are_never_torn(cluster: Cluster) -> None:
+    """Every shard a reader gets is one version: the seqlock caught the daemon
+    changing it (retries seen) and the read came out whole anyway."""
+    w = cluster.client()
+    w.write("one/acc", np.zeros(N, np.float32))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def accumulate() -> None:
+        try:
+            while not stop.is_set():
+                w.accumulate("one/acc", np.ones(N, np.float32))
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=accumulate)
+    t.start()
+    try:
+        with Client(cluster.config_path) as r:
+            for _ in range(20_000):
+                y = r.read("one/acc").reshape(5, -1)
+                assert (y == y[:, :1]).all(), "a shard mixed two versions"
+                if sum(d.retries for d in readers_of(r)) >= 3:
+                    break
+            else:
+                pytest.fail("the reads never overlapped an accumulate")
+    finally:
+        stop.set()
+        t.join(60)
+    assert not errors, errors
+
+
+def test_a_dead_daemon_is_not_read_from_its_memory(fresh_cluster: Cluster) -> None:
+    c = fresh_cluster.client()
+    c.write("one/dead", np.arange(N, dtype=np.float32))
+    c.read("one/dead")
+    fresh_cluster.kill("n1")
+    with pytest.raises(irdma.DaemonUnavailable, match="n1"):
+        c.read("one/dead")
+
+
+# -- whole-tensor writes ------------------------------------------------------------------
+
+
+@pytest.fixture(params=["one-sided", "shm", "tcp"])
+def reader(request, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Client]:
+    if request.param == "shm":
+        monkeypatch.setenv("IRDMA_ONE_SIDED", "0")
+    transport = "tcp" if request.param == "tcp" else "shm"
+    with Client(cluster.config_path, transport=transport) as c:
+        yield c
+
+
+def test_a_whole_tensor_write_is_atomic_for_readers(cluster: Cluster, reader: Client) -> None:
+    """Readers see all shards of one write or all of the one before, while a writer
+    rewrites the tensor whole; reads that met two writes were reconciled."""
+    name = f"atomic/{reader._client.transport}-{id(reader)}"
+    w = cluster.client()
+    w.write(name, np.zeros(N, np.float32))
+    seen: set[float] = set()
+    with Rewriter(w, name, N) as writer:
+        for _ in range(20_000):
+            y = reader.read(name)
+            assert uniform(y), f"shards of two writes: {np.unique(y)}"
+            seen.add(float(y[0]))
+            if reader._client.reads_reconciled >= 3 and len(seen) >= 3:
+                break
+        else:
+            pytest.fail(f"reads never met a write: {reader._client.reads_reconciled}")
+    assert writer.done >= 3
+
+
+def test_a_writer_stopped_half_way_leaves_the_write_before(cluster: Cluster) -> None:
+    """Shards 0 and 1 of a new write arrive, the rest never do: readers get the old
+    tensor whole (the daemons kept the previous copies)."""
+    old = np.arange(N, dtype=np.float32)
+    with Client(cluster.config_path) as c:
+        c.write("atomic/half", old)
+        core = c._client
+        meta = core._meta["atomic/half"]
+        stamp = new_stamp()
+        for shard in (0, 1):
+            new = np.full(SHARD // 4, -1, np.float32)
+            msg = Update(Op.WRITE, meta.key, shard, 0, SHARD, layout=meta.layout, stamp=stamp)
+            drive(core._router.on_replicas(meta.key, shard, msg, [new], length=SHARD, update=True))
+        for transport in ("shm", "tcp"):
+            with Client(cluster.config_path, transport=transport) as r:
+                assert np.array_equal(r.read("atomic/half"), old)
+                assert r._client.reads_reconciled == 1
+        # The rest of the write arrives: the new write, whole.
+        c.write("atomic/half", np.full(N, -1, np.float32))
+        assert uniform(c.read("atomic/half"))
+
+
+def test_ranges_read_one_after_another_make_one_version(cluster: Cluster) -> None:
+    """read_range(at=) reads later ranges from the write the first came from."""
+    with Client(cluster.config_path) as c:
+        c.write("atomic/ranges", np.full(N, 1, np.float32))
+        first = np.empty(2 * SHARD, np.uint8)
+        stamp = c.read_range("atomic/ranges", 0, first)
+        c.write("atomic/ranges", np.full(N, 2, np.float32))
+        rest = np.empty(N * 4 - 2 * SHARD, np.uint8)
+        assert c.read_range("atomic/ranges", 2 * SHARD, rest, at=stamp) == stamp
+        assert uniform(rest.view(np.float32)) and rest.view(np.float32)[0] == 1
+        c.write("atomic/ranges", np.full(N, 3, np.float32))  # two writes on: kept a while
+        assert c.read_range("atomic/ranges", 2 * SHARD, rest, at=stamp) == stamp
+        assert rest.view(np.float32)[0] == 1
+        # Every daemon needs the room: the copies kept for readers are given back.
+        hit: set[str] = set()
+        for i in range(100):
+            name = f"atomic/huge-{i}"
+            node = cluster.config.primary_for(tensor_key(name), 0).name
+            if node not in hit:
+                hit.add(node)
+                with pytest.raises(irdma.ArenaFull):
+                    c.create(name, (64 << 20) // 4, np.float32, shard_size=64 << 20)
+        assert len(hit) == 3
+        with pytest.raises(irdma.TornRead, match="rewritten twice"):
+            c.read_range("atomic/ranges", 2 * SHARD, rest, at=stamp)
+        assert uniform(c.read("atomic/ranges"))
+
+
+@pytest.mark.timeout(240)
+def test_the_mount_serves_one_write_whole(cluster: Cluster, tmp_path: Path) -> None:
+    """np.load through the mount while a client rewrites the tensor whole: every load
+    is one write (the file spans three of the mount's 4 MiB chunks)."""
+    n = 3 * (4 << 20) // 4
+    w = cluster.client()
+    w.write("atomic/big", np.zeros(n, np.float32))
+    m = start_mount(cluster, tmp_path / "mnt")
+    try:
+        overlapped = 0
+        with Rewriter(w, "atomic/big", n) as writer:
+            for _ in range(200):
+                before = writer.done
+                y = np.load(m.path / "atomic" / "big.npy")
+                assert uniform(y), f"a load mixed writes: {np.unique(y)[:5]}"
+                overlapped += writer.done > before
+                if overlapped >= 3:
+                    break
+            else:
+                pytest.fail("no load overlapped a write")
+    finally:
+        m.unmount()
