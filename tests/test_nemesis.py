@@ -16,14 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from .nemesis.faults import SYMMETRIC
+from .nemesis.faults import ASYMMETRIC, SYMMETRIC
 from .nemesis.run import RunConfig, run
 from .netns import netns_problem, remove_stale
 
 if (_problem := netns_problem()) is not None:
     pytest.skip(f"network namespaces unavailable: {_problem}", allow_module_level=True)
 
+ASYMMETRIC_SECONDS = 30.0  # enough for a handful of broken links
 SECONDS = 80.0  # of client operations under faults; the whole test takes about 1.5-2 min
+
+
+class NemesisViolation(AssertionError):
+    """The checker found violations (the message holds the seed, faults and findings)."""
 
 
 def seed() -> int:
@@ -37,9 +42,21 @@ def check(config: RunConfig, tmp_path: Path) -> None:
     print(result.explain())
     if not result.report.ok:
         logs = "\n".join(f"--- {n}\n{t}" for n, t in result.logs.items() if n.startswith("d"))
-        pytest.fail(f"{result.explain()}\n{logs}", pytrace=False)
+        raise NemesisViolation(f"{result.explain()}\n{logs}")
 
 
 @pytest.mark.timeout(420)
 def test_no_acknowledged_update_is_lost_or_doubled_under_faults(tmp_path: Path) -> None:
     check(RunConfig(seed=seed(), seconds=SECONDS, kinds=SYMMETRIC), tmp_path)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=NemesisViolation,
+    reason="known gap (README, docs/semantics.md 'Not covered'): a daemon that cannot reach "
+    "one peer but reaches the majority stays ready; its primary acknowledges updates without "
+    "it, it serves stale reads, and takes over with its stale copy if the primary dies",
+)
+@pytest.mark.timeout(300)
+def test_asymmetric_link_failures_lose_nothing(tmp_path: Path) -> None:
+    check(RunConfig(seed=seed(), seconds=ASYMMETRIC_SECONDS, kinds=ASYMMETRIC), tmp_path)

@@ -11,7 +11,10 @@ same shard is still catching up may lose updates by design.
 - ``partition``: a daemon's host cut off from every other host, then healed;
 - ``restart-all``: every daemon stopped with SIGTERM (final snapshots) and started;
 - ``link``: the link between two daemon hosts broken while both still reach every
-  other host (asymmetric; not covered by the replication design, see the README).
+  other host (asymmetric; not covered by the replication design, see the README);
+- ``link-kill``: as ``link``, and the first of the two is killed with ``kill -9`` at
+  the end of the hold (then restarted, then the link restored): what the other one
+  missed while cut off is then only on the killed daemon.
 
 The schedule is a pure function of the seed, so a failing run's faults can be
 replayed; which operations they meet still depends on timing.
@@ -28,7 +31,7 @@ from typing import Any, Protocol
 from .history import NEMESIS, HistoryWriter, Record
 
 SYMMETRIC = ("kill", "pause", "partition", "restart-all")
-ASYMMETRIC = ("link",)
+ASYMMETRIC = ("link", "link-kill")
 RECOVERY_TIMEOUT = 90.0  # seconds the cluster gets to be ready again after a fault
 
 
@@ -56,7 +59,7 @@ def schedule(
         if kind == "restart-all":
             targets: tuple[str, ...] = ()
             hold = round(rng.uniform(0.2, 1.5), 2)
-        elif kind == "link":
+        elif kind in ASYMMETRIC:
             targets = tuple(rng.sample(list(hosts), 2))
             hold = round(rng.uniform(1.0, 5.0), 2)
         else:
@@ -128,7 +131,7 @@ class Nemesis:
             t.partition(fault.targets[0])
         elif fault.kind == "restart-all":
             t.stop_all()
-        elif fault.kind == "link":
+        elif fault.kind in ASYMMETRIC:
             t.cut_link(*fault.targets)
         else:
             raise ValueError(f"unknown fault {fault.kind!r}")
@@ -144,4 +147,8 @@ class Nemesis:
         elif fault.kind == "restart-all":
             t.start_all()
         elif fault.kind == "link":
+            t.restore_link(*fault.targets)
+        elif fault.kind == "link-kill":
+            t.kill(fault.targets[0])
+            t.start(fault.targets[0])
             t.restore_link(*fault.targets)

@@ -239,7 +239,7 @@ def run(config: RunConfig, workdir: Path, log: Callable[[str], None] = print) ->
             nemesis.run(faults, until=until)
             for proc in clients:
                 # Bounded: an operation gives up within its timeout plus failover time.
-                proc.wait(config.seconds + 120)
+                proc.wait(max(0.0, until - time.monotonic()) + 120)
             cluster.heal_everything()
             final = cluster.wait_ready(90)
             writer.write(
