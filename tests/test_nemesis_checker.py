@@ -216,3 +216,12 @@ def test_a_cluster_that_never_recovered() -> None:
     s = Story()
     s.records.append(Record("fault", NEMESIS, 0, "kill", 0.0, detail={"phase": "stuck"}))
     assert "no-recovery" in kinds(check(s.records, None))
+
+
+def test_a_register_read_mixing_two_writes() -> None:
+    s = Story()
+    a, b = s.write(0), s.write(1)
+    shards = {0: {"outcome": "ok", "version": 3, "value": a},
+              1: {"outcome": "ok", "version": 3, "value": b}}  # fmt: skip
+    s._op(2, "rreg", REG, 0, "ok", shards)
+    assert "mixed-read" in kinds(check(s.records, None))

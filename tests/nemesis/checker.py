@@ -14,7 +14,8 @@ proves, per operation and not only per sum:
 - **final registers**: each shard holds one write's value; no write acknowledged
   after that write had completed (it would be lost).
 - **reads** (each client's, replayed in its order): no slot applied twice, none of
-  a failed operation, none invoked after the read ended, nothing torn; read-your-
+  a failed operation, none invoked after the read ended, nothing torn, a whole
+  register from one write (whole-tensor writes are atomic for readers); read-your-
   writes (a read after the client's own acknowledged update sees that update, by
   content and by version); an acknowledged update a client once read never
   disappears from its later reads, and its read versions never go back past an
@@ -205,6 +206,8 @@ def _check_reads(ctx: _Context, report: Report, acked: dict[tuple[str, int], lis
                     view.last_write[key] = op
             if op.f == "acc" and op.outcome(shard_of(op.value)) == "ok":
                 view.pending[(op.tensor, shard_of(op.value))].append(op)
+            if op.f == "rreg" and op.type == "ok":
+                _check_whole_write(ctx, report, op)
             if op.f in ("read", "rreg"):
                 for shard, rec in op.shards.items():
                     if rec.get("outcome") == "ok":
@@ -280,6 +283,15 @@ def _check_counter_read(
         if mine.value not in state:
             report.add("read-your-writes", f"own acknowledged {ctx.describe(mine)} missing "
                        f"from {ctx.describe(op)}")  # fmt: skip
+
+
+def _check_whole_write(ctx: _Context, report: Report, op: Op) -> None:
+    """A whole-tensor write is atomic for readers: a successful read of a register
+    holds one write in every shard (docs/semantics.md), never a mix."""
+    values = {rec.get("value") for rec in op.shards.values()}
+    if len(values) > 1:
+        report.add("mixed-read", f"shards from writes {sorted(map(str, values))}: "
+                   f"{ctx.describe(op)}")  # fmt: skip
 
 
 def _check_register_read(
