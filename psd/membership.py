@@ -10,7 +10,7 @@ The rules that keep replicas from diverging, all local to one daemon:
   majority stops accepting updates before another replica takes its shards
   over.
 - A daemon that went longer than ``failure_timeout - heartbeat`` without
-  quorum (cut off by a partition, stopped with SIGSTOP, or just started) may
+  hearing a majority (cut off by a partition, stopped with SIGSTOP, or just started) may
   have been declared down, and others may have applied updates it missed. It
   is *not ready* until it has caught up from its replicas; until then it
   serves no client reads or updates.
@@ -72,9 +72,15 @@ class Membership:
         if not self.replicated:
             return
         now = self.clock() if now is None else now
-        if self._has_quorum(now):
-            self._last_quorum = now
-        elif now - self._last_quorum > self.grace and self.ready:
+        # Counted from when a majority was last *heard*, not from when the lease last
+        # held (up to ``lease`` later): peers declare this daemon down
+        # ``failure_timeout`` after they last heard it, so it must give up being ready
+        # within ``grace`` of its own last contact, or a daemon healed in between comes
+        # back as a ready primary beside the replica that took its shards over.
+        heard = self._majority_heard(now)
+        if heard is not None and heard > self._last_quorum:
+            self._last_quorum = heard
+        if now - self._last_quorum > self.grace and self.ready:
             self.ready = False
             self.on_lost()
 
@@ -135,6 +141,16 @@ class Membership:
         if name == self.me:
             return self.ready
         return self.up(name, now) and self.peers[name].ready
+
+    def _majority_heard(self, now: float) -> float | None:
+        """When this daemon last heard from a majority of the cluster (itself included):
+        the time of its ``quorum - 1``-th most recent peer contact; None if never."""
+        need = self.config.quorum - 1
+        times = sorted((s.last_heard for s in self.peers.values() if s.last_heard is not None),
+                       reverse=True)  # fmt: skip
+        if need <= 0:
+            return now
+        return times[need - 1] if len(times) >= need else None
 
     def _has_quorum(self, now: float) -> bool:
         heard = 1 + sum(

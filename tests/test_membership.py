@@ -61,6 +61,28 @@ def test_a_daemon_cut_off_past_the_grace_is_not_ready_and_says_so(tmp_path) -> N
     assert not m.ready and lost == [clock.now]
 
 
+def test_a_daemon_cut_off_past_the_grace_is_not_ready_even_while_its_lease_ran(
+    tmp_path,
+) -> None:
+    """Counted from its last contact with a majority, not from when its lease last
+    held: healed after the grace but before the peers' failure timeout (when they may
+    already have taken its shards over), it must catch up, not serve as primary."""
+    cfg = config(tmp_path)
+    clock = Clock()
+    m = Membership(cfg, "n1", clock)
+    lost: list[float] = []
+    m.on_lost = lambda: lost.append(clock.now)
+    m.heard("n2", ready=True)
+    m.heard("n3", ready=True)
+    m.became_ready()
+    while clock.now < m.grace + 0.01:  # cut off; the heartbeat tick keeps observing
+        clock.now += cfg.heartbeat / 2
+        m.observe()
+    assert clock.now < cfg.failure_timeout
+    m.heard("n2", ready=True)  # healed
+    assert not m.ready and len(lost) == 1
+
+
 def test_acting_primary_is_the_first_ready_replica(tmp_path) -> None:
     cfg = config(tmp_path)
     clock = Clock()
