@@ -24,6 +24,7 @@ if (_problem := netns_problem()) is not None:
     pytest.skip(f"network namespaces unavailable: {_problem}", allow_module_level=True)
 
 ASYMMETRIC_SECONDS = 30.0  # enough for a handful of broken links
+SHARED_SECONDS = 20.0  # dozens of violations in that time
 SECONDS = 80.0  # of client operations under faults; the whole test takes about 1.5-2 min
 
 
@@ -48,6 +49,23 @@ def check(config: RunConfig, tmp_path: Path) -> None:
 @pytest.mark.timeout(420)
 def test_no_acknowledged_update_is_lost_or_doubled_under_faults(tmp_path: Path) -> None:
     check(RunConfig(seed=seed(), seconds=SECONDS, kinds=SYMMETRIC), tmp_path)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=NemesisViolation,
+    reason="bug: a read that meets two concurrent whole-tensor writes applied in different "
+    "orders on its shards re-reads one shard at the other write's older stamp without the "
+    "version the client saw (irdma/client.py _agree, track=False), so read-your-writes breaks",
+)
+@pytest.mark.timeout(300)
+def test_concurrent_whole_tensor_writes_keep_read_your_writes(tmp_path: Path) -> None:
+    """Every client writes and reads one register, no faults: what the main test's
+    registers (one writer each) do not exercise."""
+    config = RunConfig(
+        seed=seed(), seconds=SHARED_SECONDS, kinds=(), weights=(0, 0, 1, 1), shared_registers=True
+    )
+    check(config, tmp_path)
 
 
 @pytest.mark.xfail(

@@ -53,7 +53,9 @@ def schedule(
 ) -> list[Fault]:
     """``count`` faults drawn from ``random.Random(seed)``: the same seed, the same list."""
     rng = random.Random(seed)
-    out = []
+    out: list[Fault] = []
+    if not kinds:
+        return out  # a run without faults
     for _ in range(count):
         kind = rng.choice(list(kinds))
         if kind == "restart-all":

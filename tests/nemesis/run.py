@@ -45,6 +45,8 @@ class RunConfig:
     clients: int = 4
     kinds: Sequence[str] = SYMMETRIC
     think: float = 0.01  # longest pause of a client between operations
+    weights: tuple[float, ...] = (5, 3, 1, 1)  # of accumulates, reads, writes, register reads
+    shared_registers: bool = False  # every client writes one register (else one writer each)
 
 
 @dataclass
@@ -224,6 +226,8 @@ def run(config: RunConfig, workdir: Path, log: Callable[[str], None] = print) ->
                 *("--process", str(i), "--clients", str(config.clients)),
                 *("--seed", str(config.seed), "--go", str(go)),
                 *("--history", str(files[i]), "--think", str(config.think)),
+                *("--weights", ",".join(map(str, config.weights))),
+                *(["--shared-registers"] if config.shared_registers else []),
                 log=workdir / f"client{i}.log",
             )
             for i in range(config.clients)

@@ -47,6 +47,7 @@ from tests.nemesis.workload import (
     counts_array,
     decode,
     delta_for,
+    register_for,
     register_value,
 )
 
@@ -54,7 +55,6 @@ from tests.nemesis.workload import (
 # not one: a primary also answers it after applying, when its backups did not get it.
 REFUSED_BEFORE_APPLYING = {Status.NOT_OWNER, Status.RECOVERING}
 KINDS = ["acc", "read", "write", "rreg"]
-WEIGHTS = [5, 3, 1, 1]
 
 
 @dataclass
@@ -126,6 +126,8 @@ class ClientProcess:
         self.history = history
         self.recorder = Recorder(client)
         self.rng = random.Random(f"{args.seed}:{args.process}")
+        self.weights = [float(x) for x in args.weights.split(",")]
+        self.shared = args.shared_registers
         self.plan = SlotPlan(args.clients)
         self.used = dict.fromkeys(COUNTERS, 0)
         # Per (counter, shard): the slot counts this client last read (diffs are recorded).
@@ -133,7 +135,7 @@ class ClientProcess:
         self.index = 0
 
     def step(self) -> None:
-        f = self.rng.choices(KINDS, WEIGHTS)[0]
+        f = self.rng.choices(KINDS, self.weights)[0]
         if f == "acc":
             tensor = self.rng.choice(COUNTERS)
             slot = self.plan.slot(self.process, self.used[tensor])
@@ -150,12 +152,12 @@ class ClientProcess:
             out = np.zeros(ACC_ELEMENTS, dtype=np.int64)
             self._run("read", tensor, 0, lambda: self.client.read(tensor, out=out), out)
         elif f == "write":
-            tensor = self.rng.choice(REGISTERS)
+            tensor = register_for(self.process, self.shared)
             value = register_value(self.process, self.index)
             data = np.full(REG_ELEMENTS, value, dtype=np.int64)
             self._run("write", tensor, value, lambda: self.client.write(tensor, data))
         else:
-            tensor = self.rng.choice(REGISTERS)
+            tensor = REGISTERS[0] if self.shared else self.rng.choice(REGISTERS)
             out = np.zeros(REG_ELEMENTS, dtype=np.int64)
             self._run("rreg", tensor, 0, lambda: self.client.read(tensor, out=out), out)
 
@@ -351,6 +353,8 @@ def main() -> None:
             p.add_argument("--go", required=True, help="file holding when the run ends")
             p.add_argument("--history", required=True)
             p.add_argument("--think", type=float, default=0.01, help="longest pause between ops")
+            p.add_argument("--weights", default="5,3,1,1", help="of acc, read, write, rreg")
+            p.add_argument("--shared-registers", action="store_true", help="all write reg0")
         if name == "copies":
             p.add_argument("--out", required=True)
     args = parser.parse_args()

@@ -9,7 +9,8 @@ is named exactly, not inferred from a sum.
 
 **Registers** (``nemesis/reg<k>``, int64) take whole-tensor writes: every element of
 the write is the same value, unique to the operation, so each shard read shows which
-write it holds (or that it is torn).
+write it holds (or that it is torn). Each register has one writer (client ``k``,
+modulo the clients), or with ``shared`` every client writes the first of them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ SHARD_SIZE = 16 << 10  # bytes: counters have 4 shards, registers 2
 ACC_ELEMENTS = 8192
 REG_ELEMENTS = 4096
 COUNTERS = [f"nemesis/acc{k}" for k in range(3)]
-REGISTERS = [f"nemesis/reg{k}" for k in range(2)]
+REGISTERS = [f"nemesis/reg{k}" for k in range(4)]
 ELEMENTS_PER_SHARD = SHARD_SIZE // 8
 
 
@@ -80,6 +81,11 @@ def counts_array(values: np.ndarray) -> np.ndarray:
     u = values.astype(np.int64, copy=False).view(np.uint64)
     digits = np.stack([(u >> np.uint64(3 * d)) & np.uint64(7) for d in range(DIGITS)], axis=1)
     return digits.reshape(-1).astype(np.uint8)
+
+
+def register_for(client: int, shared: bool) -> str:
+    """The register a client writes: its own, or (shared) the one all clients write."""
+    return REGISTERS[0] if shared else REGISTERS[client % len(REGISTERS)]
 
 
 def register_value(client: int, index: int) -> int:
