@@ -81,10 +81,12 @@ from .transport.select import forced_transport, may_use_rdma
 Progress = Callable[[int], None]
 T = TypeVar("T")
 
-# Rounds in a row without progress a read of several shards makes to get them
-# all from one whole-tensor write before it gives up (TornRead).
+# Rounds without progress a read of several shards makes to get them all from
+# one whole-tensor write before it gives up (TornRead); rounds it first spends
+# waiting for a write in progress to reach the pieces behind; the pause (times
+# the round) before it looks at those again.
 AGREE_TRIES = 16
-# Pause (times the round) before looking again at pieces a write has not reached.
+AGREE_CHASE = 4
 AGREE_PAUSE = 0.0005
 
 
@@ -550,7 +552,7 @@ class AsyncClient:
             view = buf[start : start + n]
             if op == Op.READ:
                 if direct and not want:
-                    got = await self._read_direct(meta, p, view)
+                    got = await self._read_direct(meta, p, view, choice.get(p.shard))
                     if got is not None:
                         if progress is not None:
                             progress(n)
@@ -606,8 +608,8 @@ class AsyncClient:
             served = await self._gather(partial(one, p) for p in pieces)
         if at:
             return await self._at(meta, at, pieces, served, one)
-        if op == Op.READ and len(pieces) > 1:
-            return await self._agree(meta, pieces, served, one, direct)
+        if op == Op.READ and len({s.stamp for s in served}) > 1:
+            return await self._agree(meta, pieces, served, one)
         return served
 
     async def _at(
@@ -660,61 +662,54 @@ class AsyncClient:
         pieces: list[Piece],
         served: list[Served],
         one: Callable[..., Any],
-        direct: bool,
     ) -> list[Served]:
         """Make a read of several shards come from one whole-tensor write.
 
-        Pieces from two writes (a rewrite ran during the read) are read again,
-        whichever costs less: those behind a write in progress (a stamp that
-        other pieces have as their previous copy) as they are now, since the
-        writer is reaching them; or the rest from the copy of a write every
-        piece still has (current, or the previous copy daemons keep). One-sided
-        readers prefer the first: a fresh look costs them no message.
-        ``TornRead`` after ``AGREE_TRIES`` rounds in a row that changed nothing,
-        or after the client timeout.
+        Pieces from two writes (a rewrite ran during the read) are read again.
+        First, for a few rounds, those a write in progress has not reached yet
+        (their stamp is another piece's previous one), as they are now: the
+        writer is reaching them. Then, since a writer rewriting without pause
+        can stay ahead of that, the others from the copy of one write, which
+        the daemons keep for a while: a write every piece has or had, those
+        the pieces say they still have first. ``TornRead`` when no write can
+        be had whole before the client timeout, or after ``AGREE_TRIES``
+        rounds that got nowhere.
         """
+        self.reads_reconciled += 1
 
         async def at(i: int, target: int) -> Served | None:
             try:
                 return await one(pieces[i], target)
             except (StampGone, StampPending):
-                return None  # rewritten again meanwhile: looked at anew next round
+                return None
 
-        if len({s.stamp for s in served}) > 1:
-            self.reads_reconciled += 1
         deadline = self._now() + self.timeout
-        stuck = 0  # rounds in a row that changed no piece
+        chased = stuck = 0
         while stuck < AGREE_TRIES and self._now() < deadline:
-            stamps = {s.stamp for s in served}
+            stamps = Counter(s.stamp for s in served)
             if len(stamps) == 1:
                 return served
             superseded = {s.prev for s in served if s.prev}
             behind = [i for i, s in enumerate(served) if s.stamp in superseded]
-            common = [t for t in stamps if all(t in (s.stamp, s.prev) for s in served)]
-            redo: list[int] = []
-            target = 0
-            if common:
-                target = max(common, key=lambda t: sum(s.stamp == t for s in served))
-                redo = [i for i, s in enumerate(served) if s.stamp != target]
-            chase = behind and (
-                not redo or len(behind) <= len(redo) or (direct and stuck < AGREE_TRIES // 2)
-            )
-            if chase or not redo:
-                fresh = behind or [i for i, s in enumerate(served) if s.stamp != _most(served)]
-                again = await self._gather(partial(one, pieces[i]) for i in fresh)
-                moved = again != [served[i] for i in fresh]
-                for i, s in zip(fresh, again, strict=True):
+            if behind and chased < AGREE_CHASE:
+                chased += 1
+                again = await self._gather(partial(one, pieces[i]) for i in behind)
+                if again == [served[i] for i in behind]:
+                    await self._shell.sleep(AGREE_PAUSE * chased)  # the writer is not there yet
+                for i, s in zip(behind, again, strict=True):
                     served[i] = s
-                stuck = 0 if moved else stuck + 1
-                if not moved:
-                    # Nothing moved: give the writer a moment to reach them.
-                    await self._shell.sleep(AGREE_PAUSE * stuck)
                 continue
-            got = await self._gather(partial(at, i, target) for i in redo)
-            for i, s in zip(redo, got, strict=True):
-                if s is not None:
-                    served[i] = s
-            stuck = 0 if any(s is not None for s in got) else stuck + 1
+            kept = {t for t in stamps if all(t in (s.stamp, s.prev) for s in served)}
+            for target in sorted(stamps, key=lambda t: (t not in kept, -stamps[t])):
+                redo = [i for i, s in enumerate(served) if s.stamp != target]
+                got = await self._gather(partial(at, i, target) for i in redo)
+                if all(s is not None for s in got):
+                    for i, s in zip(redo, got, strict=True):
+                        served[i] = s
+                    return served
+            # No write to be had whole from these: look at every piece again.
+            stuck += 1
+            served = await self._gather(partial(one, p) for p in pieces)
         raise TornRead(
             f"tensor {meta.name!r}: its shards kept coming from different whole-tensor "
             "writes (rewritten faster than it can be read, or a writer stopped half-way "
@@ -723,29 +718,59 @@ class AsyncClient:
         )
 
     def _direct_ok(self, meta: TensorMeta, wid: int) -> bool:
-        """Whether reads of this tensor may copy straight out of a same-host arena.
+        """Whether reads of this tensor may copy straight out of a daemon's arena.
 
-        Not with replicas (a daemon's gates, catching up and quorum, are
-        checked on the daemon per request), and not for a training pull that
-        may have to wait for its step.
+        Not for a training pull that may have to wait for its step. With
+        replicas, the daemon's own gates (caught up, in the majority) are in
+        its directory's serving word, and read-your-writes is the version check.
         """
-        if self.replicated or not self._direct:
+        if not self._direct:
             return False
-        return wid == NO_WORKER or Mode.from_options(meta.options).kind == "async"
+        if wid == NO_WORKER:
+            return True
+        # A training pull goes to the primary (only it keeps the step's state).
+        return not self.replicated and Mode.from_options(meta.options).kind == "async"
 
-    async def _read_direct(self, meta: TensorMeta, p: Piece, view: memoryview) -> Served | None:
-        """One-sided: copy the piece out of its daemon's arena, if attached over shm."""
-        node = self.config.primary_for(meta.key, p.shard)
+    async def _read_all_direct(self, meta: TensorMeta, buf: memoryview, wid: int) -> bool:
+        """Read a whole tensor one-sided, shard by shard (per shard, as a batch is);
+        False when any shard must be asked for (the caller then asks for all)."""
+        if not self._direct_ok(meta, wid):
+            return False
+        for p in shard_pieces(meta, 0, meta.nbytes):
+            view = buf[p.buf_offset : p.buf_offset + p.length]
+            if await self._read_direct(meta, p, view) is None:
+                return False
+        return True
+
+    async def _read_direct(
+        self, meta: TensorMeta, p: Piece, view: memoryview, choice: list[Node] | None = None
+    ) -> Served | None:
+        """One-sided: copy the piece out of its daemon's arena (mapped over shm, or by
+        RDMA READ), where the connection's bulk path can. With replicas, from the
+        replica the read would ask first (``choice``), no older than this client saw."""
+        seen = 0
+        if self.replicated:
+            node = (choice or self._router.candidates(meta.key, p.shard, False))[0]
+            seen = self._router.seen(meta.key, p.shard)
+        else:
+            node = self.config.primary_for(meta.key, p.shard)
         try:
             conn = await self._connection(node)
         except (StreamBroken, StreamClosed, StreamTimeout):
             return None  # asked the usual way, which says what went wrong
-        reader = getattr(conn.bulk, "directory", None)
-        if reader is None or not conn.daemon_alive():
+        read_direct = getattr(conn.bulk, "read_direct", None)
+        if read_direct is None or not conn.daemon_alive():
             return None
         out = np.frombuffer(view, dtype=np.uint8)
-        got = reader.read(meta.key, meta.layout, p.shard, p.shard_offset, out)
-        return None if got is None else Served(*got)
+        try:
+            got = await read_direct(conn, meta.key, meta.layout, p.shard, p.shard_offset, out, seen)
+        except (StreamBroken, StreamClosed, StreamTimeout):
+            return None  # the connection is given up; asked the usual way, it says why
+        if got is None:
+            return None
+        if self.replicated:
+            self._router.saw(meta.key, p.shard, got[0], update=False)
+        return Served(*got)
 
     async def read(
         self,
@@ -949,7 +974,11 @@ class AsyncClient:
         code = narrowing.wire_code(wire)
         if not code:
             items = [(metas[n], _byte_view(a)) for n, a in out.items()]
-            await self._batches.run(Op.READ_BATCH, items, worker=worker, step=step)
+            wid = worker_field(worker, step)
+            # Same-host tensors are copied one-sided; the batches carry the rest.
+            items = [it for it in items if not await self._read_all_direct(*it, wid)]
+            if items:
+                await self._batches.run(Op.READ_BATCH, items, worker=worker, step=step)
             return out
         _batch_wire(metas.values(), code)
         held = {n: np.empty(a.size, narrowing.holder(code)) for n, a in out.items()}
@@ -1000,11 +1029,6 @@ class AsyncClient:
         data = {n: _narrowed_delta(metas[n], a, code) for n, a in arrs.items()}
         items = [(metas[n], _byte_view(a)) for n, a in data.items()]
         await self._batches.run(Op.ACCUMULATE_BATCH, items, alpha, worker, step, wire=code)
-
-
-def _most(served: list[Served]) -> int:
-    """The stamp most pieces have."""
-    return Counter(s.stamp for s in served).most_common(1)[0][0]
 
 
 def _merged_version(records: list[dict[str, Any]]) -> int:

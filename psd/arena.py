@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from irdma.extents import PAGE, Allocator, ArenaFullError, round_up
-from irdma.protocol.directory import SLOT_BYTES, slots_for
+from irdma.protocol.directory import directory_bytes, slots_for
 
 from .directory import Directory
 
@@ -47,7 +47,7 @@ class Arena:
     def __init__(self, capacity: int, name: str = "irdma-arena") -> None:
         capacity = round_up(capacity)
         slots = slots_for(capacity, PAGE)
-        size = capacity + round_up(slots * SLOT_BYTES)
+        size = capacity + round_up(directory_bytes(slots))
         self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
         try:
             os.ftruncate(self.fd, size)

@@ -14,14 +14,18 @@ from __future__ import annotations
 import numpy as np
 
 from irdma.protocol.directory import (
+    DIRECTORY_MAGIC,
     EMPTY,
     FREED,
     KEY,
     LAYOUT,
     LIVE,
+    MAGIC_WORD,
     OFFSET,
     SEQ,
+    SERVING_WORD,
     STATE,
+    header_of,
     probe,
     table_of,
 )
@@ -35,7 +39,14 @@ class Directory:
         self.slots = slots
         self.table = table_of(buf, offset, slots)
         self.table[:] = 0
+        self.header = header_of(buf, offset, slots)
+        self.header[:] = 0
+        self.header[MAGIC_WORD] = DIRECTORY_MAGIC
         self.used = 0
+
+    def set_serving(self, serving: bool) -> None:
+        """Say whether this daemon would serve reads of its shards itself now."""
+        self.header[SERVING_WORD] = int(serving)
 
     def place(self, key: int, layout: int, index: int) -> int:
         """A slot for a new shard (-1 when its probe range is full: served through the daemon)."""

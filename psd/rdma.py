@@ -110,11 +110,12 @@ class RdmaService:
         arena = store.arena
         self.arena_addr = int(arena.buf.ctypes.data)
         # Remote READ only: nobody writes the arena except through staging.
+        # The whole memfd: the blocks and the shard directory after them.
         self.arena_mr = endpoint.register(
             self.arena_addr,
-            arena.capacity,
+            arena.size,
             e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ,
-            f"the {arena.capacity}-byte arena",
+            f"the {arena.size}-byte arena",
         )
         self.cq = endpoint.completion_queue(SERVER_QP_DEPTH * 2)
 
@@ -138,7 +139,7 @@ class RdmaService:
             return None
         except VerbsError as exc:
             raise ConfigError(f"{node.name}: {exc}") from None
-        problem = memlock_problem(store.arena.capacity)
+        problem = memlock_problem(store.arena.size)
         if problem is not None:
             if wanted:
                 raise ConfigError(f"{node.name}: cannot register the arena for RDMA: {problem}")
@@ -163,7 +164,7 @@ class RdmaService:
             gid.index,
             gid.gid,
             endpoint.mtu,
-            store.arena.capacity,
+            store.arena.size,
         )
         return service
 
@@ -202,7 +203,8 @@ class RdmaService:
             "mtu": mtu,
             "arena_addr": self.arena_addr,
             "arena_rkey": int(self.arena_mr.rkey),
-            "arena_size": self.store.arena.capacity,
+            "arena_size": self.store.arena.size,
+            "directory": [self.store.directory.offset, self.store.directory.slots],
             "staging_addr": self.arena_addr + staging.offset,
             "staging_rkey": int(mr.rkey),
             "staging_size": request.staging,

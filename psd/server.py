@@ -35,6 +35,7 @@ from irdma.protocol import (
     ProtocolError,
     Status,
 )
+from irdma.protocol.directory import SERVING_REFRESH
 from irdma.protocol.messages import (
     Auth,
     BadRequest,
@@ -115,6 +116,7 @@ class Server:
         replies = Replies(self.metrics)
         self.replies = replies
         admission = Admission(config, node, self.membership)
+        self._admission = admission
         poll = min(MAX_POLL, config.timeout / 4)
         data = DataOps(
             node,
@@ -174,6 +176,7 @@ class Server:
             log.info("%s listening on %s", self.node.name, addr)
             task_status.started(self.listen_port)
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._publish_serving)
                 while True:
                     try:
                         sock, peer = await listener.accept()
@@ -182,6 +185,21 @@ class Server:
                         await trio.sleep(0.1)
                         continue
                     nursery.start_soon(self.handle_connection, to_stdlib(sock), _peer_name(peer))
+
+    async def _publish_serving(self) -> None:
+        """Keep the directory's serving word to what this daemon's own gates say,
+        so one-sided readers ask it (and are refused) whenever it would refuse."""
+        directory = self.store.directory
+        while True:
+            try:
+                self._admission.check_ready()
+            except StoreError:
+                directory.set_serving(False)
+            else:
+                directory.set_serving(True)
+            if self.config.replicas == 1:
+                return  # always ready: nothing changes
+            await trio.sleep(SERVING_REFRESH)
 
     async def handle_connection(
         self,

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from irdma_psd.arena import PAGE, Allocator, Arena, ArenaFullError, Block, round_up
 
-from irdma.protocol.directory import SLOT_BYTES, slots_for
+from irdma.protocol.directory import directory_bytes, slots_for
 
 # -- round_up ----------------------------------------------------------------
 
@@ -233,7 +233,7 @@ def test_arena_capacity_rounding() -> None:
             assert a.capacity == got
             assert a.allocator.capacity == got
             # The shard directory follows the blocks in the same memfd.
-            table = round_up(slots_for(got) * SLOT_BYTES)
+            table = round_up(directory_bytes(slots_for(got)))
             assert a.size == got + table
             assert len(a.buf) == a.size
             assert a.buf.dtype == np.uint8

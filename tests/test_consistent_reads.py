@@ -7,7 +7,9 @@ for every reader: all its shards, or all of the write before, never a mix.
 
 from __future__ import annotations
 
+import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import pytest
 import irdma
 from irdma import Client
 from irdma.protocol import Op, tensor_key
+from irdma.protocol.directory import SERVING_WORD
 from irdma.protocol.messages import Update
 from irdma.routing import new_stamp
 from irdma.shells import drive
@@ -88,6 +91,20 @@ def test_a_same_host_read_asks_no_daemon(cluster: Cluster) -> None:
         assert sum(r.reads for r in readers_of(c)) == 6
 
 
+def test_read_many_copies_same_host_tensors_one_sided(cluster: Cluster) -> None:
+    arrays = {
+        "one/many/a": np.arange(N, dtype=np.float32),  # five shards
+        "one/many/b": np.arange(7, dtype=np.int16),
+        "one/many/c": np.ones((3, 3)),
+    }
+    with Client(cluster.config_path) as c:
+        c.write_many(arrays)
+        got = c.read_many(arrays)
+        for name, x in arrays.items():
+            assert np.array_equal(got[name], x) and got[name].dtype == x.dtype
+        assert sum(r.reads for r in readers_of(c)) == 7
+
+
 def test_one_sided_reads_can_be_turned_off(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -99,18 +116,43 @@ def test_one_sided_reads_can_be_turned_off(
         assert sum(r.reads for r in readers_of(c)) == 0
 
 
-def test_not_one_sided_over_tcp_or_with_replicas(tmp_path: Path, cluster: Cluster) -> None:
+def test_not_one_sided_over_tcp(cluster: Cluster) -> None:
     x = np.arange(N, dtype=np.float32)
     with Client(cluster.config_path, transport="tcp") as c:
         c.write("one/tcp", x)
         assert np.array_equal(c.read("one/tcp"), x)
         assert readers_of(c) == []
+
+
+def test_one_sided_with_replicas_follows_the_daemons_gates(tmp_path: Path) -> None:
+    """With replicas, reads are one-sided from any up-to-date replica; a daemon that
+    lost the majority says so in its directory, and is asked (NO_QUORUM) instead."""
+    x = np.arange(N, dtype=np.float32)
     replicated = make_cluster(tmp_path / "r", replicas=2)
     try:
         with Client(replicated.config_path) as c:
             c.write("one/r", x)
             assert np.array_equal(c.read("one/r"), x)
-            assert sum(r.reads for r in readers_of(c)) == 0
+            assert sum(r.reads for r in readers_of(c)) == 5
+            # Two of three daemons stopped: the third cannot reach a majority.
+            for name in ("n1", "n2"):
+                replicated.signal(name, signal.SIGSTOP)
+            try:
+                alone = next(
+                    k for n, k in c._client._conns.items() if n == "n3" and k.bulk.directory
+                )
+                deadline = time.monotonic() + 30
+                while alone.bulk.directory.header[SERVING_WORD] == 1:
+                    assert time.monotonic() < deadline, "n3 never noticed it is alone"
+                    time.sleep(0.05)
+                # n3 holds shards of one/r (replicas 2 of 3): a read of them asks it.
+                reads = alone.bulk.directory.reads
+                with pytest.raises(irdma.IrdmaError):
+                    c.read("one/r")
+                assert alone.bulk.directory.reads == reads
+            finally:
+                for name in ("n1", "n2"):
+                    replicated.signal(name, signal.SIGCONT)
     finally:
         replicated.close()
 

@@ -19,6 +19,7 @@ from irdma.protocol.directory import (
     MAX_SLOTS,
     MIN_SLOTS,
     SEQ,
+    directory_bytes,
     find_slot,
     home_slot,
     probe,
@@ -34,7 +35,9 @@ SHARD = 8192
 @pytest.fixture
 def store() -> Iterator[Store]:
     arena = Arena(1 << 20)
-    yield Store(arena, lambda key, shard: True)
+    store = Store(arena, lambda key, shard: True)
+    store.directory.set_serving(True)  # what a serving daemon says (psd/server.py)
+    yield store
     arena.close()
 
 
@@ -81,7 +84,7 @@ def test_probing_starts_at_a_stable_home_and_wraps() -> None:
 
 
 def test_a_placed_shard_is_found_and_a_freed_one_is_not() -> None:
-    buf = np.zeros(1024 * 64, np.uint8)
+    buf = np.zeros(directory_bytes(1024), np.uint8)
     d = Directory(buf, 0, 1024)
     slot = d.place(99, 5, 3)
     d.publish(slot, 4096, 0, 7, UNSTAMPED)
@@ -99,7 +102,7 @@ def test_a_placed_shard_is_found_and_a_freed_one_is_not() -> None:
 
 
 def test_a_slot_being_changed_reads_as_none_until_published() -> None:
-    buf = np.zeros(1024 * 64, np.uint8)
+    buf = np.zeros(directory_bytes(1024), np.uint8)
     d = Directory(buf, 0, 1024)
     slot = d.place(5, 1, 0)
     d.publish(slot, 0, 0, 1, UNSTAMPED)
@@ -114,7 +117,7 @@ def test_a_slot_being_changed_reads_as_none_until_published() -> None:
 
 
 def test_a_full_probe_range_leaves_the_shard_without_a_slot() -> None:
-    buf = np.zeros(MIN_SLOTS * 64, np.uint8)
+    buf = np.zeros(directory_bytes(MIN_SLOTS), np.uint8)
     d = Directory(buf, 0, MIN_SLOTS)
     for _ in range(MAX_PROBE):
         assert d.place(7, 1, 0) >= 0
@@ -154,6 +157,20 @@ def test_a_freed_or_recreated_tensor_is_never_read_from_its_old_slot(store: Stor
     assert r.read(m.key, m.layout, 0, 0, out) is None
     assert r.read(other.key, other.layout, 0, 0, out) is not None
     assert np.array_equal(out.view(np.int32), np.full(SHARD // 4, 3, np.int32))
+
+
+def test_a_daemon_that_would_refuse_reads_is_asked(store: Store) -> None:
+    """Catching up or cut off from the majority, a daemon says so in its directory:
+    readers ask it (and hear why) instead of reading its memory."""
+    m = meta()
+    store.create(m)
+    r = reader(store)
+    out = np.empty(SHARD, np.uint8)
+    assert r.read(m.key, m.layout, 0, 0, out) is not None
+    store.directory.set_serving(False)
+    assert r.read(m.key, m.layout, 0, 0, out) is None
+    store.directory.set_serving(True)
+    assert r.read(m.key, m.layout, 0, 0, out) is not None
 
 
 def test_a_shard_that_keeps_changing_is_handed_to_the_daemon(store: Store) -> None:

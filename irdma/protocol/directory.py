@@ -23,6 +23,12 @@ Stamps are as reads carry them (``messages.wire_stamp``: UNSTAMPED for a
 shard no stamped write has replaced). The shard's length is not in the slot:
 the reader knows it from the tensor's layout, which the slot must match.
 
+After the slots comes one more, the directory's header: word 0 is
+``DIRECTORY_MAGIC``, word 1 ``SERVING``: 1 while the daemon would serve a
+read of its shards itself (with replicas: caught up and in the majority;
+it rewrites the word every ``SERVING_REFRESH`` seconds), 0 otherwise. A
+reader checks it before each read and asks the daemon while it is 0.
+
 The daemon (``psd/directory.py``) makes ``seq`` odd, changes the slot and
 (for an update in place) the shard's bytes, then makes ``seq`` even again.
 A reader reads ``seq``, the slot and the bytes, then ``seq`` again: equal
@@ -61,6 +67,12 @@ MAX_PROBE = 32
 MIN_SLOTS = 1 << 10
 MAX_SLOTS = 1 << 18
 SLOT = struct.Struct("<8Q")
+# The header slot after the table.
+DIRECTORY_MAGIC = int.from_bytes(b"IRDMDIR1", "little")
+MAGIC_WORD, SERVING_WORD = 0, 1
+# How often a replicated daemon rewrites its serving word (seconds): well
+# under the failure timeout by which its peers decide it is gone.
+SERVING_REFRESH = 0.05
 
 ONE_SIDED_ARCH = platform.machine() in ("x86_64", "AMD64")
 
@@ -73,6 +85,17 @@ def slots_for(capacity: int, page: int = 4096) -> int:
     want = max(1, capacity // (4 * page))
     n = 1 << (want - 1).bit_length()
     return min(MAX_SLOTS, max(MIN_SLOTS, n))
+
+
+def directory_bytes(slots: int) -> int:
+    """Bytes of a directory of ``slots`` slots: the slots, then the header slot."""
+    return (slots + 1) * SLOT_BYTES
+
+
+def header_of(mapping: np.ndarray, offset: int, slots: int) -> np.ndarray:
+    """The directory's header slot inside a mapped arena, as 8 u64 words."""
+    at = offset + slots * SLOT_BYTES
+    return mapping[at : at + SLOT_BYTES].view("<u8")
 
 
 def home_slot(key: int, index: int, slots: int) -> int:
@@ -123,6 +146,17 @@ def read_slot(table: np.ndarray, slot: int) -> SlotRecord | None:
     if int(row[SEQ]) != seq:
         return None
     return SlotRecord(seq, *words[1:])
+
+
+def slot_record(raw: np.ndarray | bytes) -> SlotRecord | None:
+    """A slot read as 64 bytes in one go (an RDMA READ), or None if its seq was odd.
+
+    One read is not atomic against the daemon's writes: the reader checks the
+    seq again in a later read before it trusts what this says."""
+    words = SLOT.unpack_from(raw)
+    if words[SEQ] & 1:
+        return None
+    return SlotRecord(*words)
 
 
 def find_slot(table: np.ndarray, key: int, index: int, layout: int) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..protocol.directory import find_slot, read_slot, table_of
+from ..protocol.directory import SERVING_WORD, find_slot, header_of, read_slot, table_of
 
 # Version checks a read makes before it asks the daemon instead.
 TRIES = 8
@@ -28,6 +28,7 @@ class DirectReader:
         self.arena = arena
         self.blocks_end = offset  # shard bytes lie below the directory
         self.table = table_of(arena, offset, slots)
+        self.header = header_of(arena, offset, slots)
         self._slots: dict[tuple[int, int], int] = {}
         # How reads went: served here (and their bytes), version checks that
         # failed (the daemon changed the shard meanwhile), reads handed to the
@@ -42,9 +43,12 @@ class DirectReader:
     ) -> tuple[int, int, int] | None:
         """Copy bytes ``[offset, offset + len(out))`` of shard ``index`` of ``key`` into
         ``out`` (uint8); return (version, stamp, previous copy's stamp), or None when
-        the daemon must answer:
+        the daemon must answer: it is not serving reads itself now (catching up,
+        cut off from the majority),
         the shard is not in the directory, is older than ``min_version``, or kept
         changing during ``TRIES`` attempts (``out`` then holds nothing useful)."""
+        if self.header[SERVING_WORD] != 1:
+            return None  # the daemon would refuse the read now: let it say why
         table = self.table
         where = (key, index)
         slot = self._slots.get(where)

@@ -33,6 +33,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import trio
 
 from ..protocol import (
@@ -47,6 +48,15 @@ from ..protocol import (
     encode_json,
 )
 from ..protocol.conversation import STAGEABLE, staged
+from ..protocol.directory import (
+    EMPTY,
+    ONE_SIDED_ARCH,
+    SERVING_WORD,
+    SLOT,
+    SLOT_BYTES,
+    probe,
+    slot_record,
+)
 from ..protocol.messages import RdmaConnect
 from ..sizes import RDMA_STAGING_MIN, STAGING_ALIGN
 from .base import (
@@ -58,6 +68,8 @@ from .base import (
     StreamClosed,
     StreamTimeout,
 )
+from .direct import TRIES as DIRECT_TRIES
+from .shm import directory_of
 from .staging import StagingArea
 from .tcp import SOCKET, FramedConnection
 from .verbs import (
@@ -228,9 +240,14 @@ class _Remote:
     staging_rkey: int
     staging_size: int
 
+    # Where the shard directory is in the arena (offset, slots), if the daemon has one.
+    directory: tuple[int, int] | None = None
+
     @classmethod
     def from_answer(cls, answer: dict[str, Any]) -> _Remote:
-        return cls(*(int(answer[k]) for k in RDMA_ANSWER_KEYS[2:]))
+        remote = cls(*(int(answer[k]) for k in RDMA_ANSWER_KEYS[2:]))
+        remote.directory = directory_of(answer, remote.arena_size)
+        return remote
 
 
 class _Link:
@@ -254,9 +271,24 @@ class _Link:
         self, opcode: int, local: int, remote_addr: int, rkey: int, nbytes: int, timeout: float
     ) -> None:
         """Move ``nbytes`` between ``local`` (offset in our buffer) and ``remote_addr``."""
+        pieces = [
+            (local + o, remote_addr + o, min(CHUNK, nbytes - o), 0) for o in range(0, nbytes, CHUNK)
+        ]
+        await self.chain(opcode, pieces, rkey, nbytes, timeout)
+
+    async def chain(
+        self,
+        opcode: int,
+        pieces: Sequence[tuple[int, int, int, int]],
+        rkey: int,
+        nbytes: int,
+        timeout: float,
+    ) -> None:
+        """Post (local offset, remote address, length, send flags) work requests as one
+        chain, only the last signalled (completions arrive in order, so it stands for
+        the whole chain), and wait for it."""
         from pyverbs.wr import SGE, SendWR
 
-        pieces = [(o, min(CHUNK, nbytes - o)) for o in range(0, nbytes, CHUNK)]
         for _ in pieces:
             await self.slots.acquire()
         wr_id, done = self.completions.expect()
@@ -265,19 +297,18 @@ class _Link:
                 raise StreamBroken(f"RDMA to {self.completions.peer}: queue pair closed or failed")
             wrs: list[Any] = []
             after = None
-            # Built last to first: each names the next; only the last is signalled
-            # (completions arrive in order, so it stands for the whole chain).
-            for i, (offset, length) in reversed(list(enumerate(pieces))):
+            # Built last to first: each names the next.
+            for i, (local, remote, length, flags) in reversed(list(enumerate(pieces))):
                 last = i == len(pieces) - 1
                 wr = SendWR(
                     wr_id=wr_id,
                     opcode=opcode,
                     num_sge=1,
-                    sg=[SGE(self.buffer.addr + local + offset, length, self.buffer.lkey)],
-                    send_flags=self.e.IBV_SEND_SIGNALED if last else 0,
+                    sg=[SGE(self.buffer.addr + local, length, self.buffer.lkey)],
+                    send_flags=flags | (self.e.IBV_SEND_SIGNALED if last else 0),
                     **({"next_wr": after} if after is not None else {}),
                 )
-                wr.set_wr_rdma(rkey, remote_addr + offset)
+                wr.set_wr_rdma(rkey, remote)
                 wrs.append(wr)
                 after = wr
             try:
@@ -371,6 +402,13 @@ class RdmaPath:
         self.peer = peer
         self.timeout = timeout
         self.link: _Link | None = None
+        # One-sided reads: each shard's directory slot and block offset, as last seen,
+        # and how the reads went (as DirectReader counts them).
+        self._slots: dict[tuple[int, int], tuple[int, int]] = {}
+        self.direct_reads = 0
+        self.direct_retries = 0
+        self.direct_contended = 0
+        self.mapped_pulls = 0  # reads the daemon answered MAPPED (not one-sided)
         # The daemon took RDMA_CONNECT: it answers reads MAPPED from now on.
         self.daemon_attached = False
         self.staging: StagingArea | None = None
@@ -512,6 +550,124 @@ class RdmaPath:
             return await self._push(conn, link, header, payload, sink)
         return await conn.exchange(header, payload, sink)
 
+    async def read_direct(
+        self,
+        conn: FramedConnection,
+        key: int,
+        layout: int,
+        index: int,
+        offset: int,
+        out: np.ndarray,
+        min_version: int = 0,
+    ) -> tuple[int, int, int] | None:
+        """One-sided: READ the shard's directory slot, its bytes and the slot again
+        (each READ fenced after the one before), with no message to the daemon.
+
+        Returns (version, stamp, previous copy's stamp) with the bytes in ``out``,
+        or None when the daemon must answer (see ``DirectReader.read``).
+        """
+        link = self.link
+        remote = link.remote if link is not None else None
+        if link is None or remote is None or remote.directory is None or not ONE_SIDED_ARCH:
+            return None
+        n = len(out)
+        staging = self.staging
+        assert staging is not None
+        local = await staging.take(n + 3 * SLOT_BYTES, conn)
+        try:
+            return await self._read_direct(
+                link, remote, key, layout, index, offset, out, local, min_version
+            )
+        except BaseException as exc:
+            conn.abandon(exc)
+            raise
+        finally:
+            staging.give(local, n + 3 * SLOT_BYTES, conn)
+
+    async def _read_direct(
+        self,
+        link: _Link,
+        remote: _Remote,
+        key: int,
+        layout: int,
+        index: int,
+        offset: int,
+        out: np.ndarray,
+        local: int,
+        min_version: int,
+    ) -> tuple[int, int, int] | None:
+        assert remote.directory is not None and self.staging is not None
+        table_at = remote.directory[0]
+        view = self.staging.view
+        n = len(out)
+        head, before = local, local + SLOT_BYTES
+        data, after = before + SLOT_BYTES, before + SLOT_BYTES + n
+        fence = link.e.IBV_SEND_FENCE
+        read = link.e.IBV_WR_RDMA_READ
+        where = (key, index)
+        for _ in range(DIRECT_TRIES):
+            known = self._slots.get(where)
+            if known is None:
+                known = await self._find_slot(link, remote, key, index, layout, local)
+                if known is None:
+                    return None
+                self._slots[where] = known
+            slot, block = known
+            slot_addr = remote.arena_addr + table_at + slot * SLOT_BYTES
+            header_addr = remote.arena_addr + table_at + remote.directory[1] * SLOT_BYTES
+            pieces = [
+                (head, header_addr, SLOT_BYTES, 0),
+                (before, slot_addr, SLOT_BYTES, 0),
+                (data, remote.arena_addr + block + offset, n, fence),
+                (after, slot_addr, SLOT_BYTES, fence),
+            ]
+            await link.chain(read, pieces, remote.arena_rkey, n, self.timeout)
+            if SLOT.unpack_from(view, head)[SERVING_WORD] != 1:
+                return None  # the daemon would refuse the read now: let it say why
+            first = slot_record(view[before : before + SLOT_BYTES])
+            second = SLOT.unpack_from(view, after)[0]
+            if first is None or first.seq != second:
+                self.direct_retries += 1
+                continue  # the daemon changed the shard meanwhile
+            if not first.names(key, index, layout):
+                del self._slots[where]  # freed, reused, or the tensor recreated
+                continue
+            if first.offset != block:
+                self._slots[where] = (slot, first.offset)  # moved: read it there
+                self.direct_retries += 1
+                continue
+            if block + offset + n > table_at or first.version < min_version:
+                return None
+            np.copyto(out, view[data : data + n])
+            self.direct_reads += 1
+            self.pulled_bytes += n
+            return first.version, first.stamp, first.prev
+        self.direct_contended += 1
+        return None
+
+    async def _find_slot(
+        self, link: _Link, remote: _Remote, key: int, index: int, layout: int, local: int
+    ) -> tuple[int, int] | None:
+        """The shard's slot and block offset, probing the daemon's directory by RDMA READ
+        (one slot at a time into the room taken for the read; only on a cache miss)."""
+        assert remote.directory is not None and self.staging is not None
+        table_at, slots = remote.directory
+        view = self.staging.view
+        for slot in probe(key, index, slots):
+            addr = remote.arena_addr + table_at + slot * SLOT_BYTES
+            piece = [(local, addr, SLOT_BYTES, 0)]
+            await link.chain(
+                link.e.IBV_WR_RDMA_READ, piece, remote.arena_rkey, SLOT_BYTES, self.timeout
+            )
+            rec = slot_record(view[local : local + SLOT_BYTES])
+            if rec is None:
+                continue  # changing: it may be this one; probing on costs little
+            if rec.names(key, index, layout):
+                return slot, rec.offset
+            if rec.state == EMPTY:
+                return None
+        return None
+
     async def _pull(self, conn: FramedConnection, link: _Link, header: Header, sink: Sink) -> Reply:
         located = _Located(sink)
         reply = await conn.exchange(header, (), located)
@@ -537,6 +693,7 @@ class RdmaPath:
                 self.timeout,
             )
             conn.release(rid)
+            self.mapped_pulls += 1
             await sink.receive(MemoryStream(staging.view, local), reply.header._replace(length=n))
         except BaseException as exc:
             conn.abandon(exc)

@@ -32,6 +32,7 @@ import socket as stdsocket
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import trio
 
 from ..errors import AuthFailed
@@ -45,7 +46,7 @@ from ..protocol import (
     encode_json,
 )
 from ..protocol.conversation import STAGEABLE, mapped_data, staged
-from ..protocol.directory import ONE_SIDED_ARCH, SLOT_BYTES
+from ..protocol.directory import ONE_SIDED_ARCH, SLOT_BYTES, directory_bytes
 from ..protocol.messages import Attach
 from ..sizes import INLINE_MAX, SHM_STAGING_MIN, STAGING_ALIGN
 from .auth import prove_secret
@@ -132,7 +133,7 @@ def directory_of(answer: dict, arena_size: int) -> tuple[int, int] | None:
     offset, slots = where
     if offset < 0 or slots <= 0 or slots & (slots - 1):
         return None
-    if offset % SLOT_BYTES or offset + slots * SLOT_BYTES > arena_size:
+    if offset % SLOT_BYTES or offset + directory_bytes(slots) > arena_size:
         return None
     return offset, slots
 
@@ -244,6 +245,21 @@ class SharedMemory:
         await sink.receive(MemoryStream(self.arena, offset), mapped_data(header))
         self.mapped_bytes += header.size
         return False
+
+    async def read_direct(
+        self,
+        conn: Exchanger,
+        key: int,
+        layout: int,
+        index: int,
+        offset: int,
+        out: np.ndarray,
+        min_version: int = 0,
+    ) -> tuple[int, int, int] | None:
+        """One-sided: copy the bytes out of the mapped arena (``DirectReader.read``)."""
+        if self.directory is None:
+            return None
+        return self.directory.read(key, layout, index, offset, out, min_version)
 
     @property
     def direct_bytes(self) -> int:

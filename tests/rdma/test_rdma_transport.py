@@ -136,10 +136,72 @@ def test_readers_never_see_a_torn_shard(rdma_cluster: Cluster) -> None:
                 for row in got:
                     assert (row == row[0]).all(), f"torn shard: values {np.unique(row)[:5]}"
                     seen.add(int(row[0]))
+                # A whole-tensor write is one write for readers: never two in one read.
+                assert (got == got[0, 0]).all(), f"two writes in one read: {np.unique(got)}"
             assert writer.wait(timeout=30) == 0
         finally:
             writer.kill()
         assert reads > 0 and len(seen) >= 2, (reads, seen)
+        assert sum(k.bulk.direct_reads for k in connections(c)) > 0
+
+
+def test_reads_are_one_sided(rdma_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads READ the directory slot and the bytes: no MAPPED answer, no daemon CPU."""
+    x = np.arange(3 * SHARD // 4, dtype=np.float32)
+    with Client(rdma_cluster.config_path, transport="rdma") as c:
+        c.write("one/x", x, replace=True)
+        assert np.array_equal(c.read("one/x"), x)
+        assert np.array_equal(c.read("one/x"), x)  # slots known now: one chain per shard
+        conns = connections(c)
+        assert sum(k.bulk.direct_reads for k in conns) == 6
+        assert sum(k.bulk.mapped_pulls for k in conns) == 0
+        c.delete("one/x")
+        y = np.arange(3 * SHARD // 8, dtype=np.int64)  # same name, another layout
+        c.write("one/x", y)
+        assert np.array_equal(c.read("one/x"), y)
+    monkeypatch.setenv("IRDMA_ONE_SIDED", "0")
+    with Client(rdma_cluster.config_path, transport="rdma") as c:
+        assert np.array_equal(c.read("one/x"), y)
+        conns = connections(c)
+        assert sum(k.bulk.direct_reads for k in conns) == 0
+        assert sum(k.bulk.mapped_pulls for k in conns) == 3
+
+
+ACCUMULATOR = textwrap.dedent(
+    """
+    import sys, time
+    import numpy as np
+    from irdma import Client
+    config, n = sys.argv[1], int(sys.argv[2])
+    with Client(config, transport="rdma") as c:
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            c.accumulate("one/acc", np.ones(n, dtype=np.int64))
+    """
+)
+
+
+def test_one_sided_reads_during_accumulates_are_whole(rdma_cluster: Cluster) -> None:
+    """The slot's seq caught the daemon changing a shard under a READ (retries seen),
+    and every shard read is one version anyway."""
+    n = 4 * SHARD // 8
+    with Client(rdma_cluster.config_path, transport="rdma") as c:
+        c.write("one/acc", np.zeros(n, dtype=np.int64), replace=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", ACCUMULATOR, str(rdma_cluster.config_path), str(n)]
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                got = c.read("one/acc").reshape(4, -1)
+                assert (got == got[:, :1]).all(), "a shard mixed two versions"
+                conns = connections(c)
+                if sum(k.bulk.direct_retries + k.bulk.direct_contended for k in conns) >= 2:
+                    break
+                assert time.monotonic() < deadline and proc.poll() is None, "no READ met a change"
+        finally:
+            proc.kill()
+            proc.wait()
 
 
 def test_a_killed_daemon_gives_an_error_not_a_hang(rdma_device: str, tmp_path: Path) -> None:
@@ -192,18 +254,19 @@ async def test_forged_stale_and_out_of_range_keys_are_refused(rdma_cluster: Clus
             assert isinstance(conn.bulk, RdmaPath) and conn.bulk.link is not None
             return conn, conn.bulk.link
 
-        # Where the victim's shard sits in the daemon's arena, seen on a real pull.
+        # Where the victim's shard sits in the daemon's arena, seen on a real pull
+        # (a one-sided one: slot, bytes, slot in one chain of READs).
         conn, lk = await link()
         seen: list[int] = []
-        real = lk.transfer
+        real = lk.chain
 
-        async def record(opcode, local, remote_addr, rkey, nbytes, timeout):  # type: ignore[no-untyped-def]
-            seen.append(remote_addr)
-            await real(opcode, local, remote_addr, rkey, nbytes, timeout)
+        async def record(opcode, pieces, rkey, nbytes, timeout):  # type: ignore[no-untyped-def]
+            seen.extend(remote for _, remote, length, _ in pieces if length == victim.nbytes)
+            await real(opcode, pieces, rkey, nbytes, timeout)
 
-        lk.transfer = record  # type: ignore[method-assign]
+        lk.chain = record  # type: ignore[method-assign]
         assert np.array_equal(await c.read("keys/victim"), victim)
-        lk.transfer = real  # type: ignore[method-assign]
+        lk.chain = real  # type: ignore[method-assign]
         where = seen[-1]
         stale = lk.remote
         assert stale is not None
