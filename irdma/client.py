@@ -67,6 +67,7 @@ from .ranges import Piece, shard_pieces
 from .routing import Router, asks_primary, new_stamp, new_txn, worker_field
 from .shells import BlockingShell, Shell, TrioShell, drive
 from .sinks import IntoSink
+from .sizes import PARALLEL_COPY_MIN
 from .transport.base import (
     Buffer,
     Connection,
@@ -76,6 +77,7 @@ from .transport.base import (
     StreamClosed,
     StreamTimeout,
 )
+from .transport.direct import Copier
 from .transport.select import forced_transport, may_use_rdma
 
 Progress = Callable[[int], None]
@@ -185,6 +187,7 @@ class AsyncClient:
         # Reads of several shards that met two whole-tensor writes and read
         # pieces again to get one (a measure of write/read contention).
         self.reads_reconciled = 0
+        self._copier = Copier()
         # Read now, so a missing or exposed secret file is reported at once.
         self._secret = cluster_secret(self.config)
         self._meta: dict[str, TensorMeta] = {}
@@ -221,6 +224,7 @@ class AsyncClient:
     async def aclose(self) -> None:
         """Close every connection (pending requests fail with ClientClosed)."""
         self._closed = True
+        self._copier.close()
         if isinstance(self._shell, TrioShell):
             await self._shell.aclose()
 
@@ -542,6 +546,11 @@ class AsyncClient:
         # shard carries its stamp (see psd/store.py).
         stamp = new_stamp() if op == Op.WRITE and len(pieces) > 1 and size == meta.nbytes else 0
         direct = op == Op.READ and not wire and self._direct_ok(meta, wid)
+        # A large one-sided read copies its shards on two threads first; what
+        # they could not copy goes the usual way below.
+        copied: dict[int, Served] = {}
+        if direct and len(pieces) > 1 and size >= PARALLEL_COPY_MIN:
+            copied = await self._copy_direct(meta, pieces, buf, choice)
 
         async def one(p: Piece, want: int = 0) -> Served:
             """Move one piece; ``want``: re-read it from that whole-tensor write's copy."""
@@ -552,7 +561,9 @@ class AsyncClient:
             view = buf[start : start + n]
             if op == Op.READ:
                 if direct and not want:
-                    got = await self._read_direct(meta, p, view, choice.get(p.shard))
+                    got = copied.pop(p.shard, None) or await self._read_direct(
+                        meta, p, view, choice.get(p.shard)
+                    )
                     if got is not None:
                         if progress is not None:
                             progress(n)
@@ -731,6 +742,42 @@ class AsyncClient:
         # A training pull goes to the primary (only it keeps the step's state).
         return not self.replicated and Mode.from_options(meta.options).kind == "async"
 
+    async def _copy_direct(
+        self, meta: TensorMeta, pieces: list[Piece], buf: memoryview, choice: dict[int, list[Node]]
+    ) -> dict[int, Served]:
+        """Copy the pieces that are in same-host arenas on two threads (``Copier``);
+        return what each copied piece is, by shard."""
+        jobs: list[tuple[int, Callable[[], tuple[int, int, int] | None]]] = []
+        for p in pieces:
+            node, seen = self._direct_node(meta, p, choice.get(p.shard))
+            try:
+                conn = await self._connection(node)
+            except (StreamBroken, StreamClosed, StreamTimeout):
+                continue
+            reader = getattr(conn.bulk, "directory", None)
+            if reader is None or not conn.daemon_alive():
+                continue
+            out = np.frombuffer(buf[p.buf_offset : p.buf_offset + p.length], dtype=np.uint8)
+            args = (meta.key, meta.layout, p.shard, p.shard_offset, out, seen)
+            jobs.append((p.shard, partial(reader.read, *args)))
+        results = self._copier.run([call for _, call in jobs])
+        copied = {}
+        for (shard, _), got in zip(jobs, results, strict=True):
+            if got is not None:
+                if self.replicated:
+                    self._router.saw(meta.key, shard, got[0], update=False)
+                copied[shard] = Served(*got)
+        return copied
+
+    def _direct_node(
+        self, meta: TensorMeta, p: Piece, choice: list[Node] | None
+    ) -> tuple[Node, int]:
+        """The daemon a one-sided read of ``p`` goes to, and the least version it may have."""
+        if not self.replicated:
+            return self.config.primary_for(meta.key, p.shard), 0
+        node = (choice or self._router.candidates(meta.key, p.shard, False))[0]
+        return node, self._router.seen(meta.key, p.shard)
+
     async def _read_all_direct(self, meta: TensorMeta, buf: memoryview, wid: int) -> bool:
         """Read a whole tensor one-sided, shard by shard (per shard, as a batch is);
         False when any shard must be asked for (the caller then asks for all)."""
@@ -748,12 +795,7 @@ class AsyncClient:
         """One-sided: copy the piece out of its daemon's arena (mapped over shm, or by
         RDMA READ), where the connection's bulk path can. With replicas, from the
         replica the read would ask first (``choice``), no older than this client saw."""
-        seen = 0
-        if self.replicated:
-            node = (choice or self._router.candidates(meta.key, p.shard, False))[0]
-            seen = self._router.seen(meta.key, p.shard)
-        else:
-            node = self.config.primary_for(meta.key, p.shard)
+        node, seen = self._direct_node(meta, p, choice)
         try:
             conn = await self._connection(node)
         except (StreamBroken, StreamClosed, StreamTimeout):
@@ -1194,6 +1236,7 @@ class Client:
             self._loop.close()
         else:
             self._client._closed = True
+            self._client._copier.close()
             self._client._shell.close()
 
     def __enter__(self) -> Client:

@@ -205,6 +205,37 @@ def test_reads_during_continuous_accumulates_are_never_torn(cluster: Cluster) ->
     assert not errors, errors
 
 
+def test_a_large_read_copies_on_two_threads_and_stays_whole(cluster: Cluster) -> None:
+    """Reads of 8 MiB and more copy their shards on two threads; with accumulates
+    running, every shard is still one version (the race shown by retries)."""
+    n = (12 << 20) // 4  # 192 shards of 64 KiB
+    w = cluster.client()
+    w.write("one/large", np.zeros(n, np.float32))
+    stop = threading.Event()
+
+    def accumulate() -> None:
+        while not stop.is_set():
+            w.accumulate("one/large", np.ones(n, np.float32))
+
+    with Client(cluster.config_path) as r:
+        assert np.array_equal(r.read("one/large"), np.zeros(n, np.float32))
+        assert r._client._copier._pool is not None  # the second thread copied
+        assert sum(d.reads for d in readers_of(r)) == 192
+        t = threading.Thread(target=accumulate)
+        t.start()
+        try:
+            for _ in range(2000):
+                y = r.read("one/large").reshape(192, -1)
+                assert (y == y[:, :1]).all(), "a shard mixed two versions"
+                if sum(d.retries for d in readers_of(r)) >= 3:
+                    break
+            else:
+                pytest.fail("no read overlapped an accumulate")
+        finally:
+            stop.set()
+            t.join(60)
+
+
 def test_a_dead_daemon_is_not_read_from_its_memory(fresh_cluster: Cluster) -> None:
     c = fresh_cluster.client()
     c.write("one/dead", np.arange(N, dtype=np.float32))
