@@ -95,6 +95,8 @@ class Row:
     p99: float | None = None  # 99th percentile of single ops (small sizes only)
     note: str = ""
     detail: str = ""  # which library or connection classes served it (JSON only)
+    # irdma reads: how many were one-sided, how many were handed to the daemon (JSON only)
+    one_sided: dict[str, int] | None = None
     refs: list[dict[str, Any]] = field(default_factory=list)  # [{"ref": label, "ratio": x}]
 
 
@@ -446,12 +448,8 @@ def rows_from(
 
 
 def detail_of(report: dict[str, Any]) -> str:
-    """What served a worker (library version, connection classes, one-sided reads),
-    for the JSON."""
-    text = report.get("library") or ", ".join(report.get("connections", []))
-    if one := report.get("one_sided"):
-        text += f"; one-sided reads {one['reads']}, handed to the daemon {one['handed_to_daemon']}"
-    return text
+    """What served a worker (library version, connection classes), for the JSON."""
+    return report.get("library") or ", ".join(report.get("connections", []))
 
 
 def missing(system: str, what: str) -> list[Row]:
@@ -630,7 +628,11 @@ def measure_irdma(
                 "limit_is": "one copy of the largest tensor",
             }
         )
-    return rows_from(system, report["results"], detail=detail_of(report))
+    rows = rows_from(system, report["results"], detail=detail_of(report))
+    for row in rows:
+        if row.op == "read":
+            row.one_sided = report.get("one_sided")
+    return rows
 
 
 def daemon_memory(config: Path) -> list[dict[str, Any]]:

@@ -117,7 +117,7 @@ def main() -> None:
             "--rounds",
             str(args.rounds),
             "--only-shard",
-        ],  # fmt: skip
+        ],
         env=env,
         capture_output=True,
         text=True,
