@@ -117,7 +117,7 @@ def check(records: list[Record], copies: dict[str, Any] | None) -> Report:
     for op in ctx.ops:
         report.ops[op.f][op.type] += 1
         if op.unexpected:
-            report.add("client-error", ctx.describe(op))
+            report.add("client-error", ctx.describe(op) + (f"\n{op.where}" if op.where else ""))
     for r in faults(records):
         if r.detail.get("phase") == "start":
             report.faults[r.f] += 1

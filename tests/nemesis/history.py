@@ -72,6 +72,7 @@ class Op:
     shards: dict[int, dict[str, Any]]
     error: str = ""
     unexpected: bool = False  # the client raised something other than an IrdmaError
+    where: str = ""  # its traceback
 
     @property
     def name(self) -> str:
@@ -142,7 +143,7 @@ def pair(records: Iterable[Record]) -> list[Op]:
             inv = open_ops.pop(key)
             ops[key] = Op(
                 r.process, r.index, inv.f, inv.tensor, inv.value, inv.time, r.time, r.type,
-                r.shards, r.error, bool(r.detail.get("unexpected")),
+                r.shards, r.error, bool(r.detail.get("unexpected")), r.detail.get("traceback", ""),
             )  # fmt: skip
     for key, inv in open_ops.items():
         ops[key] = Op(inv.process, inv.index, inv.f, inv.tensor, inv.value, inv.time, None,

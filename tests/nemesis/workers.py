@@ -20,6 +20,7 @@ import json
 import random
 import sys
 import time
+import traceback
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,11 @@ from tests.nemesis.workload import (
 # not one: a primary also answers it after applying, when its backups did not get it.
 REFUSED_BEFORE_APPLYING = {Status.NOT_OWNER, Status.RECOVERING}
 KINDS = ["acc", "read", "write", "rreg"]
+# The hosts are network namespaces on one machine, and a daemon's unix socket sits in
+# its data directory, which every namespace sees: "auto" would first try shared
+# memory through it (and be refused: another namespace). A client on another host
+# has no such socket to try, so the clients here go straight to TCP, as it would.
+TRANSPORT = "tcp"
 
 
 @dataclass
@@ -168,13 +174,14 @@ class ClientProcess:
             Record("invoke", self.process, index, f, time.monotonic(), tensor, value)
         )
         self.recorder.attempts = []
-        error, unexpected = "", False
+        error, unexpected, where = "", False, ""
         try:
             call()
         except IrdmaError as exc:
             error = f"{type(exc).__name__}: {exc}"
         except Exception as exc:  # a client bug: recorded, and judged by the checker
             error, unexpected = f"{type(exc).__name__}: {exc}", True
+            where = traceback.format_exc(limit=-12)
         end = time.monotonic()
         elements = ACC_ELEMENTS if tensor in COUNTERS else REG_ELEMENTS
         nshards = -(-elements // ELEMENTS_PER_SHARD)
@@ -187,7 +194,7 @@ class ClientProcess:
             kind = "fail"
         else:
             kind = "info"
-        detail = {"unexpected": True} if unexpected else {}
+        detail = {"unexpected": True, "traceback": where} if unexpected else {}
         self.history.write(
             Record(kind, self.process, index, f, end, tensor, value, shards, error, detail)
         )
@@ -234,7 +241,7 @@ def _retry(what: str, call: Any, tries: int = 40) -> Any:
 
 
 def setup(args: argparse.Namespace) -> None:
-    with Client(args.config) as client:
+    with Client(args.config, transport=TRANSPORT) as client:
         for name in COUNTERS:
             _retry(name, lambda n=name: client.write(n, np.zeros(ACC_ELEMENTS, np.int64)))
         for name in REGISTERS:
@@ -258,7 +265,7 @@ def _wait_for_go(go: Path, ready: Path, timeout: float = 120.0) -> float:
 
 
 def client_main(args: argparse.Namespace) -> None:
-    with Client(args.config) as client, HistoryWriter(args.history) as history:
+    with Client(args.config, transport=TRANSPORT) as client, HistoryWriter(args.history) as history:
         for name in COUNTERS + REGISTERS:
             _retry(name, lambda n=name: client.stat(n))  # metadata cached before the clock starts
         proc = ClientProcess(args, client, history)
@@ -274,7 +281,7 @@ async def _all_ready(config_path: str, timeout: float) -> dict[str, Any]:
     config = load_config(config_path)
     started = time.monotonic()
     last: dict[str, str] = {}
-    async with AsyncClient(config, timeout=1.0) as client:
+    async with AsyncClient(config, timeout=1.0, transport=TRANSPORT) as client:
         while True:
             for node in config.nodes:
                 try:
@@ -303,7 +310,7 @@ def monitor(args: argparse.Namespace) -> None:
 
 async def _copies(config_path: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    async with AsyncClient(config_path, timeout=5.0) as client:
+    async with AsyncClient(config_path, timeout=5.0, transport=TRANSPORT) as client:
         for name in COUNTERS + REGISTERS:
             meta = (await client.stat(name)).meta
             per_shard: dict[str, Any] = {}
