@@ -573,6 +573,8 @@ class AsyncClient:
                     p.shard,
                     p.shard_offset,
                     p.length,
+                    # A kept copy must not be older than what this client saw.
+                    min_version=self._router.seen(meta.key, p.shard) if want else 0,
                     layout=meta.layout,
                     dtype=code,
                     wire=wire,
@@ -609,6 +611,10 @@ class AsyncClient:
             reply = await self._router.on_replicas(
                 meta.key, p.shard, change, [view], length=n, update=True
             )
+            if stamp and not self.replicated:
+                # Kept copies of older writes are read no older than this (the
+                # router does it for every request with replicas).
+                self._router.saw(meta.key, p.shard, reply.header.version, update=True)
             if progress is not None:
                 progress(n)
             return Served(reply.header.version, stamp, 0)

@@ -170,6 +170,14 @@ class DataOps:
         )
         # The current copy, or the one a whole-tensor write's reader asks for.
         block, version = self.store.copy_for(shard, msg.stamp)
+        if msg.stamp and version < msg.min_version:
+            # An older write's copy, older than what the client saw acknowledged
+            # (its own later write): it would break read-your-writes.
+            raise StoreError(
+                Status.STAMP_GONE,
+                f"shard {shard.index}'s copy of write {msg.stamp:#x} is version {version}, "
+                f"older than the {msg.min_version} the client saw",
+            )
         stamp = wire_stamp(shard.stamp) if block is shard.block else msg.stamp
         stamps = (stamp, wire_stamp(shard.prev_stamp) if shard.prev else 0)
         view = self.store.arena.view(block, msg.offset, msg.size)

@@ -51,13 +51,6 @@ def test_no_acknowledged_update_is_lost_or_doubled_under_faults(tmp_path: Path) 
     check(RunConfig(seed=seed(), seconds=SECONDS, kinds=SYMMETRIC), tmp_path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=NemesisViolation,
-    reason="bug: a read that meets two concurrent whole-tensor writes applied in different "
-    "orders on its shards re-reads one shard at the other write's older stamp without the "
-    "version the client saw (irdma/client.py _agree, track=False), so read-your-writes breaks",
-)
 @pytest.mark.timeout(300)
 def test_concurrent_whole_tensor_writes_keep_read_your_writes(tmp_path: Path) -> None:
     """Every client writes and reads one register, no faults: what the main test's

@@ -3,7 +3,8 @@
 - A daemon that dies while a client attaches to it over its unix socket (the shm
   handshake every "auto" connection tries first) reached the caller as a raw
   ``ConnectionResetError``: no ``DaemonUnavailable``, so no failover to another
-  replica (seen in 3 of 12 nemesis runs, killed or restarted daemons).
+  replica (seen in 3 of 12 nemesis runs, killed or restarted daemons). Fixed:
+  the handshake's I/O errors are ``StreamBroken``.
 """
 
 from __future__ import annotations
@@ -56,13 +57,6 @@ def dies_during_attach(path: Path) -> Iterator[None]:
         server.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ConnectionResetError,
-    reason="bug: irdma/transport/shm.py exchange_attach maps only connect() errors; an "
-    "OSError while sending or receiving the ATTACH frames escapes as itself instead of "
-    "StreamBroken (DaemonUnavailable, failover)",
-)
 @pytest.mark.timeout(30)
 def test_a_daemon_dying_during_the_shm_handshake_is_unavailable(tmp_path: Path) -> None:
     data = tmp_path / "n1"

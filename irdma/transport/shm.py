@@ -56,6 +56,7 @@ from .base import (
     MemoryStream,
     Reply,
     Sink,
+    StreamBroken,
     StreamTimeout,
     Waits,
 )
@@ -170,8 +171,13 @@ async def exchange_attach(
             finally:
                 view.close()
         staging_fd = make_staging(staging_size)
-        await send_fds_frame(sock, attach_frame(staging_size), [staging_fd])
-        header, data, fds = await recv_fds_frame(sock)
+        try:
+            await send_fds_frame(sock, attach_frame(staging_size), [staging_fd])
+            header, data, fds = await recv_fds_frame(sock)
+        except OSError as exc:
+            # The daemon went away mid-handshake (reset, broken pipe): unavailable,
+            # as any connection it drops, so the caller fails over.
+            raise StreamBroken(f"{peer}: {exc.strerror or exc} during the shm handshake") from None
         arena_fd = fds[0] if fds else -1
         for extra in fds[1:]:
             os.close(extra)
