@@ -5,7 +5,10 @@ N worker processes fit a linear model to their own shard of synthetic data:
 each step a worker pulls the weights, computes its gradient and pushes it
 with ``accumulate(w, grad, alpha=-lr/N)``; the daemons apply the updates
 (asynchronous, Hogwild-style). The run fails (exit 1) unless the weights
-converge to the ones that generated the data.
+converge to the ones that generated the data. It also says how the pulls
+went: one-sided (copied out of a same-host daemon's memory after a version
+check), and how many of those met the tensor changing under them so often
+(an accumulate from another worker) that they asked the daemon instead.
 
     python bench/train_linear.py [--config FILE] [--workers 2] [--steps 200]
 """
@@ -29,7 +32,9 @@ def true_weights() -> np.ndarray:
     return np.random.default_rng(1234).standard_normal(FEATURES).astype(np.float32)
 
 
-def worker(config: str | None, rank: int, workers: int, steps: int, lr: float) -> None:
+def worker(
+    config: str | None, rank: int, workers: int, steps: int, lr: float, counts: mp.Queue
+) -> None:
     rng = np.random.default_rng(rank)
     x = rng.standard_normal((SAMPLES_PER_WORKER, FEATURES)).astype(np.float32)
     y = x @ true_weights() + 0.01 * rng.standard_normal(SAMPLES_PER_WORKER).astype(np.float32)
@@ -39,6 +44,15 @@ def worker(config: str | None, rank: int, workers: int, steps: int, lr: float) -
             client.read("train/linear/w", out=w)
             grad = x.T @ (x @ w - y) / SAMPLES_PER_WORKER
             client.accumulate("train/linear/w", grad, alpha=-lr / workers)
+        conns = client._client._conns.values()
+        readers = [r for c in conns if (r := getattr(c.bulk, "directory", None)) is not None]
+        counts.put(
+            (
+                sum(r.reads for r in readers),
+                sum(r.retries for r in readers),
+                sum(r.contended for r in readers),
+            )
+        )
 
 
 def main() -> int:
@@ -52,8 +66,11 @@ def main() -> int:
         client.write("train/linear/w", np.zeros(FEATURES, np.float32), replace=True)
         t = time.perf_counter()
         ctx = mp.get_context("spawn")
+        counts = ctx.Queue()
         procs = [
-            ctx.Process(target=worker, args=(args.config, r, args.workers, args.steps, args.lr))
+            ctx.Process(
+                target=worker, args=(args.config, r, args.workers, args.steps, args.lr, counts)
+            )
             for r in range(args.workers)
         ]
         for p in procs:
@@ -64,12 +81,18 @@ def main() -> int:
         if any(p.exitcode for p in procs):
             print("train_linear: a worker failed", file=sys.stderr)
             return 1
+        pulls = [counts.get(timeout=10) for _ in procs]
         w = client.read("train/linear/w")
     error = float(np.linalg.norm(w - true_weights()) / np.linalg.norm(true_weights()))
     updates = args.workers * args.steps
     print(
         f"train_linear: {args.workers} workers x {args.steps} steps in {seconds:.2f} s "
         f"({updates / seconds:.0f} pushes/s); relative weight error {error:.4f}"
+    )
+    one_sided, retries, asked = (sum(c[i] for c in pulls) for i in range(3))
+    print(
+        f"train_linear: {updates} pulls: {one_sided} one-sided, {asked} asked the daemon after "
+        f"repeated changes ({retries} version checks failed in all)"
     )
     if error > 0.01:
         print("train_linear: did not converge", file=sys.stderr)
