@@ -9,7 +9,10 @@ boot it measures, alternating rounds so drift hits all alike:
 - irdma read and write of one tensor (default 64 MiB) over rdma, and over
   irdma's own TCP transport, from one daemon on the device's address;
 - the daemon's CPU time per GB pulled (utime + stime from /proc), rdma
-  against tcp: with RDMA READ the daemon only answers where the bytes are.
+  against tcp: a one-sided pull is RDMA READs only, the daemon does nothing;
+- the same over rdma with ``IRDMA_ONE_SIDED=0`` ("via daemon": it answers
+  where the bytes are, the client READs them), and a 4 KiB read's median
+  time both ways.
 
 Prints the figures and the ratios irdma / perftest and rdma / tcp.
 
@@ -84,6 +87,17 @@ def wait_listening(config: Path, proc: subprocess.Popen, timeout: float = 180.0)
     raise RuntimeError(f"psd did not listen within {timeout:g} s")
 
 
+def small_read_us(client: Client, name: str, reads: int = 200) -> float:
+    """Median time of one 4 KiB read (a tensor of one shard), in microseconds."""
+    out = np.empty(4096, np.uint8)
+    times = []
+    for _ in range(reads):
+        t = time.perf_counter()
+        client.read(name, out)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e6
+
+
 def irdma_round(client: Client, name: str, data: np.ndarray, pid: int) -> dict[str, float]:
     out = np.empty_like(data)
     t = time.perf_counter()
@@ -97,7 +111,12 @@ def irdma_round(client: Client, name: str, data: np.ndarray, pid: int) -> dict[s
     if not np.array_equal(out, data):
         raise RuntimeError("irdma read back other bytes than it wrote")
     mb = data.nbytes / 1e6
-    return {"read": mb / read, "write": mb / write, "cpu_per_gb": cpu / (data.nbytes / 1e9)}
+    return {
+        "read": mb / read,
+        "write": mb / write,
+        "cpu_per_gb": cpu / (data.nbytes / 1e9),
+        "4KiB read us": small_read_us(client, "small"),
+    }
 
 
 def main() -> int:
@@ -125,11 +144,16 @@ def main() -> int:
             wait_listening(config, daemon)
             data = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
             rows: dict[str, list[float]] = {}
+            os.environ["IRDMA_ONE_SIDED"] = "0"  # read by the client it makes
+            asking = Client(config, transport="rdma")
+            del os.environ["IRDMA_ONE_SIDED"]
             with (
                 Client(config, transport="rdma") as rdma,
+                asking,
                 Client(config, transport="tcp") as tcp,
             ):
-                for c in (rdma, tcp):  # connect and warm up
+                rdma.write("small", data[:4096])
+                for c in (rdma, asking, tcp):  # connect and warm up
                     irdma_round(c, "warm", data[: 8 << 20], daemon.pid)
                 for r in range(args.rounds):
                     rows.setdefault("ib_read_bw", []).append(
@@ -138,16 +162,21 @@ def main() -> int:
                     rows.setdefault("ib_write_bw", []).append(
                         perftest("ib_write_bw", gid.device, gid.index, size, mtu)
                     )
-                    for label, c in (("rdma", rdma), ("tcp", tcp)):
+                    for label, c in (("rdma", rdma), ("rdma via daemon", asking), ("tcp", tcp)):
                         got = irdma_round(c, "bench", data, daemon.pid)
                         for k, v in got.items():
                             rows.setdefault(f"irdma {label} {k}", []).append(v)
                     print(
                         f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in rows.items())
                     )
-                via = {conn.transport for conn in rdma._client._conns.values()}
-                if via != {"rdma"}:
-                    raise RuntimeError(f"the rdma client used {via}")
+                for c in (rdma, asking):
+                    via = {conn.transport for conn in c._client._conns.values()}
+                    if via != {"rdma"}:
+                        raise RuntimeError(f"the rdma client used {via}")
+                one_sided = sum(k.bulk.direct_reads for k in rdma._client._conns.values())
+                asked = sum(k.bulk.direct_reads for k in asking._client._conns.values())
+                if not one_sided or asked:
+                    raise RuntimeError(f"one-sided reads: {one_sided} and {asked} (off)")
         finally:
             daemon.terminate()
             daemon.wait(timeout=30)
@@ -155,6 +184,9 @@ def main() -> int:
     med = {k: statistics.median(v) for k, v in rows.items()}
     ratios = {
         "rdma read / ib_read_bw": med["irdma rdma read"] / med["ib_read_bw"],
+        "rdma read via daemon / ib_read_bw": med["irdma rdma via daemon read"] / med["ib_read_bw"],
+        "4 KiB read time, one-sided / via daemon": med["irdma rdma 4KiB read us"]
+        / med["irdma rdma via daemon 4KiB read us"],
         "rdma write / ib_write_bw": med["irdma rdma write"] / med["ib_write_bw"],
         "rdma read / tcp read": med["irdma rdma read"] / med["irdma tcp read"],
         "rdma write / tcp write": med["irdma rdma write"] / med["irdma tcp write"],
@@ -163,7 +195,7 @@ def main() -> int:
     }
     print(f"\nmedians over {args.rounds} rounds, {size >> 20} MiB, MB/s (10**6 bytes):")
     for k, v in med.items():
-        unit = "CPU s/GB" if "cpu" in k else "MB/s"
+        unit = "CPU s/GB" if "cpu" in k else "us" if k.endswith(" us") else "MB/s"
         print(f"  {k:28s} {v:9.3f} {unit}")
     print("ratios (target: irdma rdma >= 0.90 of perftest):")
     for k, v in ratios.items():

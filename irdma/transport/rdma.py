@@ -58,7 +58,7 @@ from ..protocol.directory import (
     slot_record,
 )
 from ..protocol.messages import RdmaConnect
-from ..sizes import RDMA_STAGING_MIN, STAGING_ALIGN
+from ..sizes import RDMA_DIRECT_MAX, RDMA_STAGING_MIN, STAGING_ALIGN
 from .base import (
     Buffer,
     MemoryStream,
@@ -100,6 +100,11 @@ SPIN_SECONDS = 50e-6
 SLEEP_MIN = 200e-6
 SLEEP_MAX = 2e-3
 PROBE_BYTES = 8
+# One-sided pulls in flight per connection, each with a cell of the registered
+# buffer for the directory header and slot it READs (twice): they do not take
+# room from the staging area, which then holds whole shards for the bytes.
+SCRATCH_CELLS = 64
+SCRATCH_CELL = 3 * 64
 
 
 class RdmaUnavailable(Exception):
@@ -260,7 +265,13 @@ class _Link:
         self.channel = endpoint.completion_channel()
         self.cq = endpoint.completion_queue(CQ_DEPTH, self.channel)
         self.qp = endpoint.queue_pair(self.cq, SEND_DEPTH)
-        self.buffer: PinnedBuffer = endpoint.buffer(staging_size, e.IBV_ACCESS_LOCAL_WRITE)
+        # The staging area (pushes land at the same offset in the daemon's), then
+        # room for the directory words one-sided pulls READ (``SCRATCH_CELLS``).
+        self.buffer: PinnedBuffer = endpoint.buffer(
+            staging_size + SCRATCH_CELLS * SCRATCH_CELL, e.IBV_ACCESS_LOCAL_WRITE
+        )
+        self.scratch = [staging_size + i * SCRATCH_CELL for i in range(SCRATCH_CELLS)]
+        self.scratch_free = trio.Semaphore(SCRATCH_CELLS)
         self.local = endpoint.local_info(self.qp)
         self.completions = _Completions(self.cq, self.channel, peer)
         self.slots = trio.Semaphore(SEND_DEPTH)
@@ -468,7 +479,9 @@ class RdmaPath:
             except VerbsError as exc:
                 raise RdmaUnavailable(str(exc)) from None
             self.link = link
-            self.staging = StagingArea(link.buffer.view, STAGING_ALIGN, "RDMA buffer")
+            self.staging = StagingArea(
+                link.buffer.view[:staging_size], STAGING_ALIGN, "RDMA buffer"
+            )
             # Requests use the link from now on; its completions are drained by
             # the loop ``use`` starts (the probe waits for one).
             conn.use(self)
@@ -571,18 +584,25 @@ class RdmaPath:
         if link is None or remote is None or remote.directory is None or not ONE_SIDED_ARCH:
             return None
         n = len(out)
+        if n > RDMA_DIRECT_MAX:
+            return None  # bandwidth-bound: asking the daemon pipelines better (sizes.py)
         staging = self.staging
         assert staging is not None
-        local = await staging.take(n + 3 * SLOT_BYTES, conn)
-        try:
-            return await self._read_direct(
-                link, remote, key, layout, index, offset, out, local, min_version
-            )
-        except BaseException as exc:
-            conn.abandon(exc)
-            raise
-        finally:
-            staging.give(local, n + 3 * SLOT_BYTES, conn)
+        async with link.scratch_free:
+            cell = link.scratch.pop()
+            try:
+                local = await staging.take(n, conn)
+                try:
+                    return await self._read_direct(
+                        link, remote, key, layout, index, offset, out, local, cell, min_version
+                    )
+                except BaseException as exc:
+                    conn.abandon(exc)
+                    raise
+                finally:
+                    staging.give(local, n, conn)
+            finally:
+                link.scratch.append(cell)
 
     async def _read_direct(
         self,
@@ -593,22 +613,24 @@ class RdmaPath:
         index: int,
         offset: int,
         out: np.ndarray,
-        local: int,
+        data: int,
+        cell: int,
         min_version: int,
     ) -> tuple[int, int, int] | None:
-        assert remote.directory is not None and self.staging is not None
+        """READ header, slot, bytes (into ``data`` of the staging area) and slot again
+        (header and slots into ``cell`` of the scratch room)."""
+        assert remote.directory is not None
         table_at = remote.directory[0]
-        view = self.staging.view
+        view = link.buffer.view
         n = len(out)
-        head, before = local, local + SLOT_BYTES
-        data, after = before + SLOT_BYTES, before + SLOT_BYTES + n
+        head, before, after = cell, cell + SLOT_BYTES, cell + 2 * SLOT_BYTES
         fence = link.e.IBV_SEND_FENCE
         read = link.e.IBV_WR_RDMA_READ
         where = (key, index)
         for _ in range(DIRECT_TRIES):
             known = self._slots.get(where)
             if known is None:
-                known = await self._find_slot(link, remote, key, index, layout, local)
+                known = await self._find_slot(link, remote, key, index, layout, cell)
                 if known is None:
                     return None
                 self._slots[where] = known
@@ -649,10 +671,10 @@ class RdmaPath:
         self, link: _Link, remote: _Remote, key: int, index: int, layout: int, local: int
     ) -> tuple[int, int] | None:
         """The shard's slot and block offset, probing the daemon's directory by RDMA READ
-        (one slot at a time into the room taken for the read; only on a cache miss)."""
-        assert remote.directory is not None and self.staging is not None
+        (one slot at a time into the read's scratch cell; only on a cache miss)."""
+        assert remote.directory is not None
         table_at, slots = remote.directory
-        view = self.staging.view
+        view = link.buffer.view
         for slot in probe(key, index, slots):
             addr = remote.arena_addr + table_at + slot * SLOT_BYTES
             piece = [(local, addr, SLOT_BYTES, 0)]
