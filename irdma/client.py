@@ -530,6 +530,15 @@ class AsyncClient:
         itemsize = meta.np_dtype.itemsize
         size = len(buf) // held * itemsize if wire else len(buf)
         pieces = shard_pieces(meta, offset, size)
+        direct = op == Op.READ and not wire and self._direct_ok(meta, wid)
+        if direct and len(pieces) == 1:
+            # The most common small read: one piece, one-sided, nothing else to set up.
+            got = await self._read_direct(meta, pieces[0], buf)
+            if got is not None and (not at or got.stamp == at):
+                if progress is not None:
+                    progress(len(buf))
+                return [got]
+            direct = False  # tried: the daemon answers it
         code = meta.dtype_code
 
         update = op != Op.READ
@@ -545,15 +554,15 @@ class AsyncClient:
         # A write of the whole tensor is one write for its readers: every
         # shard carries its stamp (see psd/store.py).
         stamp = new_stamp() if op == Op.WRITE and len(pieces) > 1 and size == meta.nbytes else 0
-        direct = op == Op.READ and not wire and self._direct_ok(meta, wid)
         # A large one-sided read copies its shards on two threads first; what
         # they could not copy goes the usual way below.
         copied: dict[int, Served] = {}
         if direct and len(pieces) > 1 and size >= PARALLEL_COPY_MIN:
             copied = await self._copy_direct(meta, pieces, buf, choice)
 
-        async def one(p: Piece, want: int = 0) -> Served:
-            """Move one piece; ``want``: re-read it from that whole-tensor write's copy."""
+        async def one(p: Piece, want: int = 0, floor: bool = True) -> Served:
+            """Move one piece; ``want``: re-read it from that whole-tensor write's copy,
+            no older than this client saw unless ``floor`` is off (an explicit ``at``)."""
             if wire:
                 start, n = p.buf_offset // itemsize * held, p.length // itemsize * held
             else:
@@ -574,7 +583,7 @@ class AsyncClient:
                     p.shard_offset,
                     p.length,
                     # A kept copy must not be older than what this client saw.
-                    min_version=self._router.seen(meta.key, p.shard) if want else 0,
+                    min_version=self._router.seen(meta.key, p.shard) if want and floor else 0,
                     layout=meta.layout,
                     dtype=code,
                     wire=wire,
@@ -609,12 +618,16 @@ class AsyncClient:
                 stamp=stamp,
             )
             reply = await self._router.on_replicas(
-                meta.key, p.shard, change, [view], length=n, update=True
+                # A whole-tensor write's versions count as seen once all of it is
+                # in (below): one that fails half-way leaves the write before it.
+                meta.key,
+                p.shard,
+                change,
+                [view],
+                length=n,
+                update=True,
+                track=not stamp,
             )
-            if stamp and not self.replicated:
-                # Kept copies of older writes are read no older than this (the
-                # router does it for every request with replicas).
-                self._router.saw(meta.key, p.shard, reply.header.version, update=True)
             if progress is not None:
                 progress(n)
             return Served(reply.header.version, stamp, 0)
@@ -623,6 +636,11 @@ class AsyncClient:
             served = [await one(pieces[0])]
         else:
             served = await self._gather(partial(one, p) for p in pieces)
+        if stamp:
+            # Read-your-writes for the whole write, and the floor for reads of
+            # kept copies of older writes (with one replica too).
+            for p, s in zip(pieces, served, strict=True):
+                self._router.saw(meta.key, p.shard, s.version, update=True)
         if at:
             return await self._at(meta, at, pieces, served, one)
         if op == Op.READ and len({s.stamp for s in served}) > 1:
@@ -642,7 +660,8 @@ class AsyncClient:
 
         async def from_copy(i: int) -> Served | None:
             try:
-                return await one(pieces[i], at)
+                # Asked for by name: that write, even if this client wrote since.
+                return await one(pieces[i], at, False)
             except StampPending:
                 return None  # on its way: looked at again below
 

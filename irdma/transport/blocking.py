@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import select
 import socket as stdsocket
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,10 @@ class WaitingSocket:
                 await self.waits.readable(self.sock)
 
 
+# How often, at most, a one-sided read checks its daemon's socket (seconds).
+ALIVE_CHECK = 1e-3
+
+
 class BlockingConnection:
     """A client's connection to one daemon, one request at a time, run by the caller.
 
@@ -128,6 +133,7 @@ class BlockingConnection:
         self._failure: BaseException | None = None
         self._closed = False
         self._poll: select.poll | None = None
+        self._alive_at = -1.0  # when daemon_alive last found the socket quiet
 
     @property
     def transport(self) -> str:
@@ -139,13 +145,23 @@ class BlockingConnection:
 
     def daemon_alive(self) -> bool:
         """No request is in flight between calls, so anything to read (an end of
-        stream, an error) means the daemon went away: ask it, and find out how."""
+        stream, an error) means the daemon went away: ask it, and find out how.
+
+        Looked at once per ``ALIVE_CHECK`` at most: a daemon that died stops
+        changing its memory, so reads in that moment get its last state, and
+        one restarted takes far longer than that to serve from a new arena."""
         if self.broken:
             return False
+        now = time.monotonic()
+        if now - self._alive_at < ALIVE_CHECK:
+            return True
         if self._poll is None:
             self._poll = select.poll()
             self._poll.register(self.stream.sock.fileno(), select.POLLIN)
-        return not self._poll.poll(0)
+        if self._poll.poll(0):
+            return False
+        self._alive_at = now
+        return True
 
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from ..protocol.directory import SERVING_WORD, find_slot, header_of, read_slot, table_of
+from ..protocol.directory import LIVE, SERVING_WORD, find_slot, header_of, table_of
 
 # Version checks a read makes before it asks the daemon instead.
 TRIES = 8
@@ -85,12 +85,15 @@ class DirectReader:
             self._slots[where] = slot
         n = len(out)
         retries = 0
+        live = index + LIVE
         for _ in range(TRIES):
-            rec = read_slot(table, slot)
-            if rec is None:
+            # The words in one go, seq first; the seq read after the copy covers
+            # them as well as the bytes (protocol/directory.py).
+            seq, w_key, w_layout, state, block, prev, version, stamp = table[slot].tolist()
+            if seq & 1:
                 retries += 1
                 continue
-            if not rec.names(key, index, layout):
+            if w_key != key or state != live or (layout and w_layout != layout):
                 # Freed, reused or the tensor recreated: look for it afresh.
                 self._slots.pop(where, None)
                 slot = find_slot(table, key, index, layout)
@@ -98,12 +101,12 @@ class DirectReader:
                     return None, retries, False
                 self._slots[where] = slot
                 continue
-            start = rec.offset + offset
-            if start + n > self.blocks_end or rec.version < min_version:
+            start = block + offset
+            if start + n > self.blocks_end or version < min_version:
                 return None, retries, False
             np.copyto(out, self.arena[start : start + n])
-            if int(table[slot, 0]) == rec.seq:
-                return (rec.version, rec.stamp, rec.prev), retries, False
+            if int(table[slot, 0]) == seq:
+                return (version, stamp, prev), retries, False
             retries += 1
         return None, retries, True
 
