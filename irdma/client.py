@@ -167,9 +167,9 @@ class AsyncClient:
     With the config's ``secret_file`` every connection authenticates
     (``irdma.auth``). Raises ConfigError for a bad config or secret file;
     requests raise AuthFailed when a daemon and this client do not share the secret.
-    Reads from a daemon attached over shared memory copy straight out of its
-    arena after a version check, without a message to it (one-sided; not with
-    replicas); ``IRDMA_ONE_SIDED=0`` makes every read ask the daemon.
+    Reads from a daemon attached over shared memory (or RDMA) copy straight out
+    of its arena after a version check, without a message to it (one-sided);
+    ``IRDMA_ONE_SIDED=0`` makes every read ask the daemon.
     """
 
     def __init__(
@@ -774,34 +774,42 @@ class AsyncClient:
         return what each copied piece is, by shard."""
         jobs: list[tuple[int, Callable[[], tuple[int, int, int] | None]]] = []
         for p in pieces:
-            node, seen = self._direct_node(meta, p, choice.get(p.shard))
-            try:
-                conn = await self._connection(node)
-            except (StreamBroken, StreamClosed, StreamTimeout):
-                continue
-            reader = getattr(conn.bulk, "directory", None)
-            if reader is None or not conn.daemon_alive():
+            found = await self._direct_connection(meta, p, choice.get(p.shard))
+            reader = getattr(found[0].bulk, "directory", None) if found else None
+            if reader is None:
                 continue
             out = np.frombuffer(buf[p.buf_offset : p.buf_offset + p.length], dtype=np.uint8)
-            args = (meta.key, meta.layout, p.shard, p.shard_offset, out, seen)
+            args = (meta.key, meta.layout, p.shard, p.shard_offset, out, found[1])
             jobs.append((p.shard, partial(reader.read, *args)))
         results = self._copier.run([call for _, call in jobs])
         copied = {}
         for (shard, _), got in zip(jobs, results, strict=True):
             if got is not None:
-                if self.replicated:
-                    self._router.saw(meta.key, shard, got[0], update=False)
-                copied[shard] = Served(*got)
+                copied[shard] = self._served_direct(meta, shard, got)
         return copied
 
-    def _direct_node(
+    async def _direct_connection(
         self, meta: TensorMeta, p: Piece, choice: list[Node] | None
-    ) -> tuple[Node, int]:
-        """The daemon a one-sided read of ``p`` goes to, and the least version it may have."""
-        if not self.replicated:
-            return self.config.primary_for(meta.key, p.shard), 0
-        node = (choice or self._router.candidates(meta.key, p.shard, False))[0]
-        return node, self._router.seen(meta.key, p.shard)
+    ) -> tuple[Connection, int] | None:
+        """The connection a one-sided read of ``p`` goes over, and the least version the
+        shard may have there; None when that daemon cannot be reached or trusted now
+        (asked the usual way, the read says what went wrong)."""
+        if self.replicated:
+            node = (choice or self._router.candidates(meta.key, p.shard, False))[0]
+            seen = self._router.seen(meta.key, p.shard)
+        else:
+            node, seen = self.config.primary_for(meta.key, p.shard), 0
+        try:
+            conn = await self._connection(node)
+        except (StreamBroken, StreamClosed, StreamTimeout):
+            return None
+        return (conn, seen) if conn.daemon_alive() else None
+
+    def _served_direct(self, meta: TensorMeta, shard: int, got: tuple[int, int, int]) -> Served:
+        """A one-sided read's answer; with replicas, its version is what this client saw."""
+        if self.replicated:
+            self._router.saw(meta.key, shard, got[0], update=False)
+        return Served(*got)
 
     async def _read_all_direct(self, meta: TensorMeta, buf: memoryview, wid: int) -> bool:
         """Read a whole tensor one-sided, shard by shard (per shard, as a batch is);
@@ -820,24 +828,17 @@ class AsyncClient:
         """One-sided: copy the piece out of its daemon's arena (mapped over shm, or by
         RDMA READ), where the connection's bulk path can. With replicas, from the
         replica the read would ask first (``choice``), no older than this client saw."""
-        node, seen = self._direct_node(meta, p, choice)
-        try:
-            conn = await self._connection(node)
-        except (StreamBroken, StreamClosed, StreamTimeout):
-            return None  # asked the usual way, which says what went wrong
-        read_direct = getattr(conn.bulk, "read_direct", None)
-        if read_direct is None or not conn.daemon_alive():
+        found = await self._direct_connection(meta, p, choice)
+        read_direct = getattr(found[0].bulk, "read_direct", None) if found else None
+        if read_direct is None:
             return None
+        conn, seen = found
         out = np.frombuffer(view, dtype=np.uint8)
         try:
             got = await read_direct(conn, meta.key, meta.layout, p.shard, p.shard_offset, out, seen)
         except (StreamBroken, StreamClosed, StreamTimeout):
             return None  # the connection is given up; asked the usual way, it says why
-        if got is None:
-            return None
-        if self.replicated:
-            self._router.saw(meta.key, p.shard, got[0], update=False)
-        return Served(*got)
+        return None if got is None else self._served_direct(meta, p.shard, got)
 
     async def read(
         self,

@@ -165,7 +165,7 @@ class DataOps:
         return not self._still_waiting(worker, step, shards)
 
     async def _read_now(self, conn: Conn, header: Header, msg: Read) -> None:
-        shard, _ = self.store.read_view(
+        shard = self.store.read_shard(
             msg.key, msg.shard, msg.offset, msg.size, msg.layout, msg.dtype
         )
         # The current copy, or the one a whole-tensor write's reader asks for.

@@ -277,11 +277,12 @@ class Store:
 
     def drop_prevs(self) -> None:
         """Free every copy kept for readers of an older whole-tensor write."""
-        for shard in self.prevs.values():
-            self._forget_prev(shard)
-        self.prevs.clear()
+        for key, index in list(self.prevs):
+            self._forget_prev(key, self.prevs[(key, index)])
 
-    def _forget_prev(self, shard: Shard) -> None:
+    def _forget_prev(self, key: int, shard: Shard) -> None:
+        """Free the shard's kept copies of older whole-tensor writes."""
+        self.prevs.pop((key, shard.index), None)
         if shard.prev is not None:
             self._retire(shard.prev)
         for _, block, _, _ in shard.older:
@@ -398,8 +399,7 @@ class Store:
         self.directory.free(shard.slot)
         shard.slot = -1
         self._retire(shard.block)
-        self._forget_prev(shard)
-        self.prevs.pop((key, shard.index), None)
+        self._forget_prev(key, shard)
 
     def get(self, key: int, layout: int = 0) -> Tensor:
         tensor = self.tensors.get(key)
@@ -472,12 +472,19 @@ class Store:
                 f"{tensor.meta.name!r} ({shard.nbytes} bytes)",
             )
 
+    def read_shard(
+        self, key: int, index: int, offset: int, size: int, layout: int = 0, dtype: int = 0
+    ) -> Shard:
+        """Validate a read of bytes ``[offset, offset+size)``; return the shard."""
+        shard = self.shard(key, index, layout, dtype)
+        self.check_range(self.tensors[key], shard, offset, size)
+        return shard
+
     def read_view(
         self, key: int, index: int, offset: int, size: int, layout: int = 0, dtype: int = 0
     ) -> tuple[Shard, np.ndarray]:
         """Validate a read; return the shard and a view of the bytes (not pinned yet)."""
-        shard = self.shard(key, index, layout, dtype)
-        self.check_range(self.tensors[key], shard, offset, size)
+        shard = self.read_shard(key, index, offset, size, layout, dtype)
         return shard, self.arena.view(shard.block, offset, size)
 
     def begin_update(
@@ -740,8 +747,7 @@ class Store:
         shard.recent = dict(txns)
         # The copy replaces whatever this one was: no older write's copy is kept.
         shard.stamp = stamp
-        self._forget_prev(shard)
-        self.prevs.pop((meta.key, index), None)
+        self._forget_prev(meta.key, shard)
         self.publish(shard)
         if steps:
             self.follow_steps(tensor, index, dict(enumerate(steps)))
@@ -780,8 +786,7 @@ class Store:
             except ArenaFullError:
                 # No room for two copies: write over this one (no previous
                 # copy is kept; a reader that needs it reads again).
-                self._forget_prev(shard)
-                self.prevs.pop((key, shard.index), None)
+                self._forget_prev(key, shard)
                 self._commit_write(update)
                 shard.stamp = update.stamp
                 shard.stamps_seen.append(update.stamp)
