@@ -171,8 +171,3 @@ def find_slot(table: np.ndarray, key: int, index: int, layout: int) -> int:
         if rec.state == EMPTY:
             return -1
     return -1
-
-
-def still(table: np.ndarray, slot: int, seq: int) -> bool:
-    """Whether the slot's seq is still ``seq`` (the bytes read since are one version)."""
-    return int(table[slot, SEQ]) == seq
