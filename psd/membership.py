@@ -60,6 +60,8 @@ class Membership:
         self.on_lost: Callable[[], None] = _nothing
         # Called when a peer comes up or goes down (forward queues react).
         self.on_change: Callable[[], None] = _nothing
+        # Called once this daemon has caught up (its directory says so at once).
+        self.on_ready: Callable[[], None] = _nothing
 
     # -- observations -------------------------------------------------------
 
@@ -125,6 +127,7 @@ class Membership:
     def became_ready(self) -> None:
         self.ready = True
         self._last_quorum = self.clock()
+        self.on_ready()
 
     # -- questions ------------------------------------------------------------
 

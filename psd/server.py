@@ -117,6 +117,7 @@ class Server:
         self.replies = replies
         admission = Admission(config, node, self.membership)
         self._admission = admission
+        self.membership.on_ready = self._refresh_serving  # the directory says so at once
         poll = min(MAX_POLL, config.timeout / 4)
         data = DataOps(
             node,
@@ -188,18 +189,24 @@ class Server:
 
     async def _publish_serving(self) -> None:
         """Keep the directory's serving word to what this daemon's own gates say,
-        so one-sided readers ask it (and are refused) whenever it would refuse."""
-        directory = self.store.directory
+        so one-sided readers ask it (and are refused) whenever it would refuse.
+
+        Rewritten at once when catch-up ends (a client told "ready" by HELLO
+        finds the word set), and every ``SERVING_REFRESH`` for what time
+        changes (a majority no longer heard)."""
         while True:
-            try:
-                self._admission.check_ready()
-            except StoreError:
-                directory.set_serving(False)
-            else:
-                directory.set_serving(True)
+            self._refresh_serving()
             if self.config.replicas == 1:
                 return  # always ready: nothing changes
             await trio.sleep(SERVING_REFRESH)
+
+    def _refresh_serving(self) -> None:
+        try:
+            self._admission.check_ready()
+        except StoreError:
+            self.store.directory.set_serving(False)
+        else:
+            self.store.directory.set_serving(True)
 
     async def handle_connection(
         self,

@@ -61,6 +61,17 @@ def test_a_daemon_cut_off_past_the_grace_is_not_ready_and_says_so(tmp_path) -> N
     assert not m.ready and lost == [clock.now]
 
 
+def test_catching_up_done_is_told_at_once_with_the_state_already_ready(tmp_path) -> None:
+    """The server rewrites its directory's serving word from this hook, so a client
+    told "ready" by HELLO never finds the word still unset."""
+    m = Membership(config(tmp_path), "n1", Clock())
+    seen: list[bool] = []
+    m.on_ready = lambda: seen.append(m.ready)
+    assert not m.ready
+    m.became_ready()
+    assert seen == [True]
+
+
 def test_a_daemon_cut_off_past_the_grace_is_not_ready_even_while_its_lease_ran(
     tmp_path,
 ) -> None:
