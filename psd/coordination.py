@@ -174,6 +174,74 @@ class Coordinator(Generic[T]):
                     done.setdefault(shard, []).append((group, items))
         return done
 
+    # -- a backup following its primary ------------------------------------------
+
+    def hold(self, shard: int, worker: int, step: int, item: T) -> T | None:
+        """A backup holds ``item``, a push its primary holds for ``step``, without
+        completing the step (the primary's sum of it arrives as an update of its
+        own); return the item it replaces (to release), if any.
+
+        Raises StoreError (BEHIND) when this copy is not at that step: it missed
+        updates, and the primary sends the whole shard instead.
+        """
+        state = self._steps.get(shard)
+        if state is None or not 0 <= worker < self.mode.workers:
+            raise StoreError(
+                Status.BAD_ARGUMENT,
+                f"a held push of worker {worker} for {self.name!r} shard {shard} "
+                f"({self.mode.describe()})",
+            )
+        group = self.mode.group_of(worker)
+        at = state.applied[group]
+        if step != at:
+            raise StoreError(
+                Status.BEHIND,
+                f"{self.name!r} shard {shard}: a held push for step {step}, this copy's "
+                f"group is at step {at}",
+            )
+        old = state.pending[group].get(worker)
+        state.pending[group][worker] = item
+        return old
+
+    def held_from(self, shard: int, worker: int) -> T | None:
+        """The push ``worker`` made for its group's current step, held (None if none)."""
+        state = self._steps.get(shard)
+        if state is None or not 0 <= worker < self.mode.workers:
+            return None
+        return state.pending[self.mode.group_of(worker)].get(worker)
+
+    def held_on(self, shard: int) -> list[tuple[int, int, T]]:
+        """(worker, step, push) for every push held on ``shard``, in worker order."""
+        state = self._steps.get(shard)
+        if state is None:
+            return []
+        out = []
+        for group, pending in enumerate(state.pending):
+            out += [(w, state.applied[group], pending[w]) for w in pending]
+        return sorted(out, key=lambda held: held[0])
+
+    def release_held(self, shard: int) -> list[T]:
+        """Forget the pushes held on ``shard`` (a whole-shard copy brings its primary's)."""
+        state = self._steps.get(shard)
+        if state is None:
+            return []
+        out = [item for pending in state.pending for item in pending.values()]
+        state.pending = [{} for _ in state.pending]
+        return out
+
+    def clocks(self, shard: int) -> list[int]:
+        """Steps pushed per worker on ``shard`` (ssp; empty otherwise)."""
+        return list(self._clocks.get(shard, []))
+
+    def follow_clocks(self, shard: int, clocks: dict[int, int]) -> None:
+        """A backup learns workers' ssp clocks (worker -> steps pushed) from its primary."""
+        mine = self._clocks.get(shard)
+        if mine is None:
+            return
+        for worker, clock in clocks.items():
+            if 0 <= worker < len(mine):
+                mine[worker] = max(mine[worker], clock)
+
     # -- bookkeeping ------------------------------------------------------------
 
     def follow(self, shard: int, group: int, applied: int) -> list[T]:

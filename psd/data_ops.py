@@ -280,7 +280,7 @@ class DataOps:
         A retry is not applied twice; its caller answers it only after
         ``replicator.flush()``, once the backups surely have the original.
         """
-        done = self.store.applied(update)
+        done = self.store.applied(update, worker)
         if done is not None:
             self.store.abort(update)
             return done, True

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from irdma.protocol import MAX_META_PAYLOAD, Header, Status
+from irdma.protocol import MAX_META_PAYLOAD, NO_WORKER, Header, Status
 from irdma.protocol.messages import Catchup, Ping, ReplicaUpdate, ShardCopy, SyncRequest
 
 from .conn import Conn, Replies, payload_json
@@ -36,8 +36,12 @@ class PeerOps:
         except StoreError:
             self.store.abort(update)
             raise
-        step = (msg.group, msg.steps_applied) if msg.steps_applied else None
-        version = self.store.commit_replica(update, msg.produces, step)
+        if msg.held:
+            version = self.store.hold_replica(update, msg.produces, msg.pushed_by, msg.pushed_step)
+        else:
+            step = (msg.group, msg.steps_applied) if msg.steps_applied else None
+            pushed = (msg.pushed_by, msg.pushed_step) if msg.pushed_by != NO_WORKER else None
+            version = self.store.commit_replica(update, msg.produces, step, pushed)
         await self.replies.reply(conn, header, [], version=version)
 
     async def ping(self, conn: Conn, header: Header, msg: Ping) -> None:

@@ -398,6 +398,9 @@ class Replicator:
             group=c.group,
             steps_applied=c.steps_applied,
             stamp=c.stamp,
+            pushed_by=c.pushed_by,
+            pushed_step=c.pushed_step,
+            held=c.held,
         ).frame(c.payload.nbytes)
         reply, _ = await self.request(peer, header, [c.payload], timeout=self._budget(c.payload))
         return reply.status
@@ -408,6 +411,7 @@ class Replicator:
         if tensor is None or shard is None:
             return  # deleted here meanwhile: nothing to send
         block = self.store.pin(shard.block)
+        copied = shard.version
         try:
             body = encode_json(
                 {
@@ -415,6 +419,7 @@ class Replicator:
                     "version": shard.version,
                     "txns": [[t, v] for t, v in shard.recent.items()],
                     "steps": self.store.applied_steps(tensor, index),
+                    "clocks": self.store.clocks(tensor, index),
                     "stamp": shard.stamp,
                 }
             )
@@ -431,6 +436,31 @@ class Replicator:
                 f"{peer.node.name} refused shard {index} of {tensor.meta.name!r}: "
                 f"{Status(reply.status).name}: {text.decode(errors='replace')}"
             )
+        # The copy let go of the pushes the peer held for the step: send ours.
+        for worker, step, held in self.store.held_on(tensor, index):
+            if self.store.tensors.get(key) is not tensor:
+                return  # replaced meanwhile: its own copy follows
+            c = Commit(
+                key,
+                index,
+                held.op,
+                held.offset,
+                held.alpha,
+                tensor.meta.layout,
+                tensor.meta.dtype_code,
+                held.buffer.copy(),  # the step may complete (and sum in place) meanwhile
+                held.txn,
+                copied,  # held since the copy; later ones are queued behind it
+                pushed_by=worker,
+                pushed_step=step,
+                held=True,
+            )
+            status = await self._send_update(peer, c)
+            if status not in (Status.OK, Status.BEHIND):
+                raise PeerError(
+                    f"{peer.node.name} refused a held push of worker {worker} to shard "
+                    f"{index} of {tensor.meta.name!r}: {Status(status).name}"
+                )
 
     def _budget(self, data: np.ndarray | memoryview) -> float:
         # A peer that is up answers within the failure timeout, plus the time
@@ -696,6 +726,7 @@ class Replicator:
             meta = TensorMeta.from_dict(rec["meta"])
             txns = {int(t): int(v) for t, v in rec.get("txns", [])}
             steps = [int(n) for n in rec.get("steps", [])]
+            clocks = [int(n) for n in rec.get("clocks", [])]
             stamp = int(rec.get("stamp", 0))
             if not 0 <= stamp < 1 << 64:
                 raise ValueError(f"stamp {stamp} is not a 64-bit id")
@@ -713,4 +744,4 @@ class Replicator:
                 Status.BAD_ARGUMENT, "shard copy: header key does not match its tensor"
             )
         data = np.frombuffer(payload[meta_len:], dtype=np.uint8)
-        self.store.install_shard(meta, copy.shard, copy.version, data, txns, steps, stamp)
+        self.store.install_shard(meta, copy.shard, copy.version, data, txns, steps, stamp, clocks)

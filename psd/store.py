@@ -106,6 +106,12 @@ class Commit:
     group: int = 0
     steps_applied: int = 0
     stamp: int = 0  # the whole-tensor write it is part of (0: none)
+    # A training worker's push (ssp, or held for a lockstep step: ``held``, and
+    # ``version`` is then the shard's version it sits on), so the backups'
+    # coordinators know it too and one of them can take over mid-step.
+    pushed_by: int = NO_WORKER
+    pushed_step: int = 0
+    held: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -581,8 +587,16 @@ class Store:
             self.arena.free(update.staging)
             update.staging = None
 
-    def commit(self, update: Update, step: tuple[int, int] | None = None) -> int:
+    def commit(
+        self,
+        update: Update,
+        step: tuple[int, int] | None = None,
+        pushed: tuple[int, int] | None = None,
+    ) -> int:
         """Apply a fully received update; return the shard's new version.
+
+        ``step``: (group, steps applied) of a lockstep step's sum; ``pushed``:
+        (worker, step) of an ssp worker's push. Both go to the backups with it.
 
         Raises StoreError (NO_SPACE) only when copy-on-write needs a block and
         the arena has none; nothing changes then.
@@ -641,9 +655,35 @@ class Store:
                     shard.version,
                     *(step or (0, 0)),
                     stamp=update.stamp,
+                    pushed_by=pushed[0] if pushed else NO_WORKER,
+                    pushed_step=pushed[1] if pushed else 0,
                 )
             )
         return shard.version
+
+    def _forward_held(self, update: Update, worker: int, step: int) -> None:
+        """A push held for its lockstep step goes to the backups too (acknowledged once
+        they have it), so a backup taking over mid-step has every acknowledged push."""
+        if not (self.replicated and update.replicate):
+            return
+        meta = update.tensor.meta
+        self.commits.append(
+            Commit(
+                meta.key,
+                update.shard.index,
+                update.op,
+                update.offset,
+                update.alpha,
+                meta.layout,
+                meta.dtype_code,
+                update.buffer.copy(),  # the step's sum scales the held one in place
+                update.txn,
+                update.shard.version,
+                pushed_by=worker,
+                pushed_step=step,
+                held=True,
+            )
+        )
 
     def take_commits(self) -> list[Commit]:
         """The updates applied since the last call, oldest first."""
@@ -652,44 +692,88 @@ class Store:
 
     # -- replication ---------------------------------------------------------
 
-    def applied(self, update: Update) -> int | None:
-        """The version a retried update (same txn) already produced here, or None."""
+    def applied(self, update: Update, worker: int = NO_WORKER) -> int | None:
+        """The version a retried update (same txn) already produced here, or None.
+
+        A training push still held for its step counts as applied (at the
+        shard's version): its retry is not held twice.
+        """
         if not update.txn:
             return None
-        return update.shard.recent.get(update.txn)
+        done = update.shard.recent.get(update.txn)
+        coord = update.tensor.coord
+        if done is None and coord is not None and worker != NO_WORKER:
+            held = coord.held_from(update.shard.index, worker)
+            if held is not None and held.txn == update.txn:
+                return update.shard.version
+        return done
 
     def commit_replica(
-        self, update: Update, version: int, step: tuple[int, int] | None = None
+        self,
+        update: Update,
+        version: int,
+        step: tuple[int, int] | None = None,
+        pushed: tuple[int, int] | None = None,
     ) -> int:
         """Apply an update forwarded by the shard's primary, which gave it ``version``.
 
         It must sit on top of this copy's version; otherwise this copy missed
         updates (BEHIND) and the primary sends the whole shard instead. With
-        ``step`` (group, steps applied) it is a lockstep step's sum, and this
-        copy's training-mode bookkeeping follows the primary's.
+        ``step`` (group, steps applied) it is a lockstep step's sum, with
+        ``pushed`` (worker, step) an ssp worker's push, and this copy's
+        training-mode bookkeeping follows the primary's.
         """
         update.replicate = False
-        if update.shard.version != version - 1:
+        self._check_on_top(update, version - 1)
+        tensor, index = update.tensor, update.shard.index
+        done = self.commit(update)
+        if step is not None:
+            self.follow_steps(tensor, index, {step[0]: step[1]})
+        if pushed is not None and tensor.coord is not None:
+            tensor.coord.follow_clocks(index, {pushed[0]: pushed[1] + 1})
+        return done
+
+    def hold_replica(self, update: Update, version: int, worker: int, step: int) -> int:
+        """Hold a push the shard's primary holds for ``step`` (its shard at ``version``),
+        as the primary does: if this copy takes over, the step completes with it."""
+        self._check_on_top(update, version)
+        coord = update.tensor.coord
+        try:
+            if coord is None:
+                raise StoreError(
+                    Status.BAD_ARGUMENT,
+                    f"tensor {update.tensor.meta.name!r} has no training mode here to hold "
+                    f"a push of worker {worker} in",
+                )
+            replaced = coord.hold(update.shard.index, worker, step, update)
+        except StoreError:
+            self.abort(update)
+            raise
+        if replaced is not None and replaced is not update:
+            self.abort(replaced)
+        return update.shard.version
+
+    def _check_on_top(self, update: Update, version: int) -> None:
+        """A forwarded update goes on top of ``version``; BEHIND (nothing kept) if not."""
+        if update.shard.version != version:
             have = update.shard.version
             self.abort(update)
             raise StoreError(
                 Status.BEHIND,
                 f"shard {update.shard.index} of {update.tensor.meta.name!r} is at version "
-                f"{have}, the update is for {version - 1}",
+                f"{have}, the update is for {version}",
             )
-        tensor, index = update.tensor, update.shard.index
-        done = self.commit(update)
-        if step is not None:
-            self.follow_steps(tensor, index, {step[0]: step[1]})
-        return done
 
     def follow_steps(self, tensor: Tensor, index: int, applied: dict[int, int]) -> None:
         """Advance this copy's coordinator to the primary's applied steps (group -> count),
         so it can take over the tensor's training mode where the primary left it."""
         if tensor.coord is None:
             return
+        shard = tensor.shards[index]
         for group, count in applied.items():
             for held in tensor.coord.follow(index, group, count):
+                # In the primary's sum: a retry of it is answered, not held again.
+                shard.remember(held.txn, shard.version)
                 self.abort(held)
 
     def applied_steps(self, tensor: Tensor, index: int) -> list[int]:
@@ -705,11 +789,14 @@ class Store:
         txns: dict[int, int],
         steps: list[int] | None = None,
         stamp: int = 0,
+        clocks: list[int] | None = None,
     ) -> Shard:
         """Replace this copy of a shard with the primary's (creating the tensor if needed).
 
-        Everything is checked before the tensor is (re)created: a refused
-        copy changes nothing.
+        ``steps`` (lockstep) and ``clocks`` (ssp) are the primary's training-mode
+        bookkeeping; pushes held here are let go (the primary sends the ones it
+        holds right after the copy). Everything is checked before the tensor is
+        (re)created: a refused copy changes nothing.
         """
         if not (0 <= index < meta.num_shards and self.owns(meta.key, index)):
             raise StoreError(
@@ -749,9 +836,22 @@ class Store:
         shard.stamp = stamp
         self._forget_prev(meta.key, shard)
         self.publish(shard)
-        if steps:
-            self.follow_steps(tensor, index, dict(enumerate(steps)))
+        if tensor.coord is not None:
+            for held in tensor.coord.release_held(index):
+                self.abort(held)
+            if steps:
+                self.follow_steps(tensor, index, dict(enumerate(steps)))
+            if clocks:
+                tensor.coord.follow_clocks(index, dict(enumerate(clocks)))
         return shard
+
+    def clocks(self, tensor: Tensor, index: int) -> list[int]:
+        """The ssp clocks (steps pushed per worker) of a tensor's shard ([] otherwise)."""
+        return tensor.coord.clocks(index) if tensor.coord is not None else []
+
+    def held_on(self, tensor: Tensor, index: int) -> list[tuple[int, int, Update]]:
+        """(worker, step, push) held for a lockstep step on a tensor's shard."""
+        return tensor.coord.held_on(index) if tensor.coord is not None else []
 
     def drop_shard(self, key: int, index: int) -> None:
         """Forget a local shard the cluster no longer has (deleted while this daemon was away)."""
@@ -892,21 +992,43 @@ class Store:
                 Status.BAD_ARGUMENT,
                 f"tensor {name!r} is in {mode.kind} mode: an accumulate must cover whole shards",
             )
+        if mode.kind == "ssp":
+            try:
+                coord.push(update.shard.index, worker, step, update, self.clock())
+            except StoreError:
+                self.abort(update)
+                raise
+            version = self.commit(update, pushed=(worker, step))
+            self.on_change()  # reads waiting on this worker's clock
+            return version
         try:
             items = coord.push(update.shard.index, worker, step, update, self.clock())
         except StoreError:
             self.abort(update)
             raise
         if items is None:
+            self._forward_held(update, worker, step)
             return update.shard.version
         group = mode.group_of(worker)
-        version = self._apply_step(items, mode, group, coord.step(update.shard.index, worker))
+        version = self._apply_step(
+            items, mode, group, coord.step(update.shard.index, worker), last=update
+        )
         self.on_change()
         return version
 
-    def _apply_step(self, items: list[Update], mode: Mode, group: int, applied: int) -> int:
-        """Sum held deltas in worker order and apply them as one update (or set, for apply=set)."""
+    def _apply_step(
+        self, items: list[Update], mode: Mode, group: int, applied: int, last: Update | None = None
+    ) -> int:
+        """Sum held deltas in worker order and apply them as one update (or set, for apply=set).
+
+        ``last`` is the push that completed the step: the sum goes to the backups
+        under its txn (they hold the others, forwarded when they were held), and
+        every push's txn is remembered here, so a retry of any of them is answered.
+        """
         first = items[0]
+        txns = [u.txn for u in items]
+        if last is not None:
+            first.txn = last.txn
         dt = first.tensor.meta.np_dtype
         total = first.buffer.view(dt)
         _scale(total, first.alpha)
@@ -916,7 +1038,10 @@ class Store:
         first.alpha = 1.0
         if mode.apply == "set":
             first.op = Op.WRITE
-        return self.commit(first, (group, applied))
+        version = self.commit(first, (group, applied))
+        for txn in txns:
+            first.shard.remember(txn, version)
+        return version
 
     def waits_for(self, key: int, index: int, worker: int, step: int, layout: int = 0) -> list[int]:
         """The workers a read of shard ``index`` by ``worker`` for ``step`` waits for.

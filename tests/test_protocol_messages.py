@@ -99,6 +99,24 @@ MESSAGES = st.one_of(
         txn=U64,
         **RID,
     ),
+    st.builds(  # a training worker's push, forwarded (held for its step, or applied)
+        ReplicaUpdate,
+        op=st.just(Op.ACCUMULATE),
+        key=U64,
+        shard=U32,
+        offset=U64,
+        size=U64,
+        alpha=ALPHA,
+        layout=U64,
+        dtype=U16,
+        produces=U64,
+        sender=U32,
+        txn=U64,
+        pushed_by=st.integers(0, (1 << 16) - 1),
+        pushed_step=st.integers(0, (1 << 48) - 1),
+        held=st.booleans(),
+        **RID,
+    ),
     st.builds(ReadBatch, count=U32, wire=U16, worker=U32, step=U64, **RID),
     st.builds(
         UpdateBatch,
@@ -149,6 +167,9 @@ def test_each_op_decodes_to_its_kind() -> None:
     copy = decode_request(h)
     assert isinstance(copy, ReplicaUpdate)
     assert (copy.produces, copy.sender) == (8, 1)
+    h = Header(Op.ACCUMULATE, 2, version=8, worker=1, step=7 << 16 | 3, flags=0x190)
+    held = decode_request(h)  # REPLICA | PUSHED | HELD
+    assert (held.pushed_by, held.pushed_step, held.held, held.steps_applied) == (3, 7, True, 0)
     h = Header(Op.READ, 3, key=5, version=11)
     assert decode_request(h).min_version == 11
     assert decode_request(Header(Op.AUTH, shard=2)) == Auth(step=2)
@@ -168,6 +189,9 @@ def test_each_op_decodes_to_its_kind() -> None:
         (Header(Op.WRITE, flags=Flag.REPLICA | Flag.STAGED), Status.BAD_FRAME),
         (Header(Op.ACCUMULATE, flags=Flag.REPLICA, wire=10), Status.BAD_FRAME),
         (Header(Op.WRITE_BATCH, flags=Flag.REPLICA), Status.BAD_FRAME),
+        (Header(Op.ACCUMULATE, flags=Flag.REPLICA | Flag.HELD), Status.BAD_FRAME),
+        (Header(Op.WRITE, flags=Flag.REPLICA | Flag.PUSHED), Status.BAD_FRAME),
+        (Header(Op.ACCUMULATE, flags=Flag.PUSHED), Status.BAD_FRAME),  # from a client
         (Header(Op.RELEASE, flags=Flag.MAPPED), Status.BAD_FRAME),
     ],
 )

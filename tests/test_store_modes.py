@@ -200,3 +200,149 @@ def test_a_shard_copy_carries_the_steps_its_primary_applied(clock: Clock) -> Non
     finally:
         for a in arenas:
             a.close()
+
+
+# -- a backup following its primary's training state ----------------------------------
+
+
+@pytest.fixture
+def pair(clock: Clock) -> Iterator[tuple[Store, Store]]:
+    """A replicated primary's store and its backup's, each with its own arena."""
+    arenas = [Arena(4 << 20), Arena(4 << 20)]
+    try:
+        yield tuple(Store(a, lambda key, shard: True, clock, replicated=True) for a in arenas)
+    finally:
+        for a in arenas:
+            a.close()
+
+
+def deliver(backup: Store, primary: Store) -> list[int]:
+    """Apply what the primary forwarded, in order, as the backup's peer handler does."""
+    versions = []
+    for c in primary.take_commits():
+        u = backup.begin_update(c.op, c.key, c.shard, c.offset, c.payload.nbytes, alpha=c.alpha)
+        u.buffer[:] = c.payload
+        u.txn = c.txn
+        if c.held:
+            versions.append(backup.hold_replica(u, c.version, c.pushed_by, c.pushed_step))
+        else:
+            step = (c.group, c.steps_applied) if c.steps_applied else None
+            pushed = (c.pushed_by, c.pushed_step) if c.pushed_by != NO_WORKER else None
+            versions.append(backup.commit_replica(u, c.version, step, pushed))
+    return versions
+
+
+def push_txn(store: Store, meta: TensorMeta, delta: np.ndarray, txn: int, **kw) -> int:
+    u = store.begin_update(Op.ACCUMULATE, meta.key, 0, 0, meta.nbytes)
+    u.buffer[:] = delta.view(np.uint8)
+    u.txn = txn
+    done = store.applied(u, kw["worker"])
+    if done is not None:
+        store.abort(u)
+        return done
+    return store.push(u, **kw)
+
+
+@pytest.mark.parametrize("mode", [Mode.sync(4), Mode.hybrid(4, 2)], ids=["sync", "hybrid"])
+def test_a_backup_holds_the_pushes_its_primary_holds_and_completes_the_step(
+    pair: tuple[Store, Store], clock: Clock, mode: Mode
+) -> None:
+    """The primary dies mid-step: the backup has every push the primary acknowledged
+    and, given the rest, applies the step the fault-free run applies, bit for bit."""
+    primary, backup = pair
+    meta = make(primary, mode, n=256)
+    make(backup, mode, n=256)
+    gs = grads(4, 256)
+    fault_free = Store(Arena(4 << 20), lambda key, shard: True, clock)
+    try:
+        make(fault_free, mode, n=256)
+        for w in range(4):
+            push_all(fault_free, meta, gs[w], worker=w, step=0, alpha=-0.5)
+        for w in (0, 2):  # held by the primary: acknowledged once the backup has them
+            push_all(primary, meta, gs[w], worker=w, step=0, alpha=-0.5)
+        assert deliver(backup, primary) == [0, 0]
+        assert not values(backup, meta).any(), "held, not applied"
+        for w in (1, 3):  # the primary is gone: the rest go to the backup
+            push_all(backup, meta, gs[w], worker=w, step=0, alpha=-0.5)
+        assert np.array_equal(values(backup, meta), values(fault_free, meta))
+        assert values(backup, meta).any()
+        assert backup.applied_steps(backup.tensors[meta.key], 0) == [1] * mode.groups
+    finally:
+        fault_free.arena.close()
+
+
+def test_retried_pushes_are_answered_once_held_or_applied_on_either_copy(
+    pair: tuple[Store, Store],
+) -> None:
+    """A retry (same txn) of a held push is not held twice, on the primary or on the
+    backup it was forwarded to; once the step is applied, a retry of any of its pushes
+    is answered with the step's version there too (the sum travels under the txn of
+    the push that completed it, the others were held on the backup)."""
+    primary, backup = pair
+    mode = Mode.sync(3)
+    meta = make(primary, mode, n=256)
+    make(backup, mode, n=256)
+    ones = np.ones(256, np.float32)
+    assert push_txn(primary, meta, ones, 11, worker=0, step=0) == 0
+    assert push_txn(primary, meta, ones, 11, worker=0, step=0) == 0  # a retry
+    assert push_txn(primary, meta, ones, 12, worker=1, step=0) == 0
+    deliver(backup, primary)
+    assert push_txn(backup, meta, ones, 12, worker=1, step=0) == 0  # retried on the backup
+    assert push_txn(primary, meta, ones, 13, worker=2, step=0) == 1
+    assert deliver(backup, primary) == [1]
+    for store in (primary, backup):
+        for w, txn in enumerate((11, 12, 13)):
+            assert push_txn(store, meta, ones, txn, worker=w, step=0) == 1
+        assert (values(store, meta) == 3).all(), "applied once"
+    with pytest.raises(StoreError, match="already applied"):  # not a retry: refused
+        push_txn(backup, meta, ones, 99, worker=0, step=0)
+
+
+def test_a_held_push_on_a_copy_at_another_step_is_behind(pair: tuple[Store, Store]) -> None:
+    primary, backup = pair
+    mode = Mode.sync(2)
+    meta = make(primary, mode, n=256)
+    make(backup, mode, n=256)
+    for w in range(2):
+        push_all(primary, meta, np.ones(256, np.float32), worker=w, step=0)
+    primary.take_commits()  # lost: the backup never saw step 0
+    push_all(primary, meta, np.ones(256, np.float32), worker=0, step=1)
+    used = backup.arena.used
+    with pytest.raises(StoreError, match="at version 0") as info:
+        deliver(backup, primary)
+    assert info.value.status == Status.BEHIND
+    assert backup.arena.used == used and backup.tensors[meta.key].coord.held() == []
+
+
+def test_a_shard_copy_brings_ssp_clocks_and_lets_go_of_held_pushes(
+    pair: tuple[Store, Store],
+) -> None:
+    primary, backup = pair
+    ssp = make(primary, Mode.ssp(2, 0), n=4)
+    make(backup, Mode.ssp(2, 0), n=4)
+    push_all(primary, ssp, np.ones(4, np.float32), worker=0, step=0)
+    push_all(primary, ssp, np.ones(4, np.float32), worker=0, step=1)
+    deliver(backup, primary)
+    # Worker 0's clock came with its pushes: its read of step 2 waits for worker 1 only.
+    assert backup.waits_for(ssp.key, 0, 0, 2) == [1]
+    push_all(primary, ssp, np.ones(4, np.float32), worker=1, step=0)
+    tensor = primary.tensors[ssp.key]
+    data = primary.arena.view(tensor.shards[0].block, 0, 16)
+    clocks = primary.clocks(tensor, 0)
+    assert clocks == [2, 1]
+    backup.install_shard(ssp, 0, tensor.shards[0].version, data, {}, None, 0, clocks)
+    assert backup.waits_for(ssp.key, 0, 1, 1) == []
+
+
+def test_a_shard_copy_lets_go_of_the_backups_held_pushes(pair: tuple[Store, Store]) -> None:
+    primary, backup = pair
+    meta = make(primary, Mode.sync(2), n=256)
+    make(backup, Mode.sync(2), n=256)
+    push_all(primary, meta, np.ones(256, np.float32), worker=0, step=0)
+    deliver(backup, primary)
+    used = backup.arena.used
+    tensor = primary.tensors[meta.key]
+    data = primary.arena.view(tensor.shards[0].block, 0, 1024)
+    backup.install_shard(meta, 0, 0, data, {}, [0])
+    assert backup.tensors[meta.key].coord.held() == [] and backup.arena.used < used
+    assert [w for w, _, _ in primary.held_on(tensor, 0)] == [0]  # sent after the copy

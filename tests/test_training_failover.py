@@ -1,15 +1,17 @@
-"""Training in a lockstep mode goes on when a primary dies between steps: the backup's
-training-mode bookkeeping follows its primary's, so it takes the next step's pushes.
+"""Training in a lockstep mode goes on when a primary dies, between steps or in the
+middle of one: the backup's training-mode bookkeeping follows its primary's (the
+steps applied, and the pushes held for the step under way), so it takes over.
 
-Real daemons with two copies of every shard; two workers (two clients in this
-process, taking turns) push and pull a sync tensor; the shard's primary is
-killed between steps and the run finishes on the backup with the parameters a
+Real daemons with two copies of every shard; workers (clients in this process,
+taking turns) push and pull a sync or hybrid tensor; the shard's primary is
+killed with SIGKILL and the run finishes on the backup with the parameters a
 fault-free run gives.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -90,3 +92,55 @@ def test_a_backup_restarted_mid_run_takes_over_at_the_right_step(cluster: Cluste
             pulled = [w.read(name, worker=rank, step=step + 1) for rank, w in enumerate(workers)]
         assert np.array_equal(pulled[0], expected(mode))
         assert np.array_equal(pulled[1], expected(mode))
+
+
+def run_steps(
+    workers: list[Client],
+    name: str,
+    steps: int,
+    kill: Callable[[], None] | None = None,
+    first: tuple[int, ...] = (),
+) -> np.ndarray:
+    """Push every worker's gradient for each step and pull the next; ``kill`` runs in
+    the middle of the middle step, after the workers ``first`` pushed (acknowledged)."""
+    for step in range(steps):
+        order = list(range(len(workers)))
+        if kill is not None and step == steps // 2:
+            order = list(first) + [r for r in order if r not in first]
+        for i, rank in enumerate(order):
+            if kill is not None and step == steps // 2 and i == len(first):
+                kill()
+            workers[rank].accumulate(name, grad(rank, step), worker=rank, step=step)
+        pulled = [w.read(name, worker=rank, step=step + 1) for rank, w in enumerate(workers)]
+        for p in pulled[1:]:
+            assert np.array_equal(p, pulled[0])
+    return pulled[0]
+
+
+@pytest.mark.parametrize(
+    ("mode", "first"),
+    [(Mode.sync(4), (0, 1)), (Mode.hybrid(4, 2), (0, 2)), (Mode.ssp(4, 1), (0, 1))],
+    ids=["sync", "hybrid", "ssp"],
+)
+def test_a_primary_killed_mid_step_loses_no_acknowledged_push(
+    cluster: Cluster, mode: Mode, first: tuple[int, ...]
+) -> None:
+    """Workers ``first`` pushed the step (held by the primary, acknowledged); then the
+    primary is killed. The others push to the backup, which completes the step with the
+    held pushes forwarded to it: the same parameters as a fault-free run, bit for bit.
+    (ssp: the pushes apply at once; the backup knows the workers' clocks from them.)"""
+    c = cluster
+    name = f"failover/mid-{mode.kind}"
+    clients = [Client(c.config_path) for _ in range(4)]
+    try:
+        clients[0].create("failover/free", (N,), np.float32, mode=mode)
+        fault_free = run_steps(clients, "failover/free", STEPS)
+        clients[0].create(name, (N,), np.float32, mode=mode)
+        primary = c.config.replicas_for(tensor_key(name), 0)[0].name
+        got = run_steps(clients, name, STEPS, partial(c.kill, primary), first)
+        assert c.procs[primary].poll() is not None, "the primary was killed"
+        assert np.array_equal(got, fault_free)
+        assert any(got), "the run changed the parameters"
+    finally:
+        for w in clients:
+            w.close()

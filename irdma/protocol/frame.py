@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 MAGIC = b"IRDM"
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 # magic, protocol version, op, flags, status, dtype, shard (or entry count),
 # request id, tensor key, offset, size (bytes of tensor data the op covers),
@@ -184,6 +184,14 @@ class Flag(enum.IntFlag):
     # WRITE / ACCUMULATE on a shm or rdma connection: the payload is LOCATION
     # (where the data sits in the connection's staging memory), not the data.
     STAGED = 64
+    # REPLICA ACCUMULATE: a training worker's push, forwarded so a backup that
+    # takes over knows it; ``step`` carries the push's step << 16 | its worker
+    # (ranks < MAX_WORKERS = 2**16).
+    PUSHED = 128
+    # PUSHED, held by the primary until its lockstep step is complete: the
+    # backup holds it too, not applied; ``version`` is the shard version it sits
+    # on (nothing is produced).
+    HELD = 256
 
 
 class Status(enum.IntEnum):

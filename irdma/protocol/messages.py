@@ -19,11 +19,13 @@ from typing import ClassVar, Self
 
 from .frame import DTYPE_ANY, NO_WORKER, Flag, Header, Op, ProtocolError, Status, pack_response
 
-_REPLACE, _EXCLUSIVE, _REPLICA, _STAGED = (
+_REPLACE, _EXCLUSIVE, _REPLICA, _STAGED, _PUSHED, _HELD = (
     int(Flag.REPLACE),
     int(Flag.EXCLUSIVE),
     int(Flag.REPLICA),
     int(Flag.STAGED),
+    int(Flag.PUSHED),
+    int(Flag.HELD),
 )
 
 
@@ -279,7 +281,13 @@ class Update:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaUpdate:
-    """A primary's update forwarded to a backup, applied only on top of ``produces - 1``."""
+    """A primary's update forwarded to a backup, applied only on top of ``produces - 1``.
+
+    A training worker's push (``pushed_by``) carries its worker and step, so
+    the backup's training-mode bookkeeping (ssp clocks, held deltas) follows
+    the primary's; a ``held`` one is not applied but held for its lockstep
+    step, on top of version ``produces`` itself.
+    """
 
     op: Op  # WRITE or ACCUMULATE
     key: int
@@ -289,7 +297,7 @@ class ReplicaUpdate:
     alpha: float
     layout: int
     dtype: int
-    produces: int  # the version the update produces
+    produces: int  # the version the update produces (held: the version it sits on)
     sender: int  # the sending daemon's index in the cluster's node list
     txn: int = 0
     # A lockstep training step's sum: its group and the steps that group has
@@ -298,8 +306,24 @@ class ReplicaUpdate:
     steps_applied: int = 0
     stamp: int = 0  # the whole-tensor write it is part of (0: none)
     request_id: int = 0
+    pushed_by: int = NO_WORKER  # the training worker whose push it is
+    pushed_step: int = 0  # and the step it is that worker's gradient for
+    held: bool = False  # held for its lockstep step, not applied
+
+    def __post_init__(self) -> None:
+        pushed = self.pushed_by != NO_WORKER
+        if pushed and (self.op != Op.ACCUMULATE or self.steps_applied or self.stamp):
+            raise ValueError("a forwarded push is an accumulate, not a step's sum or a write")
+        if self.held and not pushed:
+            raise ValueError("a held update is a worker's push")
 
     def frame(self, length: int) -> Header:
+        flags = _REPLICA
+        if self.pushed_by != NO_WORKER:
+            flags |= _PUSHED | (_HELD if self.held else 0)
+            step = self.pushed_step << 16 | self.pushed_by
+        else:
+            step = self.steps_applied << 16 | self.group  # groups < 2**16 (MAX_WORKERS)
         return Header(
             self.op,
             self.request_id,
@@ -311,11 +335,11 @@ class ReplicaUpdate:
             self.produces,
             self.alpha,
             self.layout,
-            _REPLICA,
+            flags,
             0,
             self.dtype,
             worker=self.sender,
-            step=self.steps_applied << 16 | self.group,  # groups < 2**16 (MAX_WORKERS)
+            step=step,
             txn=self.txn,
             stamp=self.stamp,
         )
@@ -324,6 +348,12 @@ class ReplicaUpdate:
     def decode(cls, h: Header) -> ReplicaUpdate:
         if h.flags & _STAGED or h.wire:
             raise BadRequest(Status.BAD_FRAME, "a replica update is neither STAGED nor narrowed")
+        pushed = bool(h.flags & _PUSHED)
+        if h.flags & _HELD and not pushed:
+            raise BadRequest(Status.BAD_FRAME, "HELD without PUSHED on a replica update")
+        if pushed and (h.op != Op.ACCUMULATE or h.stamp):
+            raise BadRequest(Status.BAD_FRAME, "a forwarded push is an accumulate")
+        low, high = h.step & 0xFFFF, h.step >> 16
         return cls(
             Op(h.op),
             h.key,
@@ -336,10 +366,13 @@ class ReplicaUpdate:
             h.version,
             h.worker,
             h.txn,
-            h.step & 0xFFFF,
-            h.step >> 16,
+            0 if pushed else low,
+            0 if pushed else high,
             h.stamp,
             h.request_id,
+            low if pushed else NO_WORKER,
+            high if pushed else 0,
+            bool(h.flags & _HELD),
         )
 
 
@@ -570,7 +603,7 @@ def decode_request(h: Header) -> Request:
     flags = h.flags
     if op in _UPDATES:
         if flags & _REPLICA:
-            if flags & ~_REPLICA:
+            if flags & ~(_REPLICA | _PUSHED | _HELD):
                 raise BadRequest(Status.BAD_FRAME, f"flags {flags:#x} on a replica update")
             return ReplicaUpdate.decode(h)
         if flags & ~_STAGED:
