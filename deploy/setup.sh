@@ -6,10 +6,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # systemd: systemd-analyze and systemd-sysusers for tests/test_deploy.py; fio: the
-# mount's verify test (tests/test_fuse_writers.py) and bench/fuse.py.
+# mount's verify test (tests/test_fuse_writers.py) and bench/fuse.py; etcd-server:
+# the membership tests start their own etcd (tests/etcd_server.py).
 APT_PACKAGES=(python3 python3-venv python3-dev gcc pkg-config iperf3 procps iproute2
-              fuse3 libfuse3-dev attr rsync systemd fio)
+              fuse3 libfuse3-dev attr rsync systemd fio etcd-server)
+had_etcd=$(dpkg-query -W -f='${Status}' etcd-server 2>/dev/null || true)
 deploy/apt-install.sh "${APT_PACKAGES[@]}"
+if [[ "$had_etcd" != *"install ok installed"* ]] && [ -d /run/systemd/system ]; then
+    # Debian starts a default single-node etcd on install; irdma's tests and demo
+    # start their own, so the distro's is stopped again (the package stays).
+    systemctl disable --now etcd >/dev/null 2>&1 || true
+fi
 
 PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
