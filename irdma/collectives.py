@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .client import Client
-from .errors import StepMismatch, TensorNotFound
+from .errors import DtypeMismatch, ShapeMismatch, StepMismatch, TensorNotFound
 from .modes import DEFAULT_WORKER_TIMEOUT, Mode, worker_identity
 from .protocol import validate_name
 
@@ -143,7 +143,7 @@ class Group:
         slot = f"{self.prefix}/broadcast/{self._next_slot()}"
         if self.rank == root:
             arr = np.ascontiguousarray(array)
-            self.client.write(slot, arr, replace=True)
+            self._put(slot, arr)
             self.barrier()
             return arr
         self.barrier()
@@ -154,7 +154,7 @@ class Group:
         self._check_root(root)
         arr = np.ascontiguousarray(array)
         slot = f"{self.prefix}/gather/{self._next_slot()}"
-        self.client.write(f"{slot}/{self.rank}", arr, replace=True)
+        self._put(f"{slot}/{self.rank}", arr)
         self.barrier()
         if self.rank != root:
             return None
@@ -182,6 +182,14 @@ class Group:
                     self.client.delete(info.name)
 
     # -- helpers ------------------------------------------------------------------
+
+    def _put(self, slot: str, arr: np.ndarray) -> None:
+        """Write a slot tensor, redefining it only when its dtype or shape changes
+        (a redefinition asks every daemon holding it first: one more round trip)."""
+        try:
+            self.client.write(slot, arr)
+        except (DtypeMismatch, ShapeMismatch):
+            self.client.write(slot, arr, replace=True)
 
     def _check_root(self, root: int) -> None:
         if not 0 <= root < self.size:
