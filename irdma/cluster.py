@@ -188,7 +188,8 @@ class ClusterConfig:
         return len(self.nodes) // 2 + 1
 
 
-def _weight(node_name: str, key: int, shard: int) -> int:
+def rendezvous_weight(node_name: str, key: int, shard: int) -> int:
+    """A node's weight for (key, shard): the highest weights hold the shard."""
     h = hashlib.blake2b(digest_size=8)
     h.update(node_name.encode())
     h.update(key.to_bytes(8, "little"))
@@ -198,7 +199,8 @@ def _weight(node_name: str, key: int, shard: int) -> int:
 
 def rendezvous_order(nodes: tuple[Node, ...], key: int, shard: int) -> list[Node]:
     """All nodes ordered by rendezvous weight for (key, shard), highest first."""
-    return sorted(nodes, key=lambda n: (_weight(n.name, key, shard), n.name), reverse=True)
+    ranked = sorted(nodes, key=lambda n: (rendezvous_weight(n.name, key, shard), n.name))
+    return ranked[::-1]
 
 
 def find_config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
