@@ -20,6 +20,11 @@ Example::
     arena_size = "1GiB"
     metrics_address = "127.0.0.1:9401"   # optional: Prometheus text at http://HOST:PORT/metrics
 
+    [etcd]                   # optional: a daemon is up while its etcd lease is
+    endpoints = ["http://10.0.0.1:2379"]
+    prefix = "/irdma/prod"   # default /irdma/default
+    lease_ttl = 2            # seconds; a daemon that stops renewing is down after it
+
 An address is ``tcp://``, ``shm://`` (same-host clients must use shared
 memory) or ``rdma://`` (clients use RDMA verbs, set up over the daemon's TCP
 port, and fall back to TCP with a warning where there is no device).
@@ -52,6 +57,8 @@ DEFAULT_TIMEOUT = 10.0
 DEFAULT_HEARTBEAT = 0.2
 DEFAULT_FAILURE_TIMEOUT = 1.0
 DEFAULT_SNAPSHOT_INTERVAL = 60.0
+DEFAULT_ETCD_PREFIX = "/irdma/default"
+DEFAULT_LEASE_TTL = 2
 # shm: same-host clients must use shared memory; rdma: clients use RDMA
 # verbs where they can. Either way the daemon listens on TCP at that host and
 # port, for its peers, for clients without them, and (rdma) to set up queue pairs.
@@ -130,6 +137,15 @@ class Node:
     metrics_address: Address | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class EtcdSettings:
+    """Where the cluster's membership lives when it is kept in etcd (``[etcd]``)."""
+
+    endpoints: tuple[str, ...]  # http://host:port of etcd members
+    prefix: str = DEFAULT_ETCD_PREFIX  # every key of this cluster is under it
+    lease_ttl: int = DEFAULT_LEASE_TTL  # seconds a daemon's registration outlives it
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     nodes: tuple[Node, ...]
@@ -145,6 +161,9 @@ class ClusterConfig:
     # and the path MTU in bytes (default: the smaller active MTU of the two ports).
     rdma_gid_index: int | None = None
     rdma_mtu: int | None = None
+    # Membership in etcd: daemons register under leases, and a daemon is up while
+    # its lease is (not by heartbeats); None: the embedded heartbeat scheme.
+    etcd: EtcdSettings | None = None
     path: Path | None = None
     _by_name: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
     # Placement is pure but costs a hash per node; remember recent answers.
@@ -181,6 +200,12 @@ class ClusterConfig:
     def holds(self, node: str, key: int, shard: int) -> bool:
         """Whether ``node`` keeps a copy of the shard."""
         return any(n.name == node for n in self.replicas_for(key, shard))
+
+    @property
+    def failure_detection(self) -> float:
+        """Seconds the cluster may take to take a dead daemon as down: its lease's TTL
+        with etcd, else the heartbeats' failure timeout."""
+        return float(self.etcd.lease_ttl) if self.etcd is not None else self.failure_timeout
 
     @property
     def quorum(self) -> int:
@@ -245,6 +270,7 @@ _TOP_KEYS = {
     "log_level",
     "rdma_gid_index",
     "rdma_mtu",
+    "etcd",
 }
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _NODE_KEYS = {"name", "address", "data_dir", "arena_size", "metrics_address"}
@@ -344,6 +370,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig
     rdma_mtu = raw.get("rdma_mtu")
     if rdma_mtu is not None and rdma_mtu not in RDMA_MTUS:
         raise fail("rdma_mtu", f"{rdma_mtu!r} must be one of {', '.join(map(str, RDMA_MTUS))}")
+    etcd = _etcd_settings(raw.get("etcd"), fail) if "etcd" in raw else None
     return ClusterConfig(
         nodes=tuple(nodes),
         shard_size=shard_size,
@@ -356,8 +383,36 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig
         log_level=log_level.upper() if log_level else None,
         rdma_gid_index=gid_index,
         rdma_mtu=rdma_mtu,
+        etcd=etcd,
         path=path,
     )
+
+
+_ETCD_KEYS = {"endpoints", "prefix", "lease_ttl"}
+
+
+def _etcd_settings(raw: Any, fail: Any) -> EtcdSettings:
+    """The ``[etcd]`` table: endpoints (required), prefix, lease_ttl."""
+    if not isinstance(raw, dict):
+        raise fail("etcd", "must be a table ([etcd])")
+    unknown = set(raw) - _ETCD_KEYS
+    if unknown:
+        raise fail(
+            f"etcd.{sorted(unknown)[0]}", f"unknown key (known: {', '.join(sorted(_ETCD_KEYS))})"
+        )
+    endpoints = raw.get("endpoints")
+    if not isinstance(endpoints, list) or not endpoints:
+        raise fail("etcd.endpoints", "a list of at least one http://host:port is required")
+    for e in endpoints:
+        if not isinstance(e, str) or not re.fullmatch(r"http://[^/\s:]+(:\d{1,5})?/?", e):
+            raise fail("etcd.endpoints", f"{e!r} must be http://host:port")
+    prefix = raw.get("prefix", DEFAULT_ETCD_PREFIX)
+    if not isinstance(prefix, str) or not re.fullmatch(r"/[A-Za-z0-9_./-]*[^/]", prefix):
+        raise fail("etcd.prefix", f"{prefix!r} must be a key path like /irdma/prod")
+    ttl = raw.get("lease_ttl", DEFAULT_LEASE_TTL)
+    if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= 3600:
+        raise fail("etcd.lease_ttl", f"{ttl!r} must be whole seconds, 1 to 3600")
+    return EtcdSettings(tuple(endpoints), prefix, ttl)
 
 
 def parse_metrics_address(value: Any) -> Address:

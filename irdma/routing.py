@@ -134,7 +134,7 @@ class Router:
             start = self._spread % len(replicas)
         order = replicas[start:] + replicas[:start]
         now = self.now()
-        recent = 2 * self.config.failure_timeout + self.timeout
+        recent = 2 * self.config.failure_detection + self.timeout
         healthy = [n for n in order if now - self.failed_at.get(n.name, -1e9) > recent]
         if load is not None:
             healthy.sort(key=lambda n: load.get(n.name, 0))  # stable: ties keep the rotation
@@ -170,7 +170,7 @@ class Router:
             return await self.request(node, msg.frame(length), payload, sink)
         worker = NO_WORKER if isinstance(msg, Stat) else msg.worker
         candidates = candidates or self.candidates(key, shard, asks_primary(update, worker))
-        deadline = self.now() + self.timeout + 2 * self.config.failure_timeout
+        deadline = self.now() + self.timeout + 2 * self.config.failure_detection
         attempt = 0
         last: Exception | None = None
         while True:

@@ -17,6 +17,7 @@ from irdma.errors import ConfigError
 from .arena import Arena
 from .lifecycle import Lifecycle, log_level_for
 from .metrics_http import start_metrics
+from .presence import Presence
 from .rdma import RdmaService
 from .replication import Replicator
 from .server import Server
@@ -113,6 +114,8 @@ async def run_daemon(
                     log.warning("%s: no shm transport for same-host clients: %s", node.name, exc)
                 await nursery.start(server.serve)
                 await start_metrics(nursery, server)  # when the node has a metrics_address
+                if config.etcd is not None:  # up while registered, not by heartbeats
+                    nursery.start_soon(Presence(config, node, replicator.membership).run)
                 await nursery.start(replicator.run)
                 nursery.start_soon(periodic_snapshots, config, store, node, lifecycle)
                 # Every listener answers now: READY=1 (with replicas, maybe still catching up).

@@ -19,6 +19,14 @@ The rules that keep replicas from diverging, all local to one daemon:
 
 With one copy per shard (``replicas = 1``) none of this applies: the daemon
 is always ready and the only holder of its shards.
+
+**With etcd** (``[etcd]`` in the config) liveness comes from leases instead
+of heartbeats: a peer is up while its registration (under its lease) is in
+etcd, and this daemon may accept updates while it holds its own lease,
+counted locally to a deadline that falls before etcd can expire it
+(``irdma.registry``). No majority of daemons is needed: etcd's is. Pings
+still carry whether a peer is ready (caught up). A daemon that loses its
+lease is not ready until it has registered again and caught up.
 """
 
 from __future__ import annotations
@@ -62,6 +70,11 @@ class Membership:
         self.on_change: Callable[[], None] = _nothing
         # Called once this daemon has caught up (its directory says so at once).
         self.on_ready: Callable[[], None] = _nothing
+        # With etcd: the names registered there now, and whether this daemon holds
+        # its own lease (``psd.presence`` keeps both); None: heartbeats decide.
+        self.leased = config.etcd is not None
+        self.registered: frozenset[str] = frozenset()
+        self.lease_held = False
 
     # -- observations -------------------------------------------------------
 
@@ -72,6 +85,11 @@ class Membership:
         SIGSTOP notices the gap before the first message after it counts.
         """
         if not self.replicated:
+            return
+        if self.leased:
+            if not self.lease_held and self.ready:
+                self.ready = False
+                self.on_lost()
             return
         now = self.clock() if now is None else now
         # Counted from when a majority was last *heard*, not from when the lease last
@@ -124,6 +142,19 @@ class Membership:
             self.on_change()
         self.observe(now)
 
+    # -- etcd (``psd.presence``) ------------------------------------------------
+
+    def saw_registered(self, names: frozenset[str]) -> None:
+        """The member names registered in etcd now (their leases alive)."""
+        if names != self.registered:
+            self.registered = names
+            self.on_change()
+
+    def holds_lease(self, held: bool) -> None:
+        """Whether this daemon holds its lease; losing it ends its readiness."""
+        self.lease_held = held
+        self.observe()
+
     def became_ready(self) -> None:
         self.ready = True
         self._last_quorum = self.clock()
@@ -134,6 +165,8 @@ class Membership:
     def up(self, name: str, now: float | None = None) -> bool:
         if name == self.me:
             return True
+        if self.leased:
+            return name in self.registered and name in self.peers
         state = self.peers.get(name)
         if state is None or state.last_heard is None:
             return False
@@ -169,6 +202,8 @@ class Membership:
             return True
         now = self.clock() if now is None else now
         self.observe(now)
+        if self.leased:
+            return self.lease_held
         return self._has_quorum(now)
 
     def acting_primary(self, key: int, shard: int, now: float | None = None) -> Node | None:

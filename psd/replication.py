@@ -475,6 +475,13 @@ class Replicator:
         asker = body.get("node") if isinstance(body, dict) else None
         if not self._is_peer(asker):
             raise StoreError(Status.BAD_ARGUMENT, f"catch-up from unknown node {asker!r}")
+        if self.membership.leased and asker not in self.membership.registered:
+            # Updates go only to registered peers: answered before this daemon sees
+            # the asker's registration, the asker would miss the ones in between.
+            raise StoreError(
+                Status.RECOVERING,
+                f"{self.node.name} does not see {asker} registered in etcd yet; ask again",
+            )
         # From now on updates are forwarded to it, so nothing falls between
         # this answer and the copies it asks for.
         self.membership.heard(asker)

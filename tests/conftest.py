@@ -196,8 +196,10 @@ def make_cluster(
     secret: bytes | None = None,
     host: str = "127.0.0.1",
     scheme: str = "tcp",
+    etcd: str | None = None,
 ) -> Cluster:
-    """Start daemons for a generated config; ``secret`` makes them require it (``secret_file``)."""
+    """Start daemons for a generated config; ``secret`` makes them require it (``secret_file``);
+    ``etcd`` is an ``[etcd]`` table's body (membership in etcd)."""
     path = write_config(
         directory,
         nodes,
@@ -212,6 +214,8 @@ def make_cluster(
     if secret is not None:
         secret_path = write_secret(directory / "secret", secret)
         path.write_text(f'secret_file = "{secret_path}"\n' + path.read_text())
+    if etcd is not None:
+        path.write_text(path.read_text() + f"\n[etcd]\n{etcd}\n")
     cluster = Cluster(directory, path, load_config(path))
     try:
         for name in cluster.names:

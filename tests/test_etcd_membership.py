@@ -1,0 +1,167 @@
+"""Daemons whose liveness comes from etcd leases (``[etcd]``), with a real etcd server.
+
+The heartbeats' failure timeout is set far beyond the tests' patience (60 s),
+so what the tests see (a killed primary replaced, a daemon without its lease
+refusing updates) can only come from the leases.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+
+import irdma
+from irdma import Client
+from irdma.etcd import Etcd
+from irdma.protocol import tensor_key
+from irdma.registry import Registry
+
+from .conftest import Cluster, hello, make_cluster
+from .etcd_server import EtcdServer, etcd_server
+
+pytestmark = pytest.mark.timeout(180)
+
+N = 4096  # int64: 32 KiB, one shard
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    with etcd_server(tmp_path_factory.mktemp("etcd") / "data") as s:
+        yield s
+
+
+def start_leased(server: EtcdServer, directory: Path, lease_ttl: int) -> Cluster:
+    """Three daemons, two copies of each shard, membership in etcd under a fresh prefix.
+    Clients give up on a request after 5 s plus two lease TTLs."""
+    prefix = f"/irdma/test-{uuid.uuid4().hex[:8]}"
+    body = f'endpoints = ["{server.endpoint}"]\nprefix = "{prefix}"\nlease_ttl = {lease_ttl}'
+    return make_cluster(
+        directory, 3, replicas=2, timeout=5.0, etcd=body, extra={"failure_timeout": 60.0}
+    )
+
+
+@pytest.fixture
+def leased(server: EtcdServer, tmp_path: Path) -> Iterator[Cluster]:
+    c = start_leased(server, tmp_path, lease_ttl=1)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def registry(cluster: Cluster) -> Registry:
+    settings = cluster.config.etcd
+    assert settings is not None
+    return Registry(Etcd(settings.endpoints), settings.prefix)
+
+
+def registered(cluster: Cluster) -> set[str]:
+    return set(trio.run(registry(cluster).members)[0])
+
+
+def test_daemons_register_and_a_stopped_one_leaves_at_once(
+    server: EtcdServer, tmp_path: Path
+) -> None:
+    """SIGTERM: the daemon revokes its lease on the way out (a 60 s lease would keep
+    its registration a minute otherwise)."""
+    c = start_leased(server, tmp_path, lease_ttl=60)
+    try:
+        assert registered(c) == {"n1", "n2", "n3"}
+        c.stop("n2")
+        assert registered(c) == {"n1", "n3"}
+    finally:
+        c.close()
+
+
+def test_a_killed_primary_is_replaced_once_its_lease_expires(leased: Cluster) -> None:
+    """Accumulates go on through a kill -9 of the shard's primary: its lease expires
+    after 1 s and the backup takes over, well within the client's patience (5 s plus
+    two TTLs; heartbeats alone would take 60 s, and the accumulate would fail). Every
+    acknowledged accumulate is counted once."""
+    name = "leased/count"
+    primary = leased.config.replicas_for(tensor_key(name), 0)[0].name
+    acked = 0
+    errors: list[BaseException] = []
+    killed = threading.Event()
+    done = threading.Event()
+
+    def accumulate() -> None:
+        nonlocal acked
+        try:
+            with Client(leased.config_path) as c:
+                while not done.is_set():
+                    c.accumulate(name, np.ones(N, np.int64))
+                    acked += 1
+                    if acked == 50:
+                        killed.wait(30)
+        except BaseException as exc:
+            errors.append(exc)
+
+    with Client(leased.config_path) as c:
+        c.create(name, (N,), np.int64)
+        t = threading.Thread(target=accumulate)
+        t.start()
+        try:
+            while acked < 50 and t.is_alive():
+                time.sleep(0.01)
+            leased.kill(primary)
+            killed.set()
+            target = acked + 50
+            while acked < target and t.is_alive():
+                time.sleep(0.01)
+        finally:
+            done.set()
+            t.join(60)
+        assert errors == [], errors
+        assert primary not in registered(leased)
+        assert (c.read(name) == acked).all(), (c.read(name)[:3], acked)
+
+
+def test_a_daemon_that_loses_its_lease_refuses_updates_until_it_is_back(
+    leased: Cluster,
+) -> None:
+    """Its lease revoked (as if etcd expired it), a daemon stops serving at once, then
+    registers under a new lease, catches up and serves again."""
+    reg = registry(leased)
+    name = "leased/solo"
+    with Client(leased.config_path) as c:
+        c.write(name, np.arange(N, dtype=np.int64))
+
+        async def revoke_n1() -> None:
+            key = reg.member_key("n1")
+            kv = await reg.etcd.get(key)
+            assert kv is not None and kv.lease
+            await reg.etcd.revoke(kv.lease)
+
+        trio.run(revoke_n1)
+        # Back: registered again under a new lease, caught up, ready.
+        deadline = time.monotonic() + 60
+        while not (hello(leased.config, "n1").get("ready") and "n1" in registered(leased)):
+            assert time.monotonic() < deadline, "n1 did not come back: " + leased.log("n1")[-2000:]
+            time.sleep(0.05)
+        assert (c.read(name) == np.arange(N)).all()
+        log = leased.log("n1")
+        assert "not serving until registered again and caught up" in log, log[-2000:]
+        # It stopped being ready and caught up again (once at start, once after).
+        assert log.count("caught up (") == 2, log[-2000:]
+
+
+def test_an_etcd_table_needs_endpoints(tmp_path: Path) -> None:
+    from irdma.cluster import parse_config
+
+    base = {"nodes": [{"name": "n1", "address": "tcp://127.0.0.1:7401", "arena_size": "1MiB"}]}
+    with pytest.raises(irdma.errors.ConfigError, match=r"etcd\.endpoints: a list"):
+        parse_config({**base, "etcd": {}})
+    with pytest.raises(irdma.errors.ConfigError, match="must be http://host:port"):
+        parse_config({**base, "etcd": {"endpoints": ["https://x:1"]}})
+    with pytest.raises(irdma.errors.ConfigError, match=r"etcd\.lease_ttl"):
+        parse_config({**base, "etcd": {"endpoints": ["http://x:1"], "lease_ttl": 0}})
+    config = parse_config({**base, "etcd": {"endpoints": ["http://x:2379"]}})
+    assert config.etcd is not None and config.etcd.prefix == "/irdma/default"
