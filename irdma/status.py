@@ -24,7 +24,9 @@ from . import localdir
 from .client import AsyncClient
 from .cluster import ClusterConfig
 from .errors import IrdmaError
+from .etcd import Etcd, EtcdError
 from .protocol import tensor_key
+from .registry import Registry
 from .supervisor import FAILED, RESTARTING, STOPPED, DaemonRecord
 
 
@@ -41,9 +43,15 @@ class NodeStatus:
     holdings: list[dict[str, Any]] | None = None  # its LIST records (with replicas)
     skew: int | None = None  # shards behind another replica; None: not known or no replicas
     supervised: DaemonRecord | None = None  # irdma local's record of it, if it runs one
+    # With [etcd]: whether it is registered there now (its lease alive); None: no etcd,
+    # or etcd could not be asked (``etcd_error`` says why).
+    registered: bool | None = None
+    etcd_error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"node": self.node, "address": self.address, "up": self.up}
+        if self.registered is not None or self.etcd_error is not None:
+            out["registered"] = self.registered
         if self.supervised is not None:
             out |= {"restarts": self.supervised.restarts, "supervisor": self.supervised.state}
         if not self.up:
@@ -101,6 +109,8 @@ async def gather(client: AsyncClient) -> list[NodeStatus]:
     async with trio.open_nursery() as nursery:
         for row in rows:
             nursery.start_soon(ask, row)
+        if config.etcd is not None:
+            nursery.start_soon(ask_etcd, config, rows)
     if config.path is not None:
         records = localdir.supervision(config.path.parent)
         for row in rows:
@@ -110,6 +120,20 @@ async def gather(client: AsyncClient) -> list[NodeStatus]:
         for node, behind in replica_skew(config, answered).items():
             next(r for r in rows if r.node == node).skew = behind
     return rows
+
+
+async def ask_etcd(config: ClusterConfig, rows: list[NodeStatus]) -> None:
+    """Mark each row registered in etcd or not (or why etcd could not say)."""
+    assert config.etcd is not None
+    registry = Registry(Etcd(config.etcd.endpoints, timeout=config.timeout), config.etcd.prefix)
+    try:
+        members, _ = await registry.members()
+    except EtcdError as exc:
+        for row in rows:
+            row.etcd_error = str(exc)
+        return
+    for row in rows:
+        row.registered = row.node in members
 
 
 def replica_skew(
@@ -246,4 +270,19 @@ def render(rows: list[NodeStatus], config: ClusterConfig) -> str:
     skew = version_skew(rows)
     if skew:
         lines.append(skew)
+    if config.etcd is not None:
+        lines.append(etcd_line(rows, config))
     return "\n".join(lines)
+
+
+def etcd_line(rows: list[NodeStatus], config: ClusterConfig) -> str:
+    """Who is registered in etcd (up, as the daemons see each other), or why not known."""
+    assert config.etcd is not None
+    where = f"etcd {config.etcd.prefix}"
+    errors = [r.etcd_error for r in rows if r.etcd_error]
+    if errors:
+        return f"{where}: cannot say who is registered: {errors[0]}"
+    missing = [r.node for r in rows if not r.registered]
+    if not missing:
+        return f"{where}: every daemon registered"
+    return f"{where}: not registered (down as the others see it): {', '.join(missing)}"

@@ -7,6 +7,9 @@ refusing updates) can only come from the leases.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -76,8 +79,18 @@ def test_daemons_register_and_a_stopped_one_leaves_at_once(
         assert registered(c) == {"n1", "n2", "n3"}
         c.stop("n2")
         assert registered(c) == {"n1", "n3"}
+        # irdma status says so too.
+        out = irdma_cli(c, "status")
+        assert "not registered (down as the others see it): n2" in out, out
+        by_node = {r["node"]: r for r in json.loads(irdma_cli(c, "status", "--json"))}
+        assert by_node["n1"]["registered"] is True and by_node["n2"]["registered"] is False
     finally:
         c.close()
+
+
+def irdma_cli(cluster: Cluster, *args: str) -> str:
+    cmd = [sys.executable, "-m", "irdma.cli", *args, "--config", str(cluster.config_path)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
 
 
 def test_a_killed_primary_is_replaced_once_its_lease_expires(leased: Cluster) -> None:
