@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -111,29 +112,33 @@ class Registry:
         self,
         lease: Lease,
         on_lost: Callable[[str], None],
-        *,
-        clock: Callable[[], float] = trio.current_time,
+        on_renewed: Callable[[float], None] = lambda until: None,
     ) -> None:
         """Renew ``lease`` until cancelled; call ``on_lost`` (once, with why) and return
         when it can no longer be trusted to be held: etcd said it expired, or no
-        renewal was granted before the local deadline."""
-        clock = trio.current_time
-        deadline = clock() + lease.ttl
+        renewal was granted before the local deadline.
+
+        ``on_renewed`` gets each new deadline in ``time.monotonic`` time: the
+        send of the renewal plus the TTL granted, never later than etcd's own
+        expiry. A process that was stopped past it must check the clock
+        against it before acting (this task may run later than its work).
+        """
+        deadline = time.monotonic() + lease.ttl
         every = lease.ttl / RENEWALS_PER_TTL
         while True:
-            await trio.sleep_until(min(deadline, clock() + every))
-            if clock() >= deadline:
+            await trio.sleep(max(0.0, min(deadline - time.monotonic(), every)))
+            if time.monotonic() >= deadline:
                 on_lost(f"lease {lease.id:x} not renewed within its {lease.ttl} s")
                 return
-            sent = clock()
+            sent = time.monotonic()
             try:
-                with trio.move_on_at(deadline):
+                with trio.move_on_after(deadline - sent):
                     ttl = await self.etcd.keep_alive(lease.id)
                     if ttl <= 0:
                         on_lost(f"etcd says lease {lease.id:x} expired")
                         return
-                    # Counted from the send: never later than etcd's own expiry.
                     deadline = sent + ttl
+                    on_renewed(deadline)
             except EtcdError:
                 continue  # tried again until the deadline
 

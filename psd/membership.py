@@ -74,7 +74,10 @@ class Membership:
         # its own lease (``psd.presence`` keeps both); None: heartbeats decide.
         self.leased = config.etcd is not None
         self.registered: frozenset[str] = frozenset()
-        self.lease_held = False
+        # Until when (this object's clock) this daemon surely holds its lease; checked
+        # against the clock at every decision, so a daemon resumed after a pause
+        # longer than its lease refuses before any task has noticed.
+        self.lease_until = float("-inf")
 
     # -- observations -------------------------------------------------------
 
@@ -87,7 +90,8 @@ class Membership:
         if not self.replicated:
             return
         if self.leased:
-            if not self.lease_held and self.ready:
+            now = self.clock() if now is None else now
+            if now >= self.lease_until and self.ready:
                 self.ready = False
                 self.on_lost()
             return
@@ -150,9 +154,10 @@ class Membership:
             self.registered = names
             self.on_change()
 
-    def holds_lease(self, held: bool) -> None:
-        """Whether this daemon holds its lease; losing it ends its readiness."""
-        self.lease_held = held
+    def holds_lease_until(self, until: float) -> None:
+        """This daemon holds its lease until ``until`` (this object's clock, i.e.
+        ``time.monotonic``); a time already past means it lost it (no longer ready)."""
+        self.lease_until = until
         self.observe()
 
     def became_ready(self) -> None:
@@ -203,7 +208,7 @@ class Membership:
         now = self.clock() if now is None else now
         self.observe(now)
         if self.leased:
-            return self.lease_held
+            return now < self.lease_until
         return self._has_quorum(now)
 
     def acting_primary(self, key: int, shard: int, now: float | None = None) -> Node | None:

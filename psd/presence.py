@@ -12,6 +12,7 @@ is waited for: that lease expires by itself.
 from __future__ import annotations
 
 import logging
+import time
 
 import trio
 
@@ -50,7 +51,7 @@ class Presence:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch)
             while True:
-                lease = await self._register()
+                lease, asked = await self._register()
                 lost = trio.Event()
                 why: list[str] = []
 
@@ -58,17 +59,22 @@ class Presence:
                     why.append(reason)
                     lost.set()
 
-                self.membership.holds_lease(True)
+                self.membership.holds_lease_until(asked + lease.ttl)
                 log.info(
                     "%s: registered in etcd (lease %x, %d s)", self.node.name, lease.id, lease.ttl
                 )
                 try:
                     async with trio.open_nursery() as renewing:
-                        renewing.start_soon(self.registry.keep_alive, lease, on_lost)
+                        renewing.start_soon(
+                            self.registry.keep_alive,
+                            lease,
+                            on_lost,
+                            self.membership.holds_lease_until,
+                        )
                         await lost.wait()
                         renewing.cancel_scope.cancel()
                 finally:
-                    self.membership.holds_lease(False)
+                    self.membership.holds_lease_until(float("-inf"))
                     if not lost.is_set():  # stopping: leave now rather than after the TTL
                         with trio.move_on_after(1.0, shield=True):
                             await self._leave(lease)
@@ -84,11 +90,14 @@ class Presence:
         except EtcdError as exc:
             log.info("%s: leaving etcd: %s (the lease expires by itself)", self.node.name, exc)
 
-    async def _register(self) -> Lease:
+    async def _register(self) -> tuple[Lease, float]:
+        """A lease holding this daemon's registration, and a time (``time.monotonic``)
+        no later than etcd granted it: the lease runs from then."""
         announced = False
         while True:
+            asked = time.monotonic()
             try:
-                return await self.registry.register(self.record(), self.settings.lease_ttl)
+                return await self.registry.register(self.record(), self.settings.lease_ttl), asked
             except EtcdError as exc:
                 if not announced:
                     log.info("%s: not registered in etcd yet: %s", self.node.name, exc)

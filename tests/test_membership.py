@@ -126,3 +126,45 @@ def test_one_copy_per_shard_needs_no_membership(tmp_path) -> None:
     cfg = config(tmp_path, replicas=1)
     m = Membership(cfg, "n1", Clock())
     assert m.ready and m.has_quorum()
+
+
+def leased_config(tmp_path) -> ClusterConfig:
+    path = write_config(tmp_path, 3, replicas=2)
+    path.write_text(path.read_text() + '\n[etcd]\nendpoints = ["http://127.0.0.1:2379"]\n')
+    return load_config(path)
+
+
+def test_with_etcd_a_peer_is_up_while_registered_whatever_the_heartbeats(tmp_path) -> None:
+    cfg = leased_config(tmp_path)
+    clock = Clock()
+    m = Membership(cfg, "n1", clock)
+    m.heard("n3", ready=True)  # a ping alone does not make it up
+    assert not m.up("n3")
+    changes: list[frozenset[str]] = []
+    m.on_change = lambda: changes.append(m.registered)
+    m.saw_registered(frozenset({"n1", "n2"}))
+    assert m.up("n2") and not m.up("n3")
+    clock.now = 10 * cfg.failure_timeout  # no heartbeat for ages: still up
+    assert m.up("n2")
+    m.saw_registered(frozenset({"n1", "n2"}))  # the same: no change reported
+    assert changes == [frozenset({"n1", "n2"})]
+
+
+def test_with_etcd_a_daemon_resumed_past_its_lease_refuses_before_anything_runs(
+    tmp_path,
+) -> None:
+    """The check is against the clock, not a flag a task clears: a daemon stopped
+    (SIGSTOP) past its lease's deadline refuses its first update after SIGCONT."""
+    cfg = leased_config(tmp_path)
+    clock = Clock()
+    m = Membership(cfg, "n1", clock)
+    lost: list[float] = []
+    m.on_lost = lambda: lost.append(clock.now)
+    assert not m.has_quorum()  # not registered yet
+    m.holds_lease_until(2.0)
+    m.became_ready()
+    clock.now = 1.9
+    assert m.has_quorum() and m.ready
+    clock.now = 2.0  # e.g. resumed after a pause, before any renewal ran
+    assert not m.has_quorum()
+    assert not m.ready and lost == [2.0]
