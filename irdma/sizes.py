@@ -21,13 +21,6 @@ ZERO_COPY_MIN = 256 << 10
 # reaches about a third of one large copy's speed, two reach about all of it.
 PARALLEL_COPY_MIN = 8 << 20
 
-# Over RDMA, reads up to this size are one-sided (READs of the directory slot
-# and the bytes, fenced, no message to the daemon); larger ones ask the daemon
-# where the bytes are and READ them unfenced. The fences serialise a queue
-# pair's READs, so in the soft-RoCE guest one-sided pulls of 4 MiB shards
-# reached 0.41-0.46 of ib_read_bw against 0.68-0.81 asking, while a 4 KiB
-# one-sided read took 0.60-0.64 of the time of one that asks.
-RDMA_DIRECT_MAX = 1 << 20
 
 # Over RDMA every read is MAPPED: the client READs the bytes itself.
 RDMA_MAPPED_MIN = 1

@@ -58,7 +58,7 @@ from ..protocol.directory import (
     slot_record,
 )
 from ..protocol.messages import RdmaConnect
-from ..sizes import RDMA_DIRECT_MAX, RDMA_STAGING_MIN, STAGING_ALIGN
+from ..sizes import RDMA_STAGING_MIN, STAGING_ALIGN
 from .base import (
     Buffer,
     MemoryStream,
@@ -255,6 +255,34 @@ class _Remote:
         return remote
 
 
+_RETRY = object()  # a one-sided pull to send again (the shard changed or moved)
+
+
+def _chunks(n: int) -> int:
+    """Work requests that READ ``n`` bytes (at most CHUNK each)."""
+    return max(1, -(-n // CHUNK))
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Pull:
+    """One one-sided pull waiting in (or answered by) a batch of READs."""
+
+    key: int
+    layout: int
+    index: int
+    offset: int
+    n: int
+    data: int  # where its bytes land in the staging area
+    cell: int  # its scratch cell: the slot read before, after, and (first of a batch) the header
+    min_version: int
+    slot: int = 0
+    block: int = 0
+    tries: int = 0
+    done: trio.Event = dataclasses.field(default_factory=trio.Event)
+    answer: tuple[int, int, int] | object | None = None
+    error: BaseException | None = None
+
+
 class _Link:
     """The verbs side of one connection: endpoint, queue pair, buffer, completions."""
 
@@ -416,6 +444,11 @@ class RdmaPath:
         # One-sided reads: each shard's directory slot and block offset, as last seen,
         # and how the reads went (as DirectReader counts them).
         self._slots: dict[tuple[int, int], tuple[int, int]] = {}
+        # One-sided pulls queued for the next batch of READs, and whether a task is
+        # sending batches now (it sends whatever queues up meanwhile too).
+        self._batch: list[_Pull] = []
+        self._flushing = False
+        self.direct_batches = 0  # chains of READs those pulls went out in
         self.direct_reads = 0
         self.direct_retries = 0
         self.direct_contended = 0
@@ -573,29 +606,36 @@ class RdmaPath:
         out: np.ndarray,
         min_version: int = 0,
     ) -> tuple[int, int, int] | None:
-        """One-sided: READ the shard's directory slot, its bytes and the slot again
-        (each READ fenced after the one before), with no message to the daemon.
+        """One-sided: READ the shard's directory slot, its bytes and the slot again,
+        with no message to the daemon.
 
-        Returns (version, stamp, previous copy's stamp) with the bytes in ``out``,
-        or None when the daemon must answer (see ``DirectReader.read``).
+        Pulls that run at once on this connection (the pieces of one read) go
+        out as one batch (``_flush``): the header and every slot, then all the
+        bytes, then every slot again, one fence before each phase, so the bytes
+        of all of them are in flight together. Returns (version, stamp,
+        previous copy's stamp) with the bytes in ``out``, or None when the
+        daemon must answer (see ``DirectReader.read``).
         """
         link = self.link
         remote = link.remote if link is not None else None
         if link is None or remote is None or remote.directory is None or not ONE_SIDED_ARCH:
             return None
         n = len(out)
-        if n > RDMA_DIRECT_MAX:
-            return None  # bandwidth-bound: asking the daemon pipelines better (sizes.py)
         staging = self.staging
         assert staging is not None
+        if n > staging.allocator.capacity // 2:
+            return None  # would hold the staging area alone: asking pipelines better
         async with link.scratch_free:
             cell = link.scratch.pop()
             try:
                 local = await staging.take(n, conn)
                 try:
-                    return await self._read_direct(
-                        link, remote, key, layout, index, offset, out, local, cell, min_version
+                    got = await self._read_direct(
+                        link, remote, key, layout, index, offset, n, local, cell, min_version
                     )
+                    if got is not None:
+                        np.copyto(out, link.buffer.view[local : local + n])
+                    return got
                 except BaseException as exc:
                     conn.abandon(exc)
                     raise
@@ -612,60 +652,129 @@ class RdmaPath:
         layout: int,
         index: int,
         offset: int,
-        out: np.ndarray,
+        n: int,
         data: int,
         cell: int,
         min_version: int,
     ) -> tuple[int, int, int] | None:
-        """READ header, slot, bytes (into ``data`` of the staging area) and slot again
-        (header and slots into ``cell`` of the scratch room)."""
-        assert remote.directory is not None
-        table_at = remote.directory[0]
-        view = link.buffer.view
-        n = len(out)
-        head, before, after = cell, cell + SLOT_BYTES, cell + 2 * SLOT_BYTES
-        fence = link.e.IBV_SEND_FENCE
-        read = link.e.IBV_WR_RDMA_READ
+        """Queue one pull for the next batch and wait for its answer (the bytes land at
+        ``data`` of the staging area, the slot words in ``cell`` of the scratch room)."""
         where = (key, index)
-        for _ in range(DIRECT_TRIES):
+        pull = _Pull(key, layout, index, offset, n, data, cell, min_version)
+        while pull.tries < DIRECT_TRIES:
             known = self._slots.get(where)
             if known is None:
                 known = await self._find_slot(link, remote, key, index, layout, cell)
                 if known is None:
                     return None
                 self._slots[where] = known
-            slot, block = known
-            slot_addr = remote.arena_addr + table_at + slot * SLOT_BYTES
-            header_addr = remote.arena_addr + table_at + remote.directory[1] * SLOT_BYTES
-            pieces = [
-                (head, header_addr, SLOT_BYTES, 0),
-                (before, slot_addr, SLOT_BYTES, 0),
-                (data, remote.arena_addr + block + offset, n, fence),
-                (after, slot_addr, SLOT_BYTES, fence),
-            ]
-            await link.chain(read, pieces, remote.arena_rkey, n, self.timeout)
-            if SLOT.unpack_from(view, head)[SERVING_WORD] != 1:
-                return None  # the daemon would refuse the read now: let it say why
-            first = slot_record(view[before : before + SLOT_BYTES])
-            second = SLOT.unpack_from(view, after)[0]
-            if first is None or first.seq != second:
-                self.direct_retries += 1
-                continue  # the daemon changed the shard meanwhile
-            if not first.names(key, index, layout):
-                del self._slots[where]  # freed, reused, or the tensor recreated
-                continue
-            if first.offset != block:
-                self._slots[where] = (slot, first.offset)  # moved: read it there
-                self.direct_retries += 1
-                continue
-            if block + offset + n > table_at or first.version < min_version:
-                return None
-            np.copyto(out, view[data : data + n])
-            self.direct_reads += 1
-            self.pulled_bytes += n
-            return first.version, first.stamp, first.prev
+            pull.slot, pull.block = known
+            pull.done = trio.Event()
+            self._batch.append(pull)
+            if not self._flushing:
+                self._flushing = True
+                try:
+                    await self._flush(link, remote)
+                finally:
+                    self._flushing = False
+            # The bytes may still be on their way into ``data``: this waits for
+            # the batch (bounded by its timeout) even if the caller is cancelled.
+            with trio.CancelScope(shield=True):
+                await pull.done.wait()
+            if pull.error is not None:
+                raise pull.error
+            if pull.answer != _RETRY:
+                return pull.answer
         self.direct_contended += 1
         return None
+
+    async def _flush(self, link: _Link, remote: _Remote) -> None:
+        """Send the queued pulls as batches until none is left; answer each."""
+        try:
+            while self._batch:
+                await trio.lowlevel.checkpoint()  # the other pieces of the read queue up
+                batch, wrs = [], 1  # the header
+                while self._batch and wrs + 2 + _chunks(self._batch[0].n) <= SEND_DEPTH:
+                    wrs += 2 + _chunks(self._batch[0].n)
+                    batch.append(self._batch.pop(0))
+                if not batch:  # one pull alone is more than a chain may hold
+                    batch.append(self._batch.pop(0))
+                await self._send_batch(link, remote, batch)
+        except BaseException as exc:
+            # The queue pair failed or timed out: every pull still queued fails too.
+            for p in self._batch:
+                p.error = exc
+                p.done.set()
+            self._batch.clear()
+            raise
+
+    async def _send_batch(self, link: _Link, remote: _Remote, batch: list[_Pull]) -> None:
+        """One chain of READs for ``batch``: the directory header and every slot, then
+        (fenced) all their bytes, then (fenced) every slot again; then judge each."""
+        assert remote.directory is not None
+        table_at, header_slot = remote.directory
+        base = remote.arena_addr
+        fence = link.e.IBV_SEND_FENCE
+        head = batch[0].cell + 2 * SLOT_BYTES
+        slots = [base + table_at + p.slot * SLOT_BYTES for p in batch]
+        pieces = [(head, base + table_at + header_slot * SLOT_BYTES, SLOT_BYTES, 0)]
+        pieces += [(p.cell, a, SLOT_BYTES, 0) for p, a in zip(batch, slots, strict=True)]
+        # Each phase starts once every READ before it is done (the fence on its
+        # first request), so the seq read before the bytes and again after them
+        # brackets them (protocol/directory.py).
+        data = [
+            (p.data + o, base + p.block + p.offset + o, min(CHUNK, p.n - o), 0)
+            for p in batch
+            for o in range(0, p.n, CHUNK)
+        ]
+        pieces += [(*data[0][:3], fence), *data[1:]]
+        again = [(p.cell + SLOT_BYTES, a, SLOT_BYTES, 0) for p, a in zip(batch, slots, strict=True)]
+        pieces += [(*again[0][:3], fence), *again[1:]]
+        try:
+            await link.chain(
+                link.e.IBV_WR_RDMA_READ,
+                pieces,
+                remote.arena_rkey,
+                sum(p.n for p in batch),
+                self.timeout,
+            )
+        except BaseException as exc:
+            for p in batch:
+                p.error = exc
+                p.done.set()
+            raise
+        self.direct_batches += 1
+        view = link.buffer.view
+        serving = SLOT.unpack_from(view, head)[SERVING_WORD] == 1
+        for p in batch:
+            p.answer = self._judge(p, serving, table_at, view)
+            p.done.set()
+
+    def _judge(
+        self, p: _Pull, serving: bool, table_at: int, view: memoryview
+    ) -> tuple[int, int, int] | object | None:
+        """What a pull's READs say: its answer, None (ask the daemon) or _RETRY."""
+        if not serving:
+            return None  # the daemon would refuse the read now: let it say why
+        where = (p.key, p.index)
+        first = slot_record(view[p.cell : p.cell + SLOT_BYTES])
+        second = SLOT.unpack_from(view, p.cell + SLOT_BYTES)[0]
+        p.tries += 1
+        if first is None or first.seq != second:
+            self.direct_retries += 1
+            return _RETRY  # the daemon changed the shard meanwhile
+        if not first.names(p.key, p.index, p.layout):
+            self._slots.pop(where, None)  # freed, reused, or the tensor recreated
+            return _RETRY
+        if first.offset != p.block:
+            self._slots[where] = (p.slot, first.offset)  # moved: read it there
+            self.direct_retries += 1
+            return _RETRY
+        if p.block + p.offset + p.n > table_at or first.version < p.min_version:
+            return None
+        self.direct_reads += 1
+        self.pulled_bytes += p.n
+        return first.version, first.stamp, first.prev
 
     async def _find_slot(
         self, link: _Link, remote: _Remote, key: int, index: int, layout: int, local: int

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -37,6 +39,13 @@ CASES = [
 def connections(client: Client | AsyncClient) -> list:
     inner = client._client if isinstance(client, Client) else client
     return list(inner._conns.values())
+
+
+def data_segments(conn) -> tuple[int, int]:
+    """TCP segments carrying data in and out on a connection's socket (Linux tcp_info:
+    tcpi_data_segs_in, tcpi_data_segs_out; pure ACKs are not counted)."""
+    info = conn.stream.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    return struct.unpack_from("<II", info, 152)
 
 
 @pytest.mark.parametrize(("dtype", "n"), CASES, ids=["4KiB", "3.01shards", "64MiB"])
@@ -151,8 +160,11 @@ def test_reads_are_one_sided(rdma_cluster: Cluster, monkeypatch: pytest.MonkeyPa
     with Client(rdma_cluster.config_path, transport="rdma") as c:
         c.write("one/x", x, replace=True)
         assert np.array_equal(c.read("one/x"), x)
-        assert np.array_equal(c.read("one/x"), x)  # slots known now: one chain per shard
         conns = connections(c)
+        before = [data_segments(k) for k in conns]
+        assert np.array_equal(c.read("one/x"), x)  # slots known now: one chain per daemon
+        # The repeat pull sent no TCP message and got none: the daemons were not asked.
+        assert [data_segments(k) for k in conns] == before
         assert sum(k.bulk.direct_reads for k in conns) == 6
         assert sum(k.bulk.mapped_pulls for k in conns) == 0
         c.delete("one/x")
@@ -165,6 +177,21 @@ def test_reads_are_one_sided(rdma_cluster: Cluster, monkeypatch: pytest.MonkeyPa
         conns = connections(c)
         assert sum(k.bulk.direct_reads for k in conns) == 0
         assert sum(k.bulk.mapped_pulls for k in conns) == 3
+
+
+def test_the_pieces_of_one_read_go_out_in_one_batch(rdma_cluster: Cluster) -> None:
+    """A read's shards on one daemon are READ together (header and slots, then all the
+    bytes, then the slots again): fewer chains than shards, and the bytes right."""
+    x = np.arange(12 * SHARD // 4, dtype=np.float32)  # twelve shards over three daemons
+    with Client(rdma_cluster.config_path, transport="rdma") as c:
+        c.write("one/batched", x, replace=True)
+        for _ in range(3):
+            assert np.array_equal(c.read("one/batched"), x)
+        conns = connections(c)
+        reads = sum(k.bulk.direct_reads for k in conns)
+        batches = sum(k.bulk.direct_batches for k in conns)
+        assert reads == 36 and sum(k.bulk.mapped_pulls for k in conns) == 0
+        assert batches < reads, (batches, reads)
 
 
 ACCUMULATOR = textwrap.dedent(
