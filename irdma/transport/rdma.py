@@ -58,7 +58,7 @@ from ..protocol.directory import (
     slot_record,
 )
 from ..protocol.messages import RdmaConnect
-from ..sizes import RDMA_STAGING_MIN, STAGING_ALIGN
+from ..sizes import RDMA_DIRECT_MAX, RDMA_STAGING_MIN, STAGING_ALIGN
 from .base import (
     Buffer,
     MemoryStream,
@@ -623,8 +623,8 @@ class RdmaPath:
         n = len(out)
         staging = self.staging
         assert staging is not None
-        if n > staging.allocator.capacity // 2:
-            return None  # would hold the staging area alone: asking pipelines better
+        if n > min(RDMA_DIRECT_MAX, staging.allocator.capacity // 2):
+            return None  # bandwidth-bound: asking the daemon pipelines better (sizes.py)
         async with link.scratch_free:
             cell = link.scratch.pop()
             try:
