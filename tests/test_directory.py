@@ -257,6 +257,26 @@ def test_a_stamped_write_keeps_the_previous_copy_for_its_readers(
     assert info.value.status == Status.STAMP_PENDING
 
 
+def test_a_shard_rewritten_back_to_back_keeps_a_bounded_number_of_copies(
+    store: Store,
+) -> None:
+    """Within OLDER_COPIES_KEPT, only OLDER_COPIES_MAX older copies stay: the shard
+    cycles through a few blocks instead of taking fresh arena room each write."""
+    m = meta()
+    store.create(m)
+    for i in range(10):
+        apply(store, m, 0, np.full(SHARD // 4, i, np.float32), stamp=0xA0 + i)
+    shard = store.tensors[m.key].shards[0]
+    assert len(shard.older) == store_module.OLDER_COPIES_MAX
+    kept = 2 + store_module.OLDER_COPIES_MAX  # the current copy, prev, the older ones
+    assert store.arena.used == (kept + m.num_shards - 1) * SHARD  # the others: one each
+    assert store.copy_for(shard, 0xA0 + 8)[1] == 9  # prev
+    assert store.copy_for(shard, 0xA0 + 8 - store_module.OLDER_COPIES_MAX)[1]
+    with pytest.raises(StoreError) as info:
+        store.copy_for(shard, 0xA0 + 7 - store_module.OLDER_COPIES_MAX)
+    assert info.value.status == Status.STAMP_GONE
+
+
 def test_a_stamp_needs_a_write_of_the_whole_shard(store: Store) -> None:
     m = meta()
     store.create(m)
