@@ -71,3 +71,26 @@ def test_concurrent_whole_tensor_writes_keep_read_your_writes(tmp_path: Path) ->
 @pytest.mark.timeout(300)
 def test_asymmetric_link_failures_lose_nothing(tmp_path: Path) -> None:
     check(RunConfig(seed=seed(), seconds=ASYMMETRIC_SECONDS, kinds=ASYMMETRIC), tmp_path)
+
+
+# -- membership in etcd (an etcd member on a host the nemesis leaves alone) ----------------
+
+ETCD_SECONDS = 40.0
+
+
+@pytest.mark.timeout(300)
+def test_with_etcd_no_acknowledged_update_is_lost_or_doubled_under_faults(
+    tmp_path: Path,
+) -> None:
+    """The same faults with liveness from etcd leases instead of heartbeats: a paused
+    or partitioned daemon loses its lease, a killed one's expires."""
+    check(RunConfig(seed=seed(), seconds=ETCD_SECONDS, kinds=SYMMETRIC, etcd=True), tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_with_etcd_asymmetric_link_failures_lose_nothing(tmp_path: Path) -> None:
+    """The gap the heartbeat scheme has (above) closed by etcd: two daemons that cannot
+    reach each other both stay registered, so the primary waits for its backup instead
+    of acknowledging without it."""
+    config = RunConfig(seed=seed(), seconds=ASYMMETRIC_SECONDS, kinds=ASYMMETRIC, etcd=True)
+    check(config, tmp_path)

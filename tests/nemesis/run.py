@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from .workload import SHARD_SIZE
 WORKERS = str(Path(__file__).with_name("workers.py"))
 PORT = 7400
 CLIENT_HOST = "client"
+ETCD_HOST = "etcd"
 
 
 @dataclass
@@ -47,6 +49,9 @@ class RunConfig:
     think: float = 0.01  # longest pause of a client between operations
     weights: tuple[float, ...] = (5, 3, 1, 1)  # of accumulates, reads, writes, register reads
     shared_registers: bool = False  # every client writes one register (else one writer each)
+    # Membership in etcd (an etcd member on a host of its own, out of the nemesis's
+    # reach): daemons are up while their 1 s leases are, not by heartbeats.
+    etcd: bool = False
 
 
 @dataclass
@@ -69,7 +74,7 @@ class RunResult:
 class NemesisCluster:
     """The daemons and helper processes of one run (the nemesis's ``Target``)."""
 
-    def __init__(self, net: Network, workdir: Path, daemons: int) -> None:
+    def __init__(self, net: Network, workdir: Path, daemons: int, etcd: str | None = None) -> None:
         self.net = net
         self.dir = workdir
         self.hosts = [f"d{i + 1}" for i in range(daemons)]
@@ -77,15 +82,16 @@ class NemesisCluster:
             (h, f"tcp://{net.address(h)}:{PORT}", str(workdir / h), 64 << 20) for h in self.hosts
         ]
         self.config_path = workdir / "cluster.toml"
-        self.config_path.write_text(
-            render_config(
-                nodes,
-                shard_size=SHARD_SIZE,
-                replicas=2,
-                timeout=2.0,
-                extra={"heartbeat": 0.2, "failure_timeout": 1.0},
-            )
+        text = render_config(
+            nodes,
+            shard_size=SHARD_SIZE,
+            replicas=2,
+            timeout=2.0,
+            extra={"heartbeat": 0.2, "failure_timeout": 1.0},
         )
+        if etcd is not None:
+            text += f'\n[etcd]\nendpoints = ["{etcd}"]\nprefix = "/irdma/nemesis"\nlease_ttl = 1\n'
+        self.config_path.write_text(text)
         self.procs: dict[str, subprocess.Popen] = {}
         self.monitor: subprocess.Popen | None = None
 
@@ -180,6 +186,38 @@ class NemesisCluster:
         return out
 
 
+def start_etcd(net: Network, workdir: Path, timeout: float = 30) -> str:
+    """One etcd member on the etcd host (it goes with the network); its client URL."""
+    binary = shutil.which("etcd")
+    if binary is None:
+        raise RuntimeError("etcd is not installed (deploy/setup.sh installs etcd-server)")
+    addr = net.address(ETCD_HOST)
+    client, peer = f"http://{addr}:2379", f"http://{addr}:2380"
+    argv = [binary, "--name", "nemesis", "--data-dir", str(workdir / "etcd-data")]
+    argv += ["--listen-client-urls", client, "--advertise-client-urls", client]
+    argv += ["--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer]
+    argv += ["--initial-cluster", f"nemesis={peer}"]
+    argv += ["--heartbeat-interval", "50", "--election-timeout", "500"]
+    proc = net.run(ETCD_HOST, argv, log=workdir / "etcd.log")
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"etcd exited: {(workdir / 'etcd.log').read_text()[-2000:]}")
+        health = [sys.executable, "-c", HEALTH, f"{client}/health"]
+        with contextlib.suppress(Exception):
+            if net.check_output(ETCD_HOST, health, timeout=5).strip() == "ok":
+                return client
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"etcd did not answer within {timeout:g} s")
+        time.sleep(0.2)
+
+
+HEALTH = (
+    "import sys, urllib.request; "
+    "print('ok' if b'\"true\"' in urllib.request.urlopen(sys.argv[1], timeout=2).read() else 'no')"
+)
+
+
 def _readline(proc: subprocess.Popen, timeout: float) -> str:
     """One line from a helper's stdout, or RuntimeError after ``timeout`` (never hangs)."""
     assert proc.stdout is not None
@@ -210,8 +248,10 @@ def run(config: RunConfig, workdir: Path, log: Callable[[str], None] = print) ->
     """Build the cluster, run clients and the nemesis, heal, read the copies, check."""
     workdir.mkdir(parents=True, exist_ok=True)
     faults = schedule(config.seed, [f"d{i + 1}" for i in range(config.daemons)], config.kinds)
-    with Network([*(f"d{i + 1}" for i in range(config.daemons)), CLIENT_HOST]) as net:
-        cluster = NemesisCluster(net, workdir, config.daemons)
+    hosts = [*(f"d{i + 1}" for i in range(config.daemons)), CLIENT_HOST]
+    with Network([*hosts, ETCD_HOST] if config.etcd else hosts) as net:
+        endpoint = start_etcd(net, workdir) if config.etcd else None
+        cluster = NemesisCluster(net, workdir, config.daemons, endpoint)
         cluster.start_all()
         cluster.start_monitor()
         state = cluster.wait_ready(60)
