@@ -47,19 +47,11 @@ ALPHA = st.floats(allow_nan=False, allow_infinity=False, width=64)
 RID = {"request_id": U64}
 UPDATE_OPS = st.sampled_from([Op.WRITE, Op.ACCUMULATE])
 
-# The fields of a forwarded update besides its op (and the push's, for a push).
-REPLICA_FIELDS = dict(
-    key=U64,
-    shard=U32,
-    offset=U64,
-    size=U64,
-    alpha=ALPHA,
-    layout=U64,
-    dtype=U16,
-    produces=U64,
-    sender=U32,
-    txn=U64,
+# The fields every update has besides its op, and those of a forwarded one.
+UPDATE_FIELDS = dict(
+    key=U64, shard=U32, offset=U64, size=U64, alpha=ALPHA, layout=U64, dtype=U16, txn=U64
 )
+REPLICA_FIELDS = dict(UPDATE_FIELDS, produces=U64, sender=U32)
 MESSAGES = st.one_of(
     st.builds(Hello, **RID),
     st.builds(Create, key=U64, replace=st.booleans(), exclusive=st.booleans(), **RID),
@@ -83,18 +75,11 @@ MESSAGES = st.one_of(
     st.builds(
         Update,
         op=UPDATE_OPS,
-        key=U64,
-        shard=U32,
-        offset=U64,
-        size=U64,
-        alpha=ALPHA,
-        layout=U64,
-        dtype=U16,
         wire=U16,
         worker=U32,
         step=U64,
-        txn=U64,
         staged=st.booleans(),
+        **UPDATE_FIELDS,
         **RID,
     ),
     st.builds(ReplicaUpdate, op=UPDATE_OPS, **REPLICA_FIELDS, **RID),
