@@ -34,6 +34,9 @@ from .errors import IrdmaError
 # wrong server from making us allocate much).
 MAX_ANSWER = 16 << 20
 READ_SIZE = 65536
+# HTTP statuses that say the server cannot serve now (overloaded, timing out,
+# shutting down): another endpoint, or a later try, may.
+UNAVAILABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 
 class EtcdError(IrdmaError):
@@ -250,7 +253,7 @@ class Etcd:
             try:
                 with trio.fail_after(self.timeout):
                     return await self._post(host, port, path, body)
-            except (OSError, trio.TooSlowError, h11.ProtocolError) as exc:
+            except (OSError, trio.TooSlowError, h11.ProtocolError, EtcdUnavailable) as exc:
                 problems.append(f"{host}:{port}: {exc or type(exc).__name__}")
         raise EtcdUnavailable(f"no etcd endpoint answered {path}: " + "; ".join(problems))
 
@@ -260,7 +263,12 @@ class Etcd:
             conn = h11.Connection(h11.CLIENT)
             await self._send_request(stream, conn, host, port, path, body)
             status, data = await self._read_answer(stream, conn)
-        answer = json.loads(data) if data else {}
+        if status in UNAVAILABLE_STATUSES:
+            raise EtcdUnavailable(f"etcd {path}: HTTP {status}")
+        try:
+            answer = json.loads(data) if data else {}
+        except ValueError:
+            raise EtcdError(f"etcd {path}: HTTP {status}, not JSON: {data[:200]!r}") from None
         if status != 200:
             raise EtcdError(f"etcd {path}: HTTP {status}: {answer.get('error', data[:200])}")
         return answer
@@ -377,6 +385,9 @@ class Watch:
                 if event is h11.NEED_DATA:
                     self._conn.receive_data(await self._stream.receive_some(READ_SIZE))
                 elif isinstance(event, h11.Response):
+                    if event.status_code in UNAVAILABLE_STATUSES:
+                        # e.g. 408 from a server stopping before the watch began
+                        raise EtcdUnavailable(f"etcd {self.PATH}: HTTP {event.status_code}")
                     if event.status_code != 200:
                         raise EtcdError(f"etcd {self.PATH}: HTTP {event.status_code}")
                 elif isinstance(event, h11.Data):

@@ -120,16 +120,30 @@ def timespan(text: str) -> float:
     return total
 
 
-async def cluster_ready(client: AsyncClient) -> list[dict[str, Any]] | None:
-    """Every daemon up, caught up (ready) and with no shard behind: their status rows; else None."""
+async def cluster_ready(
+    client: AsyncClient, last: list[list[dict[str, Any]]] | None = None
+) -> list[dict[str, Any]] | None:
+    """Every daemon up, caught up (ready) and with no shard behind: their status rows; else
+    None (the rows seen go to ``last``, for the failure message)."""
     rows = await gather(client)
+    seen = [r.to_dict() for r in rows]
+    if last is not None:
+        last[:] = [seen]
     if all(r.up and (r.hello or {}).get("ready") and r.skew == 0 for r in rows):
-        return [r.to_dict() for r in rows]
+        return seen
     return None
 
 
 async def wait_cluster_ready(client: AsyncClient) -> list[dict[str, Any]]:
-    return await until("every daemon up and ready", lambda: cluster_ready(client), READY_TIMEOUT)
+    last: list[list[dict[str, Any]]] = []
+    try:
+        return await until(
+            "every daemon up and ready", lambda: cluster_ready(client, last), READY_TIMEOUT
+        )
+    except CheckFailed as exc:
+        # What the cluster looked like at the end (a failure seen once under load
+        # left nothing else to go on).
+        raise CheckFailed(f"{exc}; last status: {json.dumps(last[-1] if last else None)}") from None
 
 
 async def restarted(unit: str, restarts_before: int) -> dict[str, str] | None:
