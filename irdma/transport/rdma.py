@@ -674,7 +674,11 @@ class RdmaPath:
             if not self._flushing:
                 self._flushing = True
                 try:
-                    await self._flush(link, remote)
+                    # Others wait on this task's batches: it finishes them (each
+                    # bounded by the timeout) even if its own caller is cancelled,
+                    # so no waiter is handed another task's Cancelled.
+                    with trio.CancelScope(shield=True):
+                        await self._flush(link, remote)
                 finally:
                     self._flushing = False
             # The bytes may still be on their way into ``data``: this waits for
