@@ -50,7 +50,7 @@ from irdma.transport.tcp import FramedConnection
 
 from .errors import StoreError
 from .membership import Membership
-from .store import Commit, Store
+from .store import Commit, Store, held_commit
 
 log = logging.getLogger("psd")
 
@@ -440,21 +440,8 @@ class Replicator:
         for worker, step, held in self.store.held_on(tensor, index):
             if self.store.tensors.get(key) is not tensor:
                 return  # replaced meanwhile: its own copy follows
-            c = Commit(
-                key,
-                index,
-                held.op,
-                held.offset,
-                held.alpha,
-                tensor.meta.layout,
-                tensor.meta.dtype_code,
-                held.buffer.copy(),  # the step may complete (and sum in place) meanwhile
-                held.txn,
-                copied,  # held since the copy; later ones are queued behind it
-                pushed_by=worker,
-                pushed_step=step,
-                held=True,
-            )
+            # Held since the copy: later ones are queued behind it.
+            c = held_commit(held, worker, step, copied)
             status = await self._send_update(peer, c)
             if status not in (Status.OK, Status.BEHIND):
                 raise PeerError(

@@ -673,26 +673,8 @@ class Store:
     def _forward_held(self, update: Update, worker: int, step: int) -> None:
         """A push held for its lockstep step goes to the backups too (acknowledged once
         they have it), so a backup taking over mid-step has every acknowledged push."""
-        if not (self.replicated and update.replicate):
-            return
-        meta = update.tensor.meta
-        self.commits.append(
-            Commit(
-                meta.key,
-                update.shard.index,
-                update.op,
-                update.offset,
-                update.alpha,
-                meta.layout,
-                meta.dtype_code,
-                update.buffer.copy(),  # the step's sum scales the held one in place
-                update.txn,
-                update.shard.version,
-                pushed_by=worker,
-                pushed_step=step,
-                held=True,
-            )
-        )
+        if self.replicated and update.replicate:
+            self.commits.append(held_commit(update, worker, step, update.shard.version))
 
     def take_commits(self) -> list[Commit]:
         """The updates applied since the last call, oldest first."""
@@ -1003,20 +985,15 @@ class Store:
                 Status.BAD_ARGUMENT,
                 f"tensor {name!r} is in {mode.kind} mode: an accumulate must cover whole shards",
             )
-        if mode.kind == "ssp":
-            try:
-                coord.push(update.shard.index, worker, step, update, self.clock())
-            except StoreError:
-                self.abort(update)
-                raise
-            version = self.commit(update, pushed=(worker, step))
-            self.on_change()  # reads waiting on this worker's clock
-            return version
         try:
             items = coord.push(update.shard.index, worker, step, update, self.clock())
         except StoreError:
             self.abort(update)
             raise
+        if mode.kind == "ssp":  # applied at once, with its worker's clock for the backups
+            version = self.commit(update, pushed=(worker, step))
+            self.on_change()  # reads waiting on this worker's clock
+            return version
         if items is None:
             self._forward_held(update, worker, step)
             return update.shard.version
@@ -1095,6 +1072,27 @@ class Store:
                 self._apply_step(items, mode, group, applied)
         self.on_change()
         return lost
+
+
+def held_commit(update: Update, worker: int, step: int, version: int) -> Commit:
+    """A push held for lockstep ``step`` as forwarded to a backup, on top of shard
+    ``version`` (its bytes copied: the step's sum scales the held one in place)."""
+    meta = update.tensor.meta
+    return Commit(
+        meta.key,
+        update.shard.index,
+        update.op,
+        update.offset,
+        update.alpha,
+        meta.layout,
+        meta.dtype_code,
+        update.buffer.copy(),
+        update.txn,
+        version,
+        pushed_by=worker,
+        pushed_step=step,
+        held=True,
+    )
 
 
 def _nothing() -> None:
