@@ -222,10 +222,14 @@ def rendezvous_weight(node_name: str, key: int, shard: int) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
+def rendezvous_rank(name: str, key: int, shard: int) -> tuple[int, str]:
+    """What orders a node for (key, shard), highest first: its weight, then its name."""
+    return rendezvous_weight(name, key, shard), name
+
+
 def rendezvous_order(nodes: tuple[Node, ...], key: int, shard: int) -> list[Node]:
     """All nodes ordered by rendezvous weight for (key, shard), highest first."""
-    ranked = sorted(nodes, key=lambda n: (rendezvous_weight(n.name, key, shard), n.name))
-    return ranked[::-1]
+    return sorted(nodes, key=lambda n: rendezvous_rank(n.name, key, shard), reverse=True)
 
 
 def find_config_path(explicit: str | os.PathLike[str] | None = None) -> Path:

@@ -20,7 +20,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .cluster import rendezvous_weight
+from .cluster import rendezvous_rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +44,7 @@ class Epoch:
     def replicas_for(self, key: int, shard: int) -> tuple[str, ...]:
         """The shard's replicas in preference order (the first is its primary), at most
         ``replicas`` of them (fewer while the epoch has fewer members)."""
-        ranked = sorted(
-            self.members, key=lambda name: (rendezvous_weight(name, key, shard), name), reverse=True
-        )
+        ranked = sorted(self.members, key=lambda n: rendezvous_rank(n, key, shard), reverse=True)
         return tuple(ranked[: self.replicas])
 
     def holds(self, name: str, key: int, shard: int) -> bool:

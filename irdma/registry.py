@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 
 import trio
 
+from .cluster import EtcdSettings
 from .epochs import Epoch
 from .etcd import Compare, Etcd, EtcdError, KeyValue, Lease, Put
 
@@ -66,6 +67,11 @@ class Registry:
         self.prefix = prefix.rstrip("/").encode()
         self.members_prefix = self.prefix + b"/members/"
         self.epoch_key = self.prefix + b"/epoch"
+
+    @classmethod
+    def of(cls, settings: EtcdSettings, timeout: float) -> Registry:
+        """The registry a config's ``[etcd]`` names, each call within ``timeout``."""
+        return cls(Etcd(settings.endpoints, timeout=timeout), settings.prefix)
 
     def member_key(self, name: str) -> bytes:
         return self.members_prefix + name.encode()

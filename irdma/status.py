@@ -24,7 +24,7 @@ from . import localdir
 from .client import AsyncClient
 from .cluster import ClusterConfig
 from .errors import IrdmaError
-from .etcd import Etcd, EtcdError
+from .etcd import EtcdError
 from .protocol import tensor_key
 from .registry import Registry
 from .supervisor import FAILED, RESTARTING, STOPPED, DaemonRecord
@@ -125,7 +125,7 @@ async def gather(client: AsyncClient) -> list[NodeStatus]:
 async def ask_etcd(config: ClusterConfig, rows: list[NodeStatus]) -> None:
     """Mark each row registered in etcd or not (or why etcd could not say)."""
     assert config.etcd is not None
-    registry = Registry(Etcd(config.etcd.endpoints, timeout=config.timeout), config.etcd.prefix)
+    registry = Registry.of(config.etcd, config.timeout)
     try:
         members, _ = await registry.members()
     except EtcdError as exc:

@@ -17,7 +17,7 @@ import time
 import trio
 
 from irdma.cluster import ClusterConfig, Node
-from irdma.etcd import Etcd, EtcdError, Lease
+from irdma.etcd import EtcdError, Lease
 from irdma.registry import MemberRecord, Registry
 
 from .membership import Membership
@@ -37,8 +37,7 @@ class Presence:
         self.settings = config.etcd
         self.node = node
         self.membership = membership
-        etcd = Etcd(config.etcd.endpoints, timeout=config.timeout)
-        self.registry = Registry(etcd, config.etcd.prefix)
+        self.registry = Registry.of(config.etcd, config.timeout)
         self.names = {n.name for n in config.nodes}
 
     def record(self) -> MemberRecord:

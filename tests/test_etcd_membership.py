@@ -22,7 +22,6 @@ import trio
 
 import irdma
 from irdma import Client
-from irdma.etcd import Etcd
 from irdma.protocol import tensor_key
 from irdma.registry import Registry
 
@@ -62,7 +61,7 @@ def leased(server: EtcdServer, tmp_path: Path) -> Iterator[Cluster]:
 def registry(cluster: Cluster) -> Registry:
     settings = cluster.config.etcd
     assert settings is not None
-    return Registry(Etcd(settings.endpoints), settings.prefix)
+    return Registry.of(settings, timeout=5.0)
 
 
 def registered(cluster: Cluster) -> set[str]:
