@@ -123,6 +123,22 @@ class Cluster:
                 proc.wait(10)
 
 
+def stop_process(proc: subprocess.Popen, grace: float, *, wake: bool = False) -> None:
+    """SIGTERM ``proc`` (after SIGCONT with ``wake``: a paused process cannot handle
+    it), wait up to ``grace`` seconds, then SIGKILL it; nothing if it has exited."""
+    if proc.poll() is not None:
+        return
+    if wake:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 def hello(config: ClusterConfig, name: str) -> dict:
     """One daemon's HELLO answer, over a raw socket (no client machinery)."""
     node = config.node(name)
@@ -270,13 +286,7 @@ class Mount:
 
     def unmount(self) -> None:
         """SIGTERM the mount process (it pushes pending writes), then make sure it is gone."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc, 20)
         if is_mounted(self.path):  # a dead mount: os.path.ismount says False for those
             subprocess.run(["fusermount3", "-u", "-z", str(self.path)], check=False)
 

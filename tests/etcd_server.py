@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import signal
 import socket
 import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from .conftest import stop_process
 
 START_TIMEOUT = 30.0
 
@@ -86,14 +87,8 @@ class EtcdServer:
         return False
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        if self.proc is not None:
+            stop_process(self.proc, 10)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""

@@ -28,6 +28,8 @@ from irdma.errors import ConfigError
 from irdma.local import psd_command, write_config
 from irdma.sdnotify import Notifier
 
+from .conftest import stop_process
+
 pytestmark = pytest.mark.timeout(90)
 
 WATCHDOG_USEC = 400_000  # pings every 0.2 s
@@ -96,14 +98,7 @@ class Daemon:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc, 15, wake=True)
 
 
 def set_log_level(config_path: Path, level: str) -> None:
