@@ -9,6 +9,7 @@ examples:
   irdma ls -lh 'resnet/*'                     names, patterns (* ? [] **) or prefixes
   irdma cp -r resnet backup/resnet; irdma rm -r backup
   irdma status                                every daemon; exit 1 if any is down
+  irdma drain n3                              move n3's shards off it (membership in etcd)
   irdma doctor                                what breaks RDMA, FUSE, memlock here
 """
 
@@ -28,6 +29,7 @@ import trio
 from . import __version__, mounts
 from . import bench as benchmod
 from . import doctor as doctormod
+from . import drain as drainmod
 from . import local as localmod
 from . import status as statusmod
 from .boundary import guarded
@@ -264,6 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctormod.add_arguments(s)
     s.set_defaults(run=doctormod.run)
+
+    s = command(
+        "drain",
+        "move every shard off a daemon and take it out of the cluster (etcd)",
+        drainmod.DESCRIPTION,
+    )
+    drainmod.add_arguments(s)
 
     s = command(
         "bench",

@@ -14,7 +14,7 @@ import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import partial, wraps
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -24,6 +24,7 @@ from . import narrowing
 from .auth import cluster_secret
 from .batching import Batches
 from .cluster import ClusterConfig, Node, load_config
+from .epochs import Epoch, epoch_tag
 from .errors import (
     ClientClosed,
     DaemonError,
@@ -31,6 +32,7 @@ from .errors import (
     DaemonUnavailable,
     DtypeMismatch,
     ShapeMismatch,
+    StaleEpoch,
     StaleLayout,
     StampGone,
     StampPending,
@@ -64,6 +66,7 @@ from .protocol.messages import (
     served_stamps,
 )
 from .ranges import Piece, shard_pieces
+from .registry import current_epoch
 from .routing import Router, asks_primary, new_stamp, new_txn, worker_field
 from .shells import BlockingShell, Shell, TrioShell, drive
 from .sinks import IntoSink
@@ -155,6 +158,16 @@ def _byte_view(arr: np.ndarray) -> memoryview:
     return memoryview(arr.reshape(-1).view(np.uint8))
 
 
+def _epoch_rerouted(method: Callable[..., Any]) -> Callable[..., Any]:
+    """An operation over several daemons, run again when the cluster's epoch changed."""
+
+    @wraps(method)
+    async def run(self: AsyncClient, *args: Any, **kwargs: Any) -> Any:
+        return await self._rerouted(lambda: method(self, *args, **kwargs))
+
+    return run
+
+
 class AsyncClient:
     """Async client. Use as ``async with AsyncClient(config) as client:``.
 
@@ -208,6 +221,8 @@ class AsyncClient:
         )
 
     async def __aenter__(self) -> AsyncClient:
+        if self.needs_epoch:
+            self.config.adopt(await current_epoch(self.config.etcd, self.timeout))  # type: ignore[arg-type]
         self._stack = contextlib.AsyncExitStack()
         nursery = await self._stack.enter_async_context(trio.open_nursery())
         self._shell = TrioShell(self, nursery)
@@ -220,6 +235,12 @@ class AsyncClient:
         await self.aclose()
         assert self._stack is not None
         await self._stack.aclose()
+
+    @property
+    def needs_epoch(self) -> bool:
+        """A config naming only etcd: the daemons come from the epoch stored there.
+        (With ``[[nodes]]`` too, a daemon's refusal brings the epoch in force.)"""
+        return self.config.etcd is not None and self.config.epoch is None and not self.config.nodes
 
     async def aclose(self) -> None:
         """Close every connection (pending requests fail with ClientClosed)."""
@@ -260,6 +281,8 @@ class AsyncClient:
         while (so a waiting client still hears from its daemon); it is asked
         again until the step is reached or the daemon reports an error.
         """
+        if self.config.epoch is not None:
+            header = header._replace(epoch=epoch_tag(self.config.epoch.number))
         try:
             while True:
                 conn = await self._connection(node)
@@ -281,16 +304,44 @@ class AsyncClient:
         status = reply.header.status
         if status != Status.OK:
             text = reply.data.decode("utf-8", "replace")
+            if status == Status.STALE_EPOCH:
+                text = self._follow_epoch(node, text)
             raise error_for_status(status, f"{node.name}: {text}")
         return reply
+
+    def _follow_epoch(self, node: Node, record: str) -> str:
+        """A daemon refused a request routed with another epoch and sent its own:
+        take it if it is newer (the next try routes with it). Returns what to say."""
+        try:
+            epoch = Epoch.from_json(record)
+        except ValueError as exc:
+            return f"refused the request's epoch, with a bad epoch record ({exc})"
+        mine = self.config.epoch
+        if mine is None or epoch.number > mine.number:
+            self.config.adopt(epoch)
+            return f"the cluster is at epoch {epoch.number}; routed again"
+        return f"is at epoch {epoch.number}, behind this client's {mine.number}; asked again"
+
+    async def _rerouted(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` (an operation over several daemons) again while daemons say the
+        cluster's epoch changed, for as long as a request may take."""
+        deadline = self._now() + self.timeout + 2 * self.config.failure_detection
+        while True:
+            try:
+                return await fn()
+            except StaleEpoch:
+                if self._now() >= deadline:
+                    raise
+                await self._shell.sleep(0.05)  # a daemon behind the epoch catches up
 
     async def _gather(self, calls: Iterable[Callable[[], Any]]) -> list[Any]:
         """Run calls concurrently; return results in order, or raise the first error."""
         return await self._shell.gather(list(calls))
 
     def _nodes_holding(self, meta: TensorMeta) -> list[Node]:
+        """The daemons that keep a copy of some shard (in a move under way, too)."""
         names = {
-            n.name for s in range(meta.num_shards) for n in self.config.replicas_for(meta.key, s)
+            n.name for s in range(meta.num_shards) for n in self.config.copies_for(meta.key, s)
         }
         return [n for n in self.config.nodes if n.name in names]
 
@@ -319,6 +370,7 @@ class AsyncClient:
         reply = await self._request(node, ListTensors().frame(len(raw)), [raw])
         return decode_json(reply.data)
 
+    @_epoch_rerouted
     async def create(
         self,
         name: str,
@@ -413,6 +465,7 @@ class AsyncClient:
             options=meta.options,
         )
 
+    @_epoch_rerouted
     async def stat(self, name: str) -> TensorInfo:
         """Metadata and version of a tensor; raises TensorNotFound."""
         validate_name(name)
@@ -440,6 +493,7 @@ class AsyncClient:
         self._meta[name] = meta
         return self._info_from(records, meta)
 
+    @_epoch_rerouted
     async def list(self, prefix: str = "") -> list[TensorInfo]:
         """Every tensor whose name starts with ``prefix``, sorted by name."""
         raw = prefix.encode()
@@ -463,6 +517,7 @@ class AsyncClient:
                 by_name[rec["meta"]["name"]].append(rec)
         return [self._info_from(recs) for _, recs in sorted(by_name.items())]
 
+    @_epoch_rerouted
     async def delete(self, name: str) -> None:
         """Delete a tensor from every daemon; raises TensorNotFound if none had it."""
         validate_name(name)
@@ -1243,6 +1298,8 @@ class Client:
     ) -> None:
         self._client = AsyncClient(config, timeout=timeout, transport=transport)
         self.config = self._client.config
+        if self._client.needs_epoch:
+            self.config.adopt(trio.run(current_epoch, self.config.etcd, self._client.timeout))
         self._loop: _LoopThread | None = None
         if may_use_rdma(self.config.nodes, self._client.transport):
             self._loop = _LoopThread(self._client)

@@ -24,6 +24,7 @@ Example::
     endpoints = ["http://10.0.0.1:2379"]
     prefix = "/irdma/prod"   # default /irdma/default
     lease_ttl = 2            # seconds; a daemon that stops renewing is down after it
+    replace_after = 30       # seconds down before its shards are copied elsewhere
 
 An address is ``tcp://``, ``shm://`` (same-host clients must use shared
 memory) or ``rdma://`` (clients use RDMA verbs, set up over the daemon's TCP
@@ -45,11 +46,14 @@ import hashlib
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .epochs import Epoch
 
 DEFAULT_CONFIG_PATH = Path("/etc/irdma/cluster.toml")
 DEFAULT_SHARD_SIZE = 4 << 20
@@ -59,6 +63,7 @@ DEFAULT_FAILURE_TIMEOUT = 1.0
 DEFAULT_SNAPSHOT_INTERVAL = 60.0
 DEFAULT_ETCD_PREFIX = "/irdma/default"
 DEFAULT_LEASE_TTL = 2
+DEFAULT_REPLACE_AFTER = 30.0
 # shm: same-host clients must use shared memory; rdma: clients use RDMA
 # verbs where they can. Either way the daemon listens on TCP at that host and
 # port, for its peers, for clients without them, and (rdma) to set up queue pairs.
@@ -144,10 +149,18 @@ class EtcdSettings:
     endpoints: tuple[str, ...]  # http://host:port of etcd members
     prefix: str = DEFAULT_ETCD_PREFIX  # every key of this cluster is under it
     lease_ttl: int = DEFAULT_LEASE_TTL  # seconds a daemon's registration outlives it
+    # Seconds a member may stay unregistered (down) before its copies are made
+    # again on the others; a daemon restarted sooner keeps its shards.
+    replace_after: float = DEFAULT_REPLACE_AFTER
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class ClusterConfig:
+    """A cluster's settings and its daemons. With ``[etcd]`` the daemons and their
+    placement follow the epoch in force (``adopt``): ``nodes`` are then the epoch's
+    members and target daemons, and shards are placed over its members. The
+    process's one mutable setting: everything holding the config sees the change."""
+
     nodes: tuple[Node, ...]
     shard_size: int = DEFAULT_SHARD_SIZE
     replicas: int = 1
@@ -165,14 +178,58 @@ class ClusterConfig:
     # its lease is (not by heartbeats); None: the embedded heartbeat scheme.
     etcd: EtcdSettings | None = None
     path: Path | None = None
-    _by_name: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
+    # The epoch in force (``irdma.epochs``; None: the static node list places shards).
+    epoch: Epoch | None = None
+    _by_name: dict[str, Node] = field(default_factory=dict, repr=False)
+    # The nodes shards are placed on (the epoch's members), and the target's.
+    _members: tuple[Node, ...] = field(default=(), repr=False)
+    _target: tuple[Node, ...] = field(default=(), repr=False)
+    # The [[nodes]] of the file: where a node's data_dir and arena live.
+    _configured: dict[str, Node] = field(default_factory=dict, repr=False)
     # Placement is pure but costs a hash per node; remember recent answers.
-    _placement: dict[tuple[int, int], tuple[Node, ...]] = field(
-        default_factory=dict, repr=False, compare=False
+    _placement: dict[tuple[int, int], tuple[Node, ...]] = field(default_factory=dict, repr=False)
+    _target_placement: dict[tuple[int, int], tuple[Node, ...]] = field(
+        default_factory=dict, repr=False
     )
 
     def __post_init__(self) -> None:
         self._by_name.update({n.name: n for n in self.nodes})
+        self._configured.update(self._by_name)
+        self._members = self.nodes
+
+    def adopt(self, epoch: Epoch) -> None:
+        """Follow ``epoch``: its members and target daemons become the nodes, its
+        members place the shards. A node of the file keeps its data_dir and arena."""
+        nodes = []
+        for name in epoch.names:
+            known = self._configured.get(name) or self._by_name.get(name)
+            address = epoch.address_of(name)
+            if address is None and known is None:
+                raise ConfigError(f"epoch {epoch.number}: no address for member {name!r}")
+            where = Address.parse(address) if address is not None else known.address  # type: ignore[union-attr]
+            if known is not None:
+                nodes.append(replace(known, address=where))
+            else:
+                nodes.append(Node(name, where, Path(f"/var/lib/irdma/{name}"), 0))
+        by_name = {n.name: n for n in nodes}
+        self.epoch = epoch
+        self.nodes = tuple(nodes)
+        self.replicas = epoch.replicas
+        self._by_name = by_name
+        self._members = tuple(by_name[n] for n in epoch.members)
+        self._target = tuple(by_name[n] for n in epoch.target or ())
+        self._placement = {}
+        self._target_placement = {}
+
+    @property
+    def members(self) -> tuple[Node, ...]:
+        """The nodes shards are placed on (all nodes, without an epoch)."""
+        return self._members
+
+    @property
+    def replicated(self) -> bool:
+        """Whether daemons run replication (several copies, or members that can change)."""
+        return self.replicas > 1 or self.etcd is not None
 
     def node(self, name: str) -> Node:
         try:
@@ -189,17 +246,35 @@ class ClusterConfig:
         if found is None:
             if len(self._placement) >= PLACEMENT_CACHE:
                 self._placement.clear()
-            found = tuple(rendezvous_order(self.nodes, key, shard)[: self.replicas])
+            found = tuple(rendezvous_order(self._members, key, shard)[: self.replicas])
             self._placement[(key, shard)] = found
         return found
+
+    def target_replicas_for(self, key: int, shard: int) -> tuple[Node, ...]:
+        """The shard's replicas in the target of a move under way (none without one)."""
+        if not self._target:
+            return ()
+        found = self._target_placement.get((key, shard))
+        if found is None:
+            if len(self._target_placement) >= PLACEMENT_CACHE:
+                self._target_placement.clear()
+            found = tuple(rendezvous_order(self._target, key, shard)[: self.replicas])
+            self._target_placement[(key, shard)] = found
+        return found
+
+    def copies_for(self, key: int, shard: int) -> tuple[Node, ...]:
+        """Every daemon that keeps a copy of the shard: its replicas, then those that
+        gain it in a move under way (updates are forwarded to all of them)."""
+        now = self.replicas_for(key, shard)
+        return now + tuple(n for n in self.target_replicas_for(key, shard) if n not in now)
 
     def primary_for(self, key: int, shard: int) -> Node:
         """The shard's preferred primary (the acting one may differ while it is down)."""
         return self.replicas_for(key, shard)[0]
 
     def holds(self, node: str, key: int, shard: int) -> bool:
-        """Whether ``node`` keeps a copy of the shard."""
-        return any(n.name == node for n in self.replicas_for(key, shard))
+        """Whether ``node`` keeps a copy of the shard (now, or in a move under way)."""
+        return any(n.name == node for n in self.copies_for(key, shard))
 
     @property
     def failure_detection(self) -> float:
@@ -291,8 +366,10 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig
     if unknown:
         raise fail(sorted(unknown)[0], f"unknown key (known: {', '.join(sorted(_TOP_KEYS))})")
     nodes_raw = raw.get("nodes")
-    if not isinstance(nodes_raw, list) or not nodes_raw:
-        raise fail("nodes", "at least one [[nodes]] table is required")
+    if "etcd" in raw and nodes_raw is None:
+        nodes_raw = []  # a client's config: the nodes come from etcd's epoch
+    elif not isinstance(nodes_raw, list) or not nodes_raw:
+        raise fail("nodes", "at least one [[nodes]] table is required (or an [etcd] table)")
     nodes: list[Node] = []
     seen_names: set[str] = set()
     seen_addrs: set[tuple[str, int]] = set()
@@ -345,7 +422,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig
     replicas = raw.get("replicas", 1)
     if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
         raise fail("replicas", f"{replicas!r} must be a positive integer")
-    if replicas > len(nodes):
+    if replicas > len(nodes) and "etcd" not in raw:
         raise fail("replicas", f"{replicas} replicas need at least {replicas} nodes")
     timeout = _seconds(raw, "timeout", DEFAULT_TIMEOUT, fail)
     heartbeat = _seconds(raw, "heartbeat", DEFAULT_HEARTBEAT, fail)
@@ -392,7 +469,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig
     )
 
 
-_ETCD_KEYS = {"endpoints", "prefix", "lease_ttl"}
+_ETCD_KEYS = {"endpoints", "prefix", "lease_ttl", "replace_after"}
 
 
 def _etcd_settings(raw: Any, fail: Any) -> EtcdSettings:
@@ -416,7 +493,10 @@ def _etcd_settings(raw: Any, fail: Any) -> EtcdSettings:
     ttl = raw.get("lease_ttl", DEFAULT_LEASE_TTL)
     if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= 3600:
         raise fail("etcd.lease_ttl", f"{ttl!r} must be whole seconds, 1 to 3600")
-    return EtcdSettings(tuple(endpoints), prefix, ttl)
+    replace_after = _seconds(
+        raw, "replace_after", DEFAULT_REPLACE_AFTER, lambda k, m: fail(f"etcd.{k}", m)
+    )
+    return EtcdSettings(tuple(endpoints), prefix, ttl, replace_after)
 
 
 def parse_metrics_address(value: Any) -> Address:

@@ -176,6 +176,13 @@ class TornRead(DaemonError):
     status = Status.STAMP_GONE
 
 
+class StaleEpoch(DaemonError):
+    """The request was routed with another cluster epoch than the daemon's (a
+    daemon joined or left); the client takes the daemon's epoch and routes again."""
+
+    status = Status.STALE_EPOCH
+
+
 class AuthFailed(DaemonError):
     """This process and a daemon could not authenticate each other.
 
@@ -212,12 +219,13 @@ _BY_STATUS: dict[int, type[DaemonError]] = {
     Status.AUTH_FAILED: AuthFailed,
     Status.STAMP_GONE: StampGone,
     Status.STAMP_PENDING: StampPending,
+    Status.STALE_EPOCH: StaleEpoch,
 }
 
 # Statuses that mean "this replica cannot do it now, another one may": a
 # client with replicas tries the next one.
 FAILOVER_STATUSES = frozenset(
-    {Status.NOT_OWNER, Status.RECOVERING, Status.NO_QUORUM, Status.BEHIND}
+    {Status.NOT_OWNER, Status.RECOVERING, Status.NO_QUORUM, Status.BEHIND, Status.STALE_EPOCH}
 )
 
 

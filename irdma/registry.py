@@ -6,10 +6,14 @@ Under one key prefix (``/irdma/<cluster>``):
   size), written with the daemon's lease. The daemon renews the lease while it
   runs; if it stops renewing (killed, hung, cut off from etcd) the key goes
   away when the lease expires, and everyone watching sees it leave.
-- ``epoch``: the current epoch (``irdma.epochs.Epoch``): its number and the
-  member list placement uses. It changes only by compare-and-swap on its
-  revision, so of two daemons proposing the next epoch from the same one,
-  exactly one wins.
+- ``epoch``: the current epoch (``irdma.epochs.Epoch``): its number, the
+  member list placement uses, and during a move the target list. It changes
+  only by compare-and-swap on its revision, so of two daemons proposing the
+  next epoch from the same one, exactly one wins.
+- ``gained/<name>``: the number of the last epoch whose target copies the
+  daemon has (a move switches once every target daemon has them).
+- ``drain/<name>``: an operator asked for the daemon to be moved off
+  (``irdma drain``); it stays out of the member list while the key exists.
 
 A daemon keeps its own lease's deadline: it counts from when it *sent* the
 last renewal etcd granted, so it always runs out no later than etcd's own
@@ -19,11 +23,12 @@ anyone can have acted on the expiry.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import trio
 
@@ -59,6 +64,52 @@ class MemberRecord:
         return record
 
 
+@dataclass
+class ClusterState:
+    """What etcd holds for one cluster, kept current from a watch (``apply``)."""
+
+    revision: int = 0
+    members: dict[str, MemberRecord] = field(default_factory=dict)  # registered now
+    epoch: Epoch | None = None
+    epoch_revision: int = 0  # the epoch record's mod revision (0: none)
+    gained: dict[str, int] = field(default_factory=dict)
+    drained: set[str] = field(default_factory=set)
+
+    def apply(self, registry: Registry, kv: KeyValue, deleted: bool) -> None:
+        """One key written (or deleted) at ``kv.mod_revision``."""
+        key = kv.key
+        self.revision = max(self.revision, kv.mod_revision)
+        if key == registry.epoch_key:
+            if deleted:
+                self.epoch, self.epoch_revision = None, 0
+            else:
+                try:
+                    self.epoch = Epoch.from_json(kv.value)
+                except ValueError:
+                    return  # not ours: ``irdma status`` names it
+                self.epoch_revision = kv.mod_revision
+            return
+        for prefix, table in (
+            (registry.members_prefix, self.members),
+            (registry.gained_prefix, self.gained),
+        ):
+            if key.startswith(prefix):
+                name = key[len(prefix) :].decode(errors="replace")
+                if deleted:
+                    table.pop(name, None)
+                elif table is self.members:
+                    record = registry._member(kv)
+                    if record is not None:
+                        self.members[name] = record
+                else:
+                    with contextlib.suppress(ValueError):  # not ours: ignored
+                        self.gained[name] = int(kv.value)
+                return
+        if key.startswith(registry.drain_prefix):
+            name = key[len(registry.drain_prefix) :].decode(errors="replace")
+            (self.drained.discard if deleted else self.drained.add)(name)
+
+
 class Registry:
     """Members and epochs of the cluster under ``prefix`` in ``etcd``."""
 
@@ -67,6 +118,8 @@ class Registry:
         self.prefix = prefix.rstrip("/").encode()
         self.members_prefix = self.prefix + b"/members/"
         self.epoch_key = self.prefix + b"/epoch"
+        self.gained_prefix = self.prefix + b"/gained/"
+        self.drain_prefix = self.prefix + b"/drain/"
 
     @classmethod
     def of(cls, settings: EtcdSettings, timeout: float) -> Registry:
@@ -148,6 +201,28 @@ class Registry:
             except EtcdError:
                 continue  # tried again until the deadline
 
+    # -- the whole cluster at once ---------------------------------------------------
+
+    async def state(self) -> ClusterState:
+        """Everything under the prefix, read at one revision."""
+        kvs, revision = await self.etcd.get_prefix(self.prefix + b"/")
+        state = ClusterState(revision=revision)
+        for kv in kvs:
+            state.apply(self, kv, deleted=False)
+        return state
+
+    async def say_gained(self, name: str, number: int) -> None:
+        """``name`` has every copy it gains in epoch ``number``'s target."""
+        await self.etcd.put(self.gained_prefix + name.encode(), str(number).encode())
+
+    async def drain(self, name: str) -> None:
+        """Ask for ``name`` to be moved off and left out of the member list."""
+        await self.etcd.put(self.drain_prefix + name.encode(), b"1")
+
+    async def undrain(self, name: str) -> bool:
+        """Let a drained daemon back in; False if it was not being drained."""
+        return await self.etcd.delete(self.drain_prefix + name.encode()) > 0
+
     # -- epochs ---------------------------------------------------------------------
 
     async def epoch(self) -> tuple[Epoch | None, int]:
@@ -169,3 +244,15 @@ class Registry:
 def lease_ttl(seconds: float) -> int:
     """A lease TTL in whole seconds (etcd's unit), at least 1."""
     return max(1, math.ceil(seconds))
+
+
+async def current_epoch(settings: EtcdSettings, timeout: float) -> Epoch:
+    """The epoch in force in the cluster ``settings`` name (a client with no
+    ``[[nodes]]`` starts from it); EtcdError when there is none or etcd is not there."""
+    epoch, _ = await Registry.of(settings, timeout).epoch()
+    if epoch is None:
+        raise EtcdError(
+            f"no epoch under {settings.prefix} in etcd ({', '.join(settings.endpoints)}): "
+            "has a daemon of this cluster started?"
+        )
+    return epoch

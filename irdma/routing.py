@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from .cluster import ClusterConfig, Node
 from .errors import FAILOVER_STATUSES, DaemonError, DaemonUnavailable
-from .protocol import NO_WORKER, Header
+from .protocol import NO_WORKER, Header, Status
 from .protocol.messages import Read, Stat, Update
 from .transport.base import Buffer, Reply, Sink
 
@@ -91,7 +91,8 @@ class Router:
 
     @property
     def replicated(self) -> bool:
-        return self.config.replicas > 1
+        """Whether requests fail over (several copies, or an epoch that can change)."""
+        return self.config.replicated
 
     def seen(self, key: int, shard: int) -> int:
         """The highest version of the shard this client saw (0: none)."""
@@ -187,6 +188,10 @@ class Router:
                 if exc.status not in FAILOVER_STATUSES:
                     raise
                 last = exc
+                if exc.status == Status.STALE_EPOCH:
+                    # The client took the daemon's newer epoch: place the shard again.
+                    update_like = asks_primary(update, worker)
+                    candidates = self.candidates(key, shard, update_like)
             else:
                 if track:
                     self.saw(key, shard, reply.header.version, update)

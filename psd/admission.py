@@ -28,6 +28,11 @@ class Admission:
                 Status.RECOVERING,
                 f"{self.node.name} is catching up from its replicas; ask another replica",
             )
+        if not m.settled():
+            raise StoreError(
+                Status.RECOVERING,
+                f"{self.node.name} is settling on a new cluster epoch; ask again shortly",
+            )
         if not m.has_quorum():
             raise StoreError(
                 Status.NO_QUORUM,

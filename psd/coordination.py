@@ -46,14 +46,19 @@ class Coordinator(Generic[T]):
     last_seen: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        m = self.mode
         self._steps: dict[int, _Lockstep[T]] = {}
         self._clocks: dict[int, list[int]] = {}
         for index in self.shards:
-            if m.steps_in_lockstep:
-                self._steps[index] = _Lockstep([0] * m.groups, [{} for _ in range(m.groups)])
-            elif m.kind == "ssp":
-                self._clocks[index] = [0] * m.workers
+            self.add_shard(index)
+
+    def add_shard(self, index: int) -> None:
+        """Keep the rules for one more local shard (placed here by a move), from step 0:
+        the copy that follows brings its steps and clocks."""
+        m = self.mode
+        if m.steps_in_lockstep:
+            self._steps[index] = _Lockstep([0] * m.groups, [{} for _ in range(m.groups)])
+        elif m.kind == "ssp":
+            self._clocks[index] = [0] * m.workers
 
     # -- workers --------------------------------------------------------------
 

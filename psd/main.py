@@ -35,7 +35,7 @@ def build_store(config: ClusterConfig, node: Node) -> Store:
     def owns(key: int, shard: int) -> bool:
         return config.holds(node.name, key, shard)
 
-    return Store(arena, owns, replicated=config.replicas > 1)
+    return Store(arena, owns, replicated=config.replicated)
 
 
 def restore(store: Store, node: Node) -> None:
@@ -114,9 +114,9 @@ async def run_daemon(
                     log.warning("%s: no shm transport for same-host clients: %s", node.name, exc)
                 await nursery.start(server.serve)
                 await start_metrics(nursery, server)  # when the node has a metrics_address
-                if config.etcd is not None:  # up while registered, not by heartbeats
-                    nursery.start_soon(Presence(config, node, replicator.membership).run)
                 await nursery.start(replicator.run)
+                if config.etcd is not None:  # up while registered, not by heartbeats
+                    nursery.start_soon(Presence(config, node, replicator).run)
                 nursery.start_soon(periodic_snapshots, config, store, node, lifecycle)
                 # Every listener answers now: READY=1 (with replicas, maybe still catching up).
                 lifecycle.started(replicator.membership.ready)

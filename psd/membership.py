@@ -27,6 +27,12 @@ counted locally to a deadline that falls before etcd can expire it
 (``irdma.registry``). No majority of daemons is needed: etcd's is. Pings
 still carry whether a peer is ready (caught up). A daemon that loses its
 lease is not ready until it has registered again and caught up.
+
+**Epochs** (with etcd): the member list changes (``irdma.epochs``). A daemon
+that adopts a new epoch is *settled* once every registered peer of it
+reported that epoch or a later one: until then it serves no client
+requests, so no daemon acts under one epoch while another still acts under
+the one before (an old primary would accept updates beside the new one).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class PeerState:
     # (boot, seq) of the newest state the peer reported: a heartbeat built
     # before a newer one but delivered after it must not undo it.
     stamp: tuple[int, int] | None = None
+    epoch: int = 0  # the newest epoch number it reported (with etcd)
 
 
 class Membership:
@@ -56,7 +63,7 @@ class Membership:
         self.config = config
         self.me = me
         self.clock = clock
-        self.replicated = config.replicas > 1
+        self.replicated = config.replicated
         self.peers = {n.name: PeerState() for n in config.nodes if n.name != me}
         self.ready = not self.replicated
         self.lease = config.failure_timeout / 2
@@ -114,6 +121,7 @@ class Membership:
         ready: bool | None = None,
         now: float | None = None,
         stamp: tuple[int, int] | None = None,
+        epoch: int | None = None,
     ) -> None:
         """A message from ``peer`` arrived (``ready``: the state it reported, if any).
 
@@ -136,6 +144,8 @@ class Membership:
         )
         if stale:
             ready = None  # built before a report already seen
+        elif epoch is not None:
+            state.epoch = max(state.epoch, epoch)
         if ready is not None:
             state.ready = ready
             if stamp is not None:
@@ -153,6 +163,46 @@ class Membership:
         if names != self.registered:
             self.registered = names
             self.on_change()
+
+    def follow_nodes(self) -> None:
+        """The config's nodes changed (a new epoch): its new daemons become peers. Those
+        it left out stay peers until this daemon settled on it (``forget_leavers``): they
+        too must have adopted it, or they could still serve under the one before."""
+        for n in self.config.nodes:
+            if n.name != self.me and n.name not in self.peers:
+                self.peers[n.name] = PeerState()
+        self.on_change()
+
+    def forget_leavers(self) -> list[str]:
+        """Stop counting the peers the epoch in force left out; return their names."""
+        names = {n.name for n in self.config.nodes}
+        gone = [p for p in self.peers if p not in names]
+        for name in gone:
+            del self.peers[name]
+        if gone:
+            self.on_change()
+        return gone
+
+    def settled(self) -> bool:
+        """Whether every registered peer reported this daemon's epoch or a later one
+        (always, without etcd); see the module's notes on epochs."""
+        if not self.leased:
+            return True
+        epoch = self.config.epoch
+        if epoch is None:
+            return False
+        return all(
+            state.epoch >= epoch.number
+            for name, state in self.peers.items()
+            if name in self.registered
+        )
+
+    def lose(self) -> None:
+        """This daemon's copies may be stale (a peer refused what it forwarded as
+        primary): not ready until it has caught up again."""
+        if self.ready:
+            self.ready = False
+            self.on_lost()
 
     def holds_lease_until(self, until: float) -> None:
         """This daemon holds its lease until ``until`` (this object's clock, i.e.
@@ -220,11 +270,12 @@ class Membership:
         return None
 
     def backups(self, key: int, shard: int, now: float | None = None) -> list[str]:
-        """The shard's other replicas that are up (ready or catching up): updates go to them."""
+        """The shard's other copies that are up (ready or catching up, and those that
+        gain it in a move under way): updates go to them."""
         now = self.clock() if now is None else now
         return [
             n.name
-            for n in self.config.replicas_for(key, shard)
+            for n in self.config.copies_for(key, shard)
             if n.name != self.me and self.up(n.name, now)
         ]
 

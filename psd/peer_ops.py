@@ -7,6 +7,7 @@ import numpy as np
 
 from irdma.protocol import MAX_META_PAYLOAD, NO_WORKER, Header, Status
 from irdma.protocol.messages import Catchup, Ping, ReplicaUpdate, ShardCopy, SyncRequest
+from irdma.transport.base import StreamBroken, StreamClosed
 
 from .conn import Conn, Replies, payload_json
 from .data_ops import DataOps
@@ -55,8 +56,23 @@ class PeerOps:
 
     async def sync_request(self, conn: Conn, header: Header, msg: SyncRequest) -> None:
         body = await payload_json(conn)
-        await self.replicator.serve_sync_request(body)
-        await self.replies.reply(conn, header, [])
+        items = self.replicator.queue_sync_request(body)
+        # Answered by its own task once the shards are delivered: meanwhile this
+        # connection serves the asker's other requests (two daemons copying from
+        # each other at once would otherwise wait on each other's connection).
+        conn.deferred = True
+        conn.nursery.start_soon(self._answer_when_sent, conn, header, items)
+
+    async def _answer_when_sent(self, conn: Conn, header: Header, items: list) -> None:
+        try:
+            try:
+                await self.replicator.sent(items)
+            except StoreError as exc:
+                await self.replies.error(conn, header, exc.status, exc.message)
+            else:
+                await self.replies.reply(conn, header, [])
+        except (StreamBroken, StreamClosed):
+            pass  # the connection's task notices and cleans up
 
     async def sync(self, conn: Conn, header: Header, msg: ShardCopy) -> None:
         length = conn.payload.left

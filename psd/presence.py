@@ -1,9 +1,10 @@
 """A daemon's registration in etcd, and who else is registered (``[etcd]`` configs).
 
 The daemon registers its member record under a lease and renews it
-(``irdma.registry``); a watch of the members' prefix tells ``Membership`` who
-is up. If the lease is lost (etcd said so, or no renewal came back before
-the local deadline), the daemon stops accepting updates at once, registers
+(``irdma.registry``); a watch of the cluster's prefix tells ``Membership`` who
+is up, hands every new epoch to the ``Replicator`` and wakes the
+``Steward``. If the lease is lost (etcd said so, or no renewal came back
+before the local deadline), the daemon stops accepting updates at once, registers
 again under a new lease and catches up like a restarted daemon. A name still
 held by an earlier lease (this daemon killed and restarted within the TTL)
 is waited for: that lease expires by itself.
@@ -18,9 +19,10 @@ import trio
 
 from irdma.cluster import ClusterConfig, Node
 from irdma.etcd import EtcdError, Lease
-from irdma.registry import MemberRecord, Registry
+from irdma.registry import ClusterState, MemberRecord, Registry
 
-from .membership import Membership
+from .replication import Replicator
+from .steward import Steward
 
 log = logging.getLogger("psd")
 
@@ -31,14 +33,18 @@ RETRY = 0.25
 class Presence:
     """Keeps ``node`` registered in etcd and ``membership`` told who is."""
 
-    def __init__(self, config: ClusterConfig, node: Node, membership: Membership) -> None:
+    def __init__(self, config: ClusterConfig, node: Node, replicator: Replicator) -> None:
         assert config.etcd is not None
         self.config = config
         self.settings = config.etcd
         self.node = node
-        self.membership = membership
+        self.replicator = replicator
+        self.membership = replicator.membership
         self.registry = Registry.of(config.etcd, config.timeout)
-        self.names = {n.name for n in config.nodes}
+        self.steward = Steward(config, node, self.registry, self.membership)
+        self.state: ClusterState | None = None
+        self._wake = trio.Event()
+        replicator.on_gained = self.say_gained
 
     def record(self) -> MemberRecord:
         n = self.node
@@ -49,6 +55,7 @@ class Presence:
         """Register, renew and watch until cancelled; register again after a loss."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch)
+            nursery.start_soon(self._stewarding)
             while True:
                 lease, asked = await self._register()
                 lost = trio.Event()
@@ -104,25 +111,50 @@ class Presence:
             await trio.sleep(RETRY)
 
     async def _watch(self) -> None:
-        """Keep ``membership.registered`` equal to the members in etcd (of this config)."""
+        """Keep ``state`` equal to what etcd holds for the cluster, and act on it."""
         while True:
             try:
-                members, revision = await self.registry.members()
-                present = set(members) & self.names
-                self.membership.saw_registered(frozenset(present))
+                self.state = await self.registry.state()
+                self._changed()
                 async with self.registry.etcd.watch(
-                    self.registry.members_prefix, revision + 1
+                    self.registry.prefix + b"/", self.state.revision + 1
                 ) as changes:
                     async for events in changes:
                         for e in events:
-                            name = e.kv.key[len(self.registry.members_prefix) :].decode()
-                            if name not in self.names:
-                                continue
-                            if e.kind == "put":
-                                present.add(name)
-                            else:
-                                present.discard(name)
-                        self.membership.saw_registered(frozenset(present))
+                            self.state.apply(self.registry, e.kv, deleted=e.kind == "delete")
+                        self._changed()
             except EtcdError as exc:
-                log.info("%s: watching etcd's members: %s; again", self.node.name, exc)
+                log.info("%s: watching etcd: %s; again", self.node.name, exc)
+                await trio.sleep(RETRY)
+
+    def _changed(self) -> None:
+        state = self.state
+        self.membership.saw_registered(frozenset(state.members))
+        if state.epoch is not None:
+            self.replicator.adopt(state.epoch)
+        self.steward.observe(state)
+        self._wake.set()
+
+    async def _stewarding(self) -> None:
+        """Propose the next epoch whenever one is due (``psd.steward``); checked on
+        every change seen, and every ``RETRY`` for the time members stay away."""
+        while True:
+            with trio.move_on_after(RETRY):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            if self.state is None:
+                continue
+            try:
+                await self.steward.step(self.state)
+            except EtcdError as exc:
+                log.info("%s: proposing an epoch: %s; again", self.node.name, exc)
+
+    async def say_gained(self, number: int) -> None:
+        """Tell etcd this daemon has its copies for epoch ``number``'s target."""
+        while True:
+            try:
+                await self.registry.say_gained(self.node.name, number)
+                return
+            except EtcdError as exc:
+                log.info("%s: saying it has its copies: %s; again", self.node.name, exc)
                 await trio.sleep(RETRY)

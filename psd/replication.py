@@ -18,6 +18,12 @@
   acting primary of), or, while catching up, from the peer it asked. A
   primary that was paused or cut off and comes back with stale queued
   updates is refused, drops them, and catches up like any rejoining daemon.
+- **Moves** (with etcd, ``irdma.epochs``). While an epoch names a target
+  member list, updates are also forwarded to the daemons that gain a shard in
+  it, and each of them copies what it gains from the shard's acting primary
+  (``gain``), then says so in etcd; once all have, the steward switches the
+  epoch. After a switch, once settled, a daemon drops the copies it no
+  longer keeps. Copies travel only between daemons of the same epoch.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+import zlib
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +42,7 @@ import trio
 
 from irdma.auth import cluster_secret
 from irdma.cluster import ClusterConfig, Node
+from irdma.epochs import Epoch
 from irdma.errors import AuthFailed
 from irdma.protocol import (
     Header,
@@ -89,6 +97,7 @@ class Peer:
         self.conn: FramedConnection | None = None
         self.lock = trio.Lock()  # one connect at a time
         self.auth_error: str | None = None  # why the last link failed to authenticate
+        self.scope = trio.CancelScope()  # its heartbeat and sender tasks (ended when it leaves)
 
     def put(self, item: Item) -> Item:
         self.queue.append(item)
@@ -113,7 +122,7 @@ class Replicator:
         self.membership = Membership(config, node.name)
         self.peers = {n.name: Peer(n) for n in config.nodes if n.name != node.name}
         self.names = [n.name for n in config.nodes]
-        self.index = self.names.index(node.name)  # how copies name their sender
+        self.index = self.sender_id(node.name)  # how copies name their sender
         # Heartbeats carry (boot, seq) so a late one cannot undo a newer state.
         self._boot = secrets.randbits(63)
         self._seq = 0
@@ -126,17 +135,40 @@ class Replicator:
         self.membership.on_lost = self._on_lost
         self.membership.on_change = self._on_change
         self.recovered = trio.Event()  # set the first time this daemon is ready
+        # With etcd: set once the first epoch is adopted (catching up waits for it);
+        # ``on_gained`` tells etcd this daemon has its copies of a move's target, and
+        # ``on_adopted`` is the server's (the directory says at once what it serves).
+        self.adopted = trio.Event()
+        self.on_gained: Callable[[int], Awaitable[None]] = _gained_nowhere
+        self.on_adopted: Callable[[], None] = _nothing
+        self._epoch_work = trio.CancelScope()
+        # Why this daemon last gave up being ready (said in the log).
+        self._lost_why = ""
 
     @property
     def enabled(self) -> bool:
-        return self.config.replicas > 1
+        return self.config.replicated
+
+    def sender_id(self, name: str) -> int:
+        """How replication messages name their sender: its index in the node list, or
+        (with etcd, where the list changes) a 31-bit hash of its name."""
+        if self.config.etcd is not None:
+            return zlib.crc32(name.encode()) & 0x7FFFFFFF
+        return self.names.index(name)
+
+    def sender_name(self, sender: int) -> str | None:
+        if self.config.etcd is not None:
+            return next((p for p in self.peers if self.sender_id(p) == sender), None)
+        return self.names[sender] if sender < len(self.names) else None
 
     def _on_lost(self) -> None:
-        log.warning(
-            "%s: no contact with a majority for %.1f s; catching up before serving again",
-            self.node.name,
-            self.membership.grace,
+        why = self._lost_why or (
+            f"no contact with a majority for {self.membership.grace:.1f} s"
+            if not self.membership.leased
+            else "its etcd lease is not held"
         )
+        self._lost_why = ""
+        log.warning("%s: %s; catching up before serving again", self.node.name, why)
         # Whatever was queued while primary is stale now: others may have
         # taken over. This daemon catches up instead. Forwards already written
         # to a peer's socket are dropped too (a reset, not a close): sent when
@@ -164,14 +196,131 @@ class Replicator:
             self.recovered.set()
             task_status.started()
             await trio.sleep_forever()
+        if self.config.etcd is None:
+            self.adopted.set()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for peer in self.peers.values():
-                nursery.start_soon(self._heartbeats, peer)
-                nursery.start_soon(self._sender, peer)
+                nursery.start_soon(self._peer_tasks, peer)
             nursery.start_soon(self._tick)
             nursery.start_soon(self._recovery_loop)
             task_status.started()
+
+    async def _peer_tasks(self, peer: Peer) -> None:
+        """Heartbeats and the forward queue of one peer, until it leaves the cluster."""
+        with peer.scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._heartbeats, peer)
+                nursery.start_soon(self._sender, peer)
+
+    # -- epochs (etcd) ----------------------------------------------------------------
+
+    def adopt(self, epoch: Epoch) -> None:
+        """Follow a newer epoch: its daemons become the peers, its members place the
+        shards; then (in the background) settle on it, drop copies no longer kept,
+        and copy what this daemon gains in its target."""
+        current = self.config.epoch
+        if current is not None and epoch.number <= current.number:
+            return
+        assert self._nursery is not None
+        self.config.adopt(epoch)
+        self.names = [n.name for n in self.config.nodes]
+        for n in self.config.nodes:
+            peer = self.peers.get(n.name)
+            if n.name == self.node.name:
+                continue
+            if peer is not None and peer.node.address != n.address:
+                self._part(peer)
+                peer = None
+            if peer is None:
+                self.peers[n.name] = peer = Peer(n)
+                self._nursery.start_soon(self._peer_tasks, peer)
+        self.membership.follow_nodes()
+        self.on_adopted()
+        log.info(
+            "%s: epoch %d: members %s%s",
+            self.node.name,
+            epoch.number,
+            ", ".join(epoch.members),
+            f"; moving to {', '.join(epoch.target)}" if epoch.target else "",
+        )
+        self._epoch_work.cancel()
+        self._epoch_work = trio.CancelScope()
+        self._nursery.start_soon(self._follow_epoch, epoch, self._epoch_work)
+        self.adopted.set()
+
+    def _part(self, peer: Peer) -> None:
+        """A peer left the cluster (or moved): stop its tasks, let go of its queue."""
+        peer.scope.cancel()
+        peer.skip_all()
+        if peer.conn is not None:
+            peer.conn.abandon(StreamClosed(f"{peer.node.name} left the cluster"))
+            peer.conn = None
+
+    async def _follow_epoch(self, epoch: Epoch, scope: trio.CancelScope) -> None:
+        with scope:
+            await self._settle(epoch)
+            for name in self.membership.forget_leavers():
+                self._part(self.peers.pop(name))
+            self._drop_unkept()
+            self.on_adopted()  # serving again (one-sided readers too), without those copies
+            if epoch.target is not None and self.node.name in epoch.target:
+                await self._gain(epoch)
+                await self.on_gained(epoch.number)
+
+    async def _settle(self, epoch: Epoch) -> None:
+        """Tell every peer of the new epoch now, and wait until all registered ones
+        report it (``Membership.settled``)."""
+        async with trio.open_nursery() as nursery:
+            for peer in list(self.peers.values()):
+                nursery.start_soon(self._ping, peer)
+        while not self.membership.settled():
+            await trio.sleep(self.config.heartbeat / 4)
+        log.info("%s: settled on epoch %d", self.node.name, epoch.number)
+
+    def _drop_unkept(self) -> None:
+        """Drop the local copies this daemon keeps in neither the members' placement
+        nor the target's (a move switched away from it)."""
+        me = self.node.name
+        unkept = [
+            (key, index)
+            for key, tensor in self.store.tensors.items()
+            for index in tensor.shards
+            if not self.config.holds(me, key, index)
+        ]
+        for key, index in unkept:
+            self.store.drop_shard(key, index)
+        if unkept:
+            log.info("%s: dropped %d shard copies it no longer keeps", me, len(unkept))
+
+    async def _gain(self, epoch: Epoch) -> None:
+        """Copy every shard this daemon gains in ``epoch``'s target from its acting
+        primary (which forwards every update to it from now on)."""
+        me = self.node.name
+
+        def gains(key: int, index: int) -> bool:
+            return not any(n.name == me for n in self.config.replicas_for(key, index))
+
+        copied = 0
+        while True:
+            if not (self.membership.ready and self.membership.settled()):
+                await trio.sleep(RETRY_PAUSE)
+                continue
+            plan = await self._plan(only=gains)
+            if plan is None:
+                await trio.sleep(RETRY_PAUSE)
+                continue
+            fetch, _ = plan
+            try:
+                for source, shards in fetch.items():
+                    await self._fetch(source, shards)
+            except PeerError as exc:
+                log.info("%s: copying for epoch %d failed (%s); again", me, epoch.number, exc)
+                await trio.sleep(RETRY_PAUSE)
+                continue
+            copied = sum(len(v) for v in fetch.values())
+            break
+        log.info("%s: has its copies for epoch %d (%d copied)", me, epoch.number, copied)
 
     async def _tick(self) -> None:
         while True:
@@ -180,6 +329,7 @@ class Replicator:
             await trio.sleep(self.config.heartbeat / 2)
 
     async def _recovery_loop(self) -> None:
+        await self.adopted.wait()  # with etcd: catching up needs the epoch's placement
         while True:
             await self._catch_up()
             self.recovered.set()
@@ -241,8 +391,17 @@ class Replicator:
                 "handoff": handoff,
                 "boot": self._boot,
                 "seq": self._seq,
+                "epoch": self._epoch_number(),
             }
         )
+
+    def _epoch_number(self) -> int:
+        return self.config.epoch.number if self.config.epoch is not None else 0
+
+    @staticmethod
+    def _epoch_of(body: dict) -> int | None:
+        epoch = body.get("epoch")
+        return epoch if isinstance(epoch, int) else None
 
     @staticmethod
     def _stamp(body: dict) -> tuple[int, int] | None:
@@ -262,7 +421,9 @@ class Replicator:
         if not isinstance(body, dict) or not self._is_peer(body.get("node")):
             raise StoreError(Status.BAD_ARGUMENT, "heartbeat from an unknown node")
         name = body["node"]
-        self.membership.heard(name, bool(body.get("ready")), stamp=self._stamp(body))
+        self.membership.heard(
+            name, bool(body.get("ready")), stamp=self._stamp(body), epoch=self._epoch_of(body)
+        )
         if body.get("handoff"):
             await self.drain(name)
         return self.ping_body()
@@ -290,7 +451,10 @@ class Replicator:
         reply = decode_json(data)
         if isinstance(reply, dict):
             self.membership.heard(
-                peer.node.name, bool(reply.get("ready")), stamp=self._stamp(reply)
+                peer.node.name,
+                bool(reply.get("ready")),
+                stamp=self._stamp(reply),
+                epoch=self._epoch_of(reply),
             )
         return True
 
@@ -321,9 +485,10 @@ class Replicator:
             await item.done.wait()
         m = self.membership
         if any(not i.delivered for i in items) and not (m.ready and m.has_quorum()):
+            why = "its lease or a backup's acceptance" if m.leased else "contact with a majority"
             raise StoreError(
                 Status.NO_QUORUM,
-                f"{self.node.name} lost contact with a majority before its backups had the "
+                f"{self.node.name} lost {why} before its backups had the "
                 "update; it is not acknowledged: retry it on another replica",
             )
 
@@ -353,6 +518,12 @@ class Replicator:
                     item.delivered = True
             except Refused as exc:
                 log.warning("%s: %s; dropped", self.node.name, exc)
+                if self.membership.leased and item.commit is not None:
+                    # Applied here as primary, refused by a copy that sees another
+                    # primary (an epoch switch): this copy may hold an update no
+                    # other has. Not acknowledged; caught up from the primary.
+                    self._lost_why = f"{peer.node.name} refused an update it forwarded"
+                    self.membership.lose()
             except PeerError as exc:
                 # Keep trying while the peer is up; once it is down the
                 # queue is dropped (it catches up when it returns).
@@ -469,6 +640,7 @@ class Replicator:
                 Status.RECOVERING,
                 f"{self.node.name} does not see {asker} registered in etcd yet; ask again",
             )
+        self._check_same_epoch(body, asker)
         # From now on updates are forwarded to it, so nothing falls between
         # this answer and the copies it asks for.
         self.membership.heard(asker)
@@ -489,6 +661,14 @@ class Replicator:
     async def _catch_up(self) -> None:
         """Become current for every local shard, then announce readiness."""
         me = self.node.name
+        epoch = self.config.epoch
+        if epoch is not None and me not in epoch.names:
+            # Registered but not in the epoch (new, or drained): it keeps no copies, so
+            # it has nothing to catch up on; the steward moves some to it if it joins.
+            self._drop_unkept()
+            self.membership.became_ready()
+            log.info("%s: not a member of epoch %d; ready to join", me, epoch.number)
+            return
         announced = False
         while True:
             if not self.membership.has_quorum():
@@ -522,13 +702,16 @@ class Replicator:
             len(drop),
         )
 
-    async def _plan(self) -> tuple[dict[str, list[tuple[int, int]]], list[tuple[int, int]]] | None:
-        """Which shards to copy from which peer, and which to drop; None if undecidable now."""
+    async def _plan(
+        self, only: Callable[[int, int], bool] | None = None
+    ) -> tuple[dict[str, list[tuple[int, int]]], list[tuple[int, int]]] | None:
+        """Which shards to copy from which peer, and which to drop; None if undecidable now.
+        ``only``: consider just the shards it accepts (a move's gains)."""
         me = self.node.name
         reports: dict[str, tuple[bool, dict[tuple[int, int], tuple[int, int]]]] = {}
 
         async def ask(name: str) -> None:
-            body = encode_json({"node": me})
+            body = encode_json({"node": me, "epoch": self._epoch_number()})
             try:
                 header, data = await self.request(
                     self.peers[name],
@@ -558,6 +741,8 @@ class Replicator:
         fetch: dict[str, list[tuple[int, int]]] = {}
         drop: list[tuple[int, int]] = []
         for key, index in sorted(wanted):
+            if only is not None and not only(key, index):
+                continue
             others = [n.name for n in self.config.replicas_for(key, index) if n.name != me]
             ready = [n for n in others if n in reports and reports[n][0]]
             if ready:
@@ -594,7 +779,13 @@ class Replicator:
         return fetch, drop
 
     async def _fetch(self, source: str, shards: list[tuple[int, int]]) -> None:
-        body = encode_json({"node": self.node.name, "shards": [list(s) for s in shards]})
+        body = encode_json(
+            {
+                "node": self.node.name,
+                "shards": [list(s) for s in shards],
+                "epoch": self._epoch_number(),
+            }
+        )
         total = sum(
             self.store.tensors[k].shards[s].nbytes
             for k, s in shards
@@ -642,8 +833,17 @@ class Replicator:
 
     # -- helpers for the server -----------------------------------------------------
 
-    async def serve_sync_request(self, body: Any) -> None:
-        """Push the shards a catching-up peer asked for, and wait until it has them."""
+    async def sent(self, items: list[Item]) -> None:
+        """Wait until the shards queued for a sync request were delivered."""
+        await self.wait(items)
+        if not all(item.delivered for item in items):
+            raise StoreError(
+                Status.RECOVERING,
+                f"{self.node.name} could not send every shard asked for; ask again",
+            )
+
+    def queue_sync_request(self, body: Any) -> list[Item]:
+        """Queue the shards a peer asked for (after what was queued for it before)."""
         self._check_enabled("sync request")
         try:
             asker = body["node"]
@@ -652,13 +852,20 @@ class Replicator:
             raise StoreError(Status.BAD_ARGUMENT, "bad sync request") from None
         if not self._is_peer(asker):
             raise StoreError(Status.BAD_ARGUMENT, f"unknown node {asker!r}")
+        self._check_same_epoch(body, asker)
         self.membership.heard(asker)
-        items = self.sync_to(asker, shards)
-        await self.wait(items)
-        if not all(item.delivered for item in items):
+        return self.sync_to(asker, shards)
+
+    def _check_same_epoch(self, body: dict, asker: str) -> None:
+        """Copies go only between daemons of one epoch: under another, the asker and
+        this daemon disagree on who forwards which updates to whom."""
+        if self.config.etcd is None:
+            return
+        theirs, mine = self._epoch_of(body), self._epoch_number()
+        if theirs != mine:
             raise StoreError(
                 Status.RECOVERING,
-                f"{self.node.name} could not send every shard asked for; ask again",
+                f"{self.node.name} is at epoch {mine}, {asker} at {theirs}; ask again",
             )
 
     def _is_peer(self, name: Any) -> bool:
@@ -687,9 +894,14 @@ class Replicator:
         """
         self._check_enabled("copy")
         m = self.membership
-        sender = self.names[sender_index] if sender_index < len(self.names) else None
+        sender = self.sender_name(sender_index)
         if sender is None or sender == self.node.name:
             raise StoreError(Status.BAD_ARGUMENT, f"copy from unknown daemon #{sender_index}")
+        if not self.config.holds(self.node.name, key, shard):
+            raise StoreError(
+                Status.NOT_OWNER,
+                f"{self.node.name} keeps no copy of shard {shard} of tensor {key:#x}",
+            )
         if not self.config.holds(sender, key, shard):
             raise StoreError(
                 Status.NOT_OWNER,
@@ -739,3 +951,11 @@ class Replicator:
             )
         data = np.frombuffer(payload[meta_len:], dtype=np.uint8)
         self.store.install_shard(meta, copy.shard, copy.version, data, txns, steps, stamp, clocks)
+
+
+def _nothing() -> None:
+    pass
+
+
+async def _gained_nowhere(number: int) -> None:
+    pass

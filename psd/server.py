@@ -27,6 +27,7 @@ import trio
 
 from irdma.auth import cluster_secret
 from irdma.cluster import ClusterConfig, Node
+from irdma.epochs import epoch_tag
 from irdma.protocol import (
     PROTOCOL_VERSION,
     Flag,
@@ -118,6 +119,7 @@ class Server:
         admission = Admission(config, node, self.membership)
         self._admission = admission
         self.membership.on_ready = self._refresh_serving  # the directory says so at once
+        self.replicator.on_adopted = self._refresh_serving
         poll = min(MAX_POLL, config.timeout / 4)
         data = DataOps(
             node,
@@ -196,7 +198,7 @@ class Server:
         changes (a majority no longer heard)."""
         while True:
             self._refresh_serving()
-            if self.config.replicas == 1:
+            if not self.config.replicated:
                 return  # always ready: nothing changes
             await trio.sleep(SERVING_REFRESH)
 
@@ -207,6 +209,17 @@ class Server:
             self.store.directory.set_serving(False)
         else:
             self.store.directory.set_serving(True)
+
+    def _check_epoch(self, header: Header) -> None:
+        """A client request routed with another epoch is refused with this daemon's
+        (the client takes it and routes again); none yet: not serving."""
+        epoch = self.config.epoch
+        if epoch is None:
+            raise StoreError(
+                Status.RECOVERING, f"{self.node.name} has not read the cluster's epoch yet"
+            )
+        if header.epoch != epoch_tag(epoch.number):
+            raise StoreError(Status.STALE_EPOCH, epoch.to_json().decode())
 
     async def handle_connection(
         self,
@@ -315,6 +328,8 @@ class Server:
                 raise StoreError(
                     Status.BAD_OP, f"op {Op(header.op).name} is not served here"
                 ) from None
+            if self.config.etcd is not None and type(msg) in _ROUTED:
+                self._check_epoch(header)
             await handler(conn, header, msg)
         except StoreError as exc:
             # A refused request's unread payload is skipped before the answer.
@@ -323,6 +338,10 @@ class Server:
         else:
             await payload.skip_rest()
         return True
+
+
+# Client requests routed by placement: with etcd they must carry the daemon's epoch.
+_ROUTED = frozenset({Read, Update, ReadBatch, UpdateBatch, Stat, Create, Delete, ListTensors})
 
 
 def _peer_name(peer: object) -> str:

@@ -803,10 +803,8 @@ class Store:
         if tensor is None or not tensor.meta.same_layout(meta) or tensor.meta.name != meta.name:
             tensor, _ = self.create(meta, replace=True)
         shard = tensor.shards.get(index)
-        if shard is None:
-            raise StoreError(
-                Status.NOT_OWNER, f"shard {index} of {meta.name!r} is not placed on this daemon"
-            )
+        if shard is None:  # placed here since the tensor was (a move): make room for it
+            shard = self._add_shard(tensor, index)
         if data.nbytes != shard.nbytes:
             raise StoreError(
                 Status.BAD_ARGUMENT,
@@ -843,6 +841,19 @@ class Store:
     def held_on(self, tensor: Tensor, index: int) -> list[tuple[int, int, Update]]:
         """(worker, step, push) held for a lockstep step on a tensor's shard."""
         return tensor.coord.held_on(index) if tensor.coord is not None else []
+
+    def _add_shard(self, tensor: Tensor, index: int) -> Shard:
+        """A new, zero-filled local shard of an existing tensor."""
+        _, nbytes = tensor.meta.shard_span(index)
+        block = self._alloc(nbytes, f"copying {tensor.meta.name!r} shard {index}")
+        self.arena.view(block)[:] = 0
+        shard = Shard(index, nbytes, block)
+        shard.slot = self.directory.place(tensor.meta.key, tensor.meta.layout, index)
+        self.publish(shard)
+        tensor.shards[index] = shard
+        if tensor.coord is not None:
+            tensor.coord.add_shard(index)
+        return shard
 
     def drop_shard(self, key: int, index: int) -> None:
         """Forget a local shard the cluster no longer has (deleted while this daemon was away)."""

@@ -68,6 +68,7 @@ headers = st.builds(
     txn=U64,
     wire=U16,
     stamp=U64,
+    epoch=U16,
 )
 
 entries = st.builds(

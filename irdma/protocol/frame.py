@@ -30,8 +30,10 @@ PROTOCOL_VERSION = 6
 # fingerprint of the tensor's dtype, shape and shard size the client assumes;
 # 0 means unchecked), worker (the rank of the training worker sending it, or
 # NO_WORKER), wire (the dtype code the payload's values travel in when it is
-# narrower than the tensor's, see WIRE_NAMES; 0: as stored), 2 reserved
-# bytes, step (the worker's training step: an
+# narrower than the tensor's, see WIRE_NAMES; 0: as stored), epoch (16
+# bits: the tag of the cluster epoch a client routed the request with,
+# ``irdma.epochs.epoch_tag``; 0: not routed by an epoch; a daemon of another
+# epoch answers STALE_EPOCH), step (the worker's training step: an
 # accumulate is its gradient for that step, a read waits until the tensor's
 # training mode lets that step proceed), txn (the client's id of one logical
 # update, the same on every retry, so a retried update is applied once; 0 for
@@ -241,6 +243,10 @@ class Status(enum.IntEnum):
     # A read asked for the copy of a whole-tensor write this shard has not
     # received yet (the write is still on its way): read it again shortly.
     STAMP_PENDING = 24
+    # The request was routed with another epoch than the daemon's (a daemon
+    # joined or left): the payload is the daemon's epoch record (JSON,
+    # ``irdma.epochs.Epoch``); route again with it.
+    STALE_EPOCH = 25
 
 
 # Stored dtypes. Always little-endian on the wire and in the arena.
@@ -353,6 +359,7 @@ class Header(NamedTuple):
     txn: int = 0
     wire: int = 0
     stamp: int = 0
+    epoch: int = 0
 
     @property
     def is_response(self) -> bool:
@@ -377,7 +384,7 @@ class Header(NamedTuple):
             self.layout,
             self.worker,
             self.wire,
-            0,
+            self.epoch,
             self.step,
             self.txn,
             self.stamp,
@@ -482,7 +489,7 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
         layout,
         worker,
         wire,
-        _reserved,
+        epoch,
         step,
         txn,
         stamp,
@@ -509,6 +516,7 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
         txn=txn,
         wire=wire,
         stamp=stamp,
+        epoch=epoch,
     )
 
 
