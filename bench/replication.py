@@ -14,6 +14,12 @@ Three measurements, all in one run (as root; hosts from ``tests/netns.py``):
 3. **Failover.** A stream of accumulates while the primary of the shard is
    killed with SIGKILL: the longest wait between two acknowledged writes
    around the kill (target 2 s), over ``--kills`` kills.
+4. **A daemon joins** (membership in etcd, an etcd member on a host of its
+   own). Three daemons with two copies of each shard on shaped links; the
+   read rate; a fourth daemon starts: how long until it is a member (its
+   copies moved, the epoch switched) and how many bytes moved; the read
+   rate again. Both rates against N x the one-daemon rate of (1) (target
+   0.9 once the move is done).
 
 Reads of one tensor scale with the daemon that holds the most of its shards
 (rendezvous placement is not perfectly even), so the placement's balance is
@@ -41,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from irdma.cluster import load_config, parse_size, render_config  # noqa: E402
 from irdma.protocol import tensor_key  # noqa: E402
+from tests.nemesis.run import ETCD_HOST, start_etcd  # noqa: E402
 from tests.netns import Network  # noqa: E402
 
 PORT = 7400
@@ -82,6 +89,34 @@ def worker(args: argparse.Namespace) -> None:
         print(json.dumps({"mbps": size / statistics.median(times) / 1e6}))
 
 
+def wait_join(args: argparse.Namespace) -> None:
+    """Until ``--node`` is a member with no move under way; when (CLOCK_MONOTONIC, one
+    clock for every namespace), and the bytes of whole shards the daemons received."""
+    import trio
+
+    from irdma import AsyncClient
+    from irdma.registry import Registry
+
+    config = load_config(args.config)
+    assert config.etcd is not None
+    registry = Registry.of(config.etcd, 5.0)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        epoch, _ = trio.run(registry.epoch)
+        if epoch is not None and args.node in epoch.members and epoch.target is None:
+            break
+        time.sleep(0.02)
+    at = time.monotonic()
+    config.adopt(epoch)
+
+    async def received() -> int:
+        async with AsyncClient(config, timeout=5.0) as client:
+            return sum([(await client.hello(n))["copies"]["received_bytes"]
+                        for n in config.nodes])  # fmt: skip
+
+    print(json.dumps({"at": at, "epoch": epoch.number, "received": trio.run(received)}))
+
+
 def stream(args: argparse.Namespace) -> None:
     """Accumulate for ``--seconds``; print the ack times."""
     from irdma import Client
@@ -102,27 +137,53 @@ def stream(args: argparse.Namespace) -> None:
 
 class Cluster:
     def __init__(
-        self, net: Network, hosts: list[str], replicas: int, tmp: Path, shard_size: int
+        self,
+        net: Network,
+        hosts: list[str],
+        replicas: int,
+        tmp: Path,
+        shard_size: int,
+        etcd: str | None = None,
     ) -> None:
         self.net = net
         self.hosts = hosts
-        tmp.mkdir(parents=True, exist_ok=True)
-        nodes = [(h, f"tcp://{net.address(h)}:{PORT}", str(tmp / h), 512 << 20) for h in hosts]
-        self.path = tmp / f"cluster-{len(hosts)}-{replicas}.toml"
-        self.path.write_text(
-            render_config(nodes, shard_size=shard_size, replicas=replicas, timeout=5.0)
+        self.tmp = tmp
+        self.shard_size, self.replicas = shard_size, replicas
+        # With etcd, membership lives there (the first daemon writes epoch 1 from this list).
+        self.etcd = (
+            f'\n[etcd]\nendpoints = ["{etcd}"]\nprefix = "/irdma/bench"\nlease_ttl = 2\n'
+            if etcd is not None
+            else ""
         )
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.path = self._config(hosts, f"cluster-{len(hosts)}-{replicas}.toml")
         self.config = load_config(self.path)
-        self.procs = {
-            h: net.run(
-                h,
-                [sys.executable, "-m", "irdma_psd.main", "--config", str(self.path),
-                 "--node", h, "--log-level", "WARNING"],
-                log=tmp / f"{h}.log",
-            )
-            for h in hosts
-        }  # fmt: skip
+        self.procs: dict[str, subprocess.Popen] = {}
+        for h in hosts:
+            self.start(h, self.path)
         self.run("ready")
+
+    def _config(self, hosts: list[str], name: str) -> Path:
+        nodes = [(h, f"tcp://{self.net.address(h)}:{PORT}", str(self.tmp / h), 512 << 20)
+                 for h in hosts]  # fmt: skip
+        path = self.tmp / name
+        text = render_config(nodes, shard_size=self.shard_size, replicas=self.replicas, timeout=5.0)
+        path.write_text(text + self.etcd)
+        return path
+
+    def start(self, host: str, config: Path) -> None:
+        self.procs[host] = self.net.run(
+            host,
+            [sys.executable, "-m", "irdma_psd.main", "--config", str(config),
+             "--node", host, "--log-level", "WARNING"],
+            log=self.tmp / f"{host}.log",
+        )  # fmt: skip
+
+    def join(self, host: str) -> Path:
+        """Start ``host`` from a config naming only itself (and etcd)."""
+        config = self._config([host], f"{host}.toml")
+        self.start(host, config)
+        return config
 
     def run(self, op: str, **kw: str) -> dict:
         argv = [sys.executable, ME, "--worker", op, "--config", str(self.path)]
@@ -162,11 +223,17 @@ def main() -> None:
     parser.add_argument("--rate", default="400mbit")
     parser.add_argument("--shard-size", default="1MiB")
     parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--node")
+    parser.add_argument(
+        "--parts", default="1,2,3,4", help="which measurements (1: scaling ... 4: join)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.worker:
         if args.worker == "stream":
             stream(args)
+        elif args.worker == "wait-join":
+            wait_join(args)
         else:
             args.op = args.worker
             worker(args)
@@ -174,86 +241,162 @@ def main() -> None:
 
     hosts = ["h1", "h2", "h3", "h4"]
     shard = parse_size(args.shard_size)
+    parts = {int(p) for p in args.parts.split(",")}
     results: dict = {"rate": args.rate, "size": args.size, "shard_size": shard}
-    with tempfile.TemporaryDirectory() as d, Network([*hosts, "client"]) as net:
+    with tempfile.TemporaryDirectory() as d, Network([*hosts, "client", ETCD_HOST]) as net:
         tmp = Path(d)
-        # 1. read scaling over shaped links
         for h in hosts:
             net.shape(h, rate=args.rate)
         results["iperf3_one_link_mbps"] = iperf(net, "h1")
-        scaling: dict[str, float] = {}
-        balance: dict[str, float] = {}
-        for n, r in ((1, 1), (2, 1), (4, 1), (2, 2), (4, 2)):
-            c = Cluster(net, hosts[:n], r, tmp / f"s{n}-{r}", shard)
-            try:
-                scaling[f"{n}/{r}"] = c.run("read", size=args.size, rounds=args.rounds)["mbps"]
-                # With one copy, the daemon with the most shards sets the pace.
-                count = parse_size(args.size) // shard
-                per = [0] * n
-                for i in range(count):
-                    per[hosts.index(c.config.primary_for(tensor_key("bench/t"), i).name)] += 1
-                balance[f"{n}/{r}"] = (count / n) / max(per) if r == 1 else 1.0
-            finally:
-                c.stop()
-        one = scaling["1/1"]
-        results["read_mbps"] = scaling
-        results["placement_balance"] = balance
-        results["read_scaling"] = {k: v / (int(k.split("/")[0]) * one) for k, v in scaling.items()}
+        if 1 in parts or 4 in parts:
+            results |= read_scaling(net, hosts, tmp, shard, args, full=1 in parts)
+        if 4 in parts:
+            results["join"] = join(net, hosts, tmp, shard, args, results["read_mbps"]["1/1"])
         for h in hosts:
             net.shape(h)
-        # 2. R=2 against R=1, unshaped
-        cost = {}
-        for r in (1, 2):
-            c = Cluster(net, hosts, r, tmp / f"r{r}", shard)
-            try:
-                cost[r] = {
-                    op: c.run(op, size=args.size, rounds=args.rounds)["mbps"]
-                    for op in ("write", "accumulate", "read")
-                }
-            finally:
-                c.stop()
-        results["r1_mbps"], results["r2_mbps"] = cost[1], cost[2]
-        results["r2_over_r1"] = {op: cost[2][op] / cost[1][op] for op in cost[1]}
-        # 3. failover after SIGKILL of the primary
-        gaps = []
-        for k in range(args.kills):
-            c = Cluster(net, hosts, 2, tmp / f"f{k}", shard)
-            try:
-                victim = c.config.primary_for(tensor_key("bench/f"), 0).name
-                argv = [sys.executable, ME, "--worker", "stream", "--config", str(c.path),
-                        "--seconds", str(args.seconds)]  # fmt: skip
-                proc = net.run("client", argv, stdout=subprocess.PIPE)
-                time.sleep(args.seconds / 3)
-                killed = time.monotonic()
-                c.procs[victim].kill()
-                out, _ = proc.communicate(timeout=args.seconds + 60)
-                times = json.loads(out.decode().splitlines()[-1])["times"]
-                # The longest wait between acknowledgements from just before the
-                # kill on (an ack in flight at the kill may arrive after it).
-                around = [t for t in times if t > killed - 0.5]
-                gaps.append(max(b - a for a, b in itertools.pairwise(around)))
-            finally:
-                c.stop()
-        results["failover_s"] = gaps
+        if 2 in parts:
+            results |= replication_cost(net, hosts, tmp, shard, args)
+        if 3 in parts:
+            results["failover_s"] = failover(net, hosts, tmp, shard, args)
     if args.json:
         print(json.dumps(results, indent=2))
         return
+    report(results, args)
+
+
+def read_scaling(
+    net: Network, hosts: list[str], tmp: Path, shard: int, args: argparse.Namespace, full: bool
+) -> dict:
+    """Read rates of 1, 2 and 4 daemons with one and two copies (only 1/1 unless ``full``)."""
+    scaling: dict[str, float] = {}
+    balance: dict[str, float] = {}
+    for n, r in ((1, 1), (2, 1), (4, 1), (2, 2), (4, 2)) if full else ((1, 1),):
+        c = Cluster(net, hosts[:n], r, tmp / f"s{n}-{r}", shard)
+        try:
+            scaling[f"{n}/{r}"] = c.run("read", size=args.size, rounds=args.rounds)["mbps"]
+            # With one copy, the daemon with the most shards sets the pace.
+            count = parse_size(args.size) // shard
+            per = [0] * n
+            for i in range(count):
+                per[hosts.index(c.config.primary_for(tensor_key("bench/t"), i).name)] += 1
+            balance[f"{n}/{r}"] = (count / n) / max(per) if r == 1 else 1.0
+        finally:
+            c.stop()
+    one = scaling["1/1"]
+    return {
+        "read_mbps": scaling,
+        "placement_balance": balance,
+        "read_scaling": {k: v / (int(k.split("/")[0]) * one) for k, v in scaling.items()},
+    }
+
+
+def join(
+    net: Network, hosts: list[str], tmp: Path, shard: int, args: argparse.Namespace, one: float
+) -> dict:
+    """Three daemons (two copies, membership in etcd), reads; a fourth joins; reads again."""
+    (tmp / "join").mkdir(parents=True, exist_ok=True)
+    endpoint = start_etcd(net, tmp / "join")
+    c = Cluster(net, hosts[:3], 2, tmp / "join", shard, etcd=endpoint)
+    try:
+        before = c.run("read", size=args.size, rounds=args.rounds)["mbps"]
+        started = time.monotonic()
+        c.join(hosts[3])
+        done = c.run("wait-join", node=hosts[3])
+        after = c.run("read", size=args.size, rounds=args.rounds)["mbps"]
+    finally:
+        c.stop()
+    return {
+        "before_mbps": before,
+        "after_mbps": after,
+        "before_scaling": before / (3 * one),
+        "after_scaling": after / (4 * one),
+        "move_s": done["at"] - started,
+        "moved_bytes": done["received"],
+        "data_bytes": 2 * parse_size(args.size),
+    }
+
+
+def replication_cost(
+    net: Network, hosts: list[str], tmp: Path, shard: int, args: argparse.Namespace
+) -> dict:
+    """Write, accumulate and read throughput of 4 daemons with one copy and with two."""
+    cost = {}
+    for r in (1, 2):
+        c = Cluster(net, hosts, r, tmp / f"r{r}", shard)
+        try:
+            cost[r] = {
+                op: c.run(op, size=args.size, rounds=args.rounds)["mbps"]
+                for op in ("write", "accumulate", "read")
+            }
+        finally:
+            c.stop()
+    return {
+        "r1_mbps": cost[1],
+        "r2_mbps": cost[2],
+        "r2_over_r1": {op: cost[2][op] / cost[1][op] for op in cost[1]},
+    }
+
+
+def failover(
+    net: Network, hosts: list[str], tmp: Path, shard: int, args: argparse.Namespace
+) -> list[float]:
+    """The longest wait between acknowledged accumulates around a kill -9 of the primary."""
+    gaps = []
+    for k in range(args.kills):
+        c = Cluster(net, hosts, 2, tmp / f"f{k}", shard)
+        try:
+            victim = c.config.primary_for(tensor_key("bench/f"), 0).name
+            argv = [sys.executable, ME, "--worker", "stream", "--config", str(c.path),
+                    "--seconds", str(args.seconds)]  # fmt: skip
+            proc = net.run("client", argv, stdout=subprocess.PIPE)
+            time.sleep(args.seconds / 3)
+            killed = time.monotonic()
+            c.procs[victim].kill()
+            out, _ = proc.communicate(timeout=args.seconds + 60)
+            times = json.loads(out.decode().splitlines()[-1])["times"]
+            # The longest wait between acknowledgements from just before the
+            # kill on (an ack in flight at the kill may arrive after it).
+            around = [t for t in times if t > killed - 0.5]
+            gaps.append(max(b - a for a, b in itertools.pairwise(around)))
+        finally:
+            c.stop()
+    return gaps
+
+
+def report(results: dict, args: argparse.Namespace) -> None:
     one = results["iperf3_one_link_mbps"]
     print(f"links shaped to {args.rate}; iperf3 through one link: {one:.0f} MB/s")
-    print(f"{'daemons':>8} {'copies':>7} {'read MB/s':>10} {'/ (N x one)':>12} "
-          f"{'/ (N x iperf3)':>15} {'placement balance':>18}")  # fmt: skip
-    for k, v in results["read_mbps"].items():
-        n, r = (int(x) for x in k.split("/"))
-        bal = results["placement_balance"][k]
-        print(f"{n:>8} {r:>7} {v:>10.0f} {results['read_scaling'][k]:>12.2f} "
-              f"{v / (n * one):>15.2f} {bal:>18.2f}")  # fmt: skip
-    print(f"\n{'op':>12} {'R=1 MB/s':>10} {'R=2 MB/s':>10} {'R=2 / R=1':>10}")
-    for op in results["r1_mbps"]:
-        r1, r2 = results["r1_mbps"][op], results["r2_mbps"][op]
-        print(f"{op:>12} {r1:>10.0f} {r2:>10.0f} {r2 / r1:>10.2f}")
-    gaps = results["failover_s"]
-    print(f"\nwrites resumed after kill -9 of the primary: {', '.join(f'{g:.2f}' for g in gaps)} s"
-          f" (median {statistics.median(gaps):.2f} s, target 2 s)")  # fmt: skip
+    if "read_scaling" in results and len(results["read_mbps"]) > 1:
+        print(f"{'daemons':>8} {'copies':>7} {'read MB/s':>10} {'/ (N x one)':>12} "
+              f"{'/ (N x iperf3)':>15} {'placement balance':>18}")  # fmt: skip
+        for k, v in results["read_mbps"].items():
+            n, r = (int(x) for x in k.split("/"))
+            bal = results["placement_balance"][k]
+            print(f"{n:>8} {r:>7} {v:>10.0f} {results['read_scaling'][k]:>12.2f} "
+                  f"{v / (n * one):>15.2f} {bal:>18.2f}")  # fmt: skip
+    if "r1_mbps" in results:
+        print(f"\n{'op':>12} {'R=1 MB/s':>10} {'R=2 MB/s':>10} {'R=2 / R=1':>10}")
+        for op in results["r1_mbps"]:
+            r1, r2 = results["r1_mbps"][op], results["r2_mbps"][op]
+            print(f"{op:>12} {r1:>10.0f} {r2:>10.0f} {r2 / r1:>10.2f}")
+    if "failover_s" in results:
+        gaps = results["failover_s"]
+        print(f"\nwrites resumed after kill -9 of the primary: "
+              f"{', '.join(f'{g:.2f}' for g in gaps)} s"
+              f" (median {statistics.median(gaps):.2f} s, target 2 s)")  # fmt: skip
+    if "join" in results:
+        j = results["join"]
+        single = results["read_mbps"]["1/1"]
+        print(
+            f"\na 4th daemon joins 3 (two copies, etcd); one daemon alone reads {single:.0f} MB/s"
+        )
+        print(f"{'':>14} {'read MB/s':>10} {'/ (N x one)':>12}")
+        print(f"{'before (N=3)':>14} {j['before_mbps']:>10.0f} {j['before_scaling']:>12.2f}")
+        print(f"{'after (N=4)':>14} {j['after_mbps']:>10.0f} {j['after_scaling']:>12.2f}"
+              "   (target 0.9)")  # fmt: skip
+        print(f"the move: {j['moved_bytes'] / 2**20:.1f} MiB of {j['data_bytes'] / 2**20:.0f} MiB "
+              f"of copies ({j['moved_bytes'] / j['data_bytes']:.2f}; ideal 0.25) "
+              f"in {j['move_s']:.2f} s from the start of psd to the switch")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -35,7 +35,9 @@ scheme; it must differ from every node's daemon address and from every
 other node's metrics address. Absent, the daemon serves no metrics.
 
 The config is found via ``--config``, then ``$IRDMA_CONFIG``, then
-``/etc/irdma/cluster.toml``. Placement is rendezvous (highest random weight)
+``/etc/irdma/cluster.toml``. ``$IRDMA_ETCD_ENDPOINTS`` (comma-separated
+``http://host:port``) sets ``[etcd] endpoints``, adding the table if the file
+has none. Placement is rendezvous (highest random weight)
 hashing of (tensor key, shard index) over the node names, so every client and
 daemon computes the same replica list without a lookup service.
 """
@@ -64,6 +66,9 @@ DEFAULT_SNAPSHOT_INTERVAL = 60.0
 DEFAULT_ETCD_PREFIX = "/irdma/default"
 DEFAULT_LEASE_TTL = 2
 DEFAULT_REPLACE_AFTER = 30.0
+# Comma-separated etcd endpoints: the config's [etcd] endpoints (an [etcd] table with
+# its defaults if the file has none). The systemd units pass it through.
+ETCD_ENDPOINTS_ENV = "IRDMA_ETCD_ENDPOINTS"
 # shm: same-host clients must use shared memory; rdma: clients use RDMA
 # verbs where they can. Either way the daemon listens on TCP at that host and
 # port, for its peers, for clients without them, and (rdma) to set up queue pairs.
@@ -334,6 +339,12 @@ def load_config(path: str | os.PathLike[str] | None = None) -> ClusterConfig:
         raise ConfigError(f"{p}: cannot read config: {exc.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    endpoints = os.environ.get(ETCD_ENDPOINTS_ENV, "").strip()
+    if endpoints:
+        # Set by a unit or a job's environment: membership in etcd without editing the file.
+        table = raw.setdefault("etcd", {})
+        if isinstance(table, dict):
+            table["endpoints"] = [e.strip() for e in endpoints.split(",") if e.strip()]
     return parse_config(raw, p)
 
 

@@ -15,18 +15,20 @@ and a down daemon's row says whether it is being restarted or was given up.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from . import localdir
 from .client import AsyncClient
-from .cluster import ClusterConfig
+from .cluster import Address, ClusterConfig, Node
 from .errors import IrdmaError
 from .etcd import EtcdError
 from .protocol import tensor_key
-from .registry import Registry
+from .registry import ClusterState, Registry
 from .supervisor import FAILED, RESTARTING, STOPPED, DaemonRecord
 
 
@@ -50,6 +52,10 @@ class NodeStatus:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"node": self.node, "address": self.address, "up": self.up}
+        epoch = (self.hello or {}).get("epoch")
+        if epoch is not None:
+            out["epoch"] = epoch  # the epoch it follows: number, members, target, settled
+            out["copies"] = (self.hello or {}).get("copies")
         if self.registered is not None or self.etcd_error is not None:
             out["registered"] = self.registered
         if self.supervised is not None:
@@ -87,12 +93,36 @@ class NodeStatus:
 
 
 async def gather(client: AsyncClient) -> list[NodeStatus]:
-    """Ask every daemon at once; a daemon that cannot be reached is a row marked down."""
+    """Ask every daemon at once; a daemon that cannot be reached is a row marked down.
+
+    With ``[etcd]`` the daemons are the epoch's (read from etcd first), and any
+    daemon registered but not in it yet (joining, or drained) has a row too."""
     config = client.config
-    rows = [NodeStatus(n.name, str(n.address)) for n in config.nodes]
+    cluster: ClusterState | None = None
+    etcd_error: str | None = None
+    if config.etcd is not None:
+        try:
+            cluster = await Registry.of(config.etcd, config.timeout).state()
+        except EtcdError as exc:
+            etcd_error = str(exc)
+        else:
+            if cluster.epoch is not None and (
+                config.epoch is None or cluster.epoch.number > config.epoch.number
+            ):
+                config.adopt(cluster.epoch)
+    nodes = {n.name: n for n in config.nodes}
+    for name, record in sorted((cluster.members if cluster else {}).items()):
+        if name not in nodes:
+            with contextlib.suppress(ValueError):
+                nodes[name] = Node(name, Address.parse(record.address), Path("-"), 0)
+    rows = [NodeStatus(n.name, str(n.address)) for n in nodes.values()]
+    for row in rows:
+        if cluster is not None:
+            row.registered = row.node in cluster.members
+        row.etcd_error = etcd_error
 
     async def ask(row: NodeStatus) -> None:
-        node = config.node(row.node)
+        node = nodes[row.node]
         try:
             row.hello = await client.hello(node)
         except IrdmaError as exc:
@@ -109,8 +139,6 @@ async def gather(client: AsyncClient) -> list[NodeStatus]:
     async with trio.open_nursery() as nursery:
         for row in rows:
             nursery.start_soon(ask, row)
-        if config.etcd is not None:
-            nursery.start_soon(ask_etcd, config, rows)
     if config.path is not None:
         records = localdir.supervision(config.path.parent)
         for row in rows:
@@ -120,20 +148,6 @@ async def gather(client: AsyncClient) -> list[NodeStatus]:
         for node, behind in replica_skew(config, answered).items():
             next(r for r in rows if r.node == node).skew = behind
     return rows
-
-
-async def ask_etcd(config: ClusterConfig, rows: list[NodeStatus]) -> None:
-    """Mark each row registered in etcd or not (or why etcd could not say)."""
-    assert config.etcd is not None
-    registry = Registry.of(config.etcd, config.timeout)
-    try:
-        members, _ = await registry.members()
-    except EtcdError as exc:
-        for row in rows:
-            row.etcd_error = str(exc)
-        return
-    for row in rows:
-        row.registered = row.node in members
 
 
 def replica_skew(
@@ -283,6 +297,18 @@ def etcd_line(rows: list[NodeStatus], config: ClusterConfig) -> str:
     if errors:
         return f"{where}: cannot say who is registered: {errors[0]}"
     missing = [r.node for r in rows if not r.registered]
-    if not missing:
-        return f"{where}: every daemon registered"
-    return f"{where}: not registered (down as the others see it): {', '.join(missing)}"
+    line = (
+        f"{where}: every daemon registered"
+        if not missing
+        else f"{where}: not registered (down as the others see it): {', '.join(missing)}"
+    )
+    epoch = config.epoch
+    if epoch is None:
+        return line + "\nepoch: none yet"
+    line += f"\nepoch {epoch.number}: members {', '.join(epoch.members)}"
+    if epoch.target is not None:
+        line += f"; moving to {', '.join(epoch.target)} (copying)"
+    outside = [r.node for r in rows if r.node not in epoch.names]
+    if outside:
+        line += f"; registered outside it: {', '.join(outside)}"
+    return line

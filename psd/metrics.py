@@ -161,6 +161,11 @@ class StateCollector(Collector):
       (since the newest written or loaded, or since start when none);
       ``irdma_snapshot_timestamp_seconds``: unix time of the newest (0: none);
       ``irdma_snapshots_written_total``, ``irdma_snapshot_failures_total``.
+    - ``irdma_shard_copies_total{direction}``, ``irdma_shard_copy_bytes_total{direction}``:
+      whole shards sent to peers or received from them (``sent``, ``received``):
+      catch-up, backups found behind, and moves between epochs.
+    - With etcd: ``irdma_epoch`` (the epoch number followed), ``irdma_epoch_moving``
+      (1 while it names a target: copies under way), ``irdma_epoch_settled``.
     """
 
     def __init__(self, reader: StateReader) -> None:
@@ -213,6 +218,33 @@ class StateCollector(Collector):
         shards.add_metric(["primary"], st.shards_primary)
         shards.add_metric(["backup"], st.shards_backup)
         yield shards
+        copies = CounterMetricFamily(
+            "irdma_shard_copies",
+            "Whole shards sent to peers or received from them.",
+            labels=["direction"],
+        )
+        copy_bytes = CounterMetricFamily(
+            "irdma_shard_copy_bytes",
+            "Bytes of whole shards sent to peers or received from them.",
+            labels=["direction"],
+        )
+        copies.add_metric(["sent"], st.copies.sent)
+        copies.add_metric(["received"], st.copies.received)
+        copy_bytes.add_metric(["sent"], st.copies.sent_bytes)
+        copy_bytes.add_metric(["received"], st.copies.received_bytes)
+        yield from (copies, copy_bytes)
+        if st.epoch is not None:
+            yield gauge("irdma_epoch", "The cluster epoch this daemon follows.", st.epoch.number)
+            yield gauge(
+                "irdma_epoch_moving",
+                "1 while the epoch names a target member list (copies under way).",
+                st.epoch.target is not None,
+            )
+            yield gauge(
+                "irdma_epoch_settled",
+                "1 once every registered peer reported this daemon's epoch.",
+                st.settled,
+            )
         last = st.snapshots.last
         yield gauge(
             "irdma_snapshot_age_seconds",

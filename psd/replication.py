@@ -67,6 +67,17 @@ log = logging.getLogger("psd")
 RETRY_PAUSE = 0.2
 
 
+@dataclass(slots=True)
+class CopyCounts:
+    """Whole shards this daemon sent to peers and installed from them, since it started
+    (catch-up after a restart, a backup found behind, a move of epochs)."""
+
+    sent: int = 0
+    sent_bytes: int = 0
+    received: int = 0
+    received_bytes: int = 0
+
+
 @dataclass(eq=False)
 class Item:
     """One message queued for a peer: a forwarded update, or a whole shard."""
@@ -144,6 +155,7 @@ class Replicator:
         self._epoch_work = trio.CancelScope()
         # Why this daemon last gave up being ready (said in the log).
         self._lost_why = ""
+        self.copies = CopyCounts()
 
     @property
     def enabled(self) -> bool:
@@ -601,7 +613,10 @@ class Replicator:
             reply, text = await self.request(peer, header, [body, data], timeout=self._budget(data))
         finally:
             self.store.unpin(block)
-        if reply.status != Status.OK:
+        if reply.status == Status.OK:
+            self.copies.sent += 1
+            self.copies.sent_bytes += shard.nbytes
+        else:
             error = Refused if reply.status == Status.NOT_OWNER else PeerError
             raise error(
                 f"{peer.node.name} refused shard {index} of {tensor.meta.name!r}: "
@@ -895,6 +910,13 @@ class Replicator:
         self._check_enabled("copy")
         m = self.membership
         sender = self.sender_name(sender_index)
+        if sender is None and self.config.epoch is not None:
+            # A daemon this epoch left out, with updates queued from before: refused, so
+            # it drops them rather than retry.
+            raise StoreError(
+                Status.NOT_OWNER,
+                f"copy from daemon #{sender_index}, not one of epoch {self.config.epoch.number}",
+            )
         if sender is None or sender == self.node.name:
             raise StoreError(Status.BAD_ARGUMENT, f"copy from unknown daemon #{sender_index}")
         if not self.config.holds(self.node.name, key, shard):
@@ -951,6 +973,8 @@ class Replicator:
             )
         data = np.frombuffer(payload[meta_len:], dtype=np.uint8)
         self.store.install_shard(meta, copy.shard, copy.version, data, txns, steps, stamp, clocks)
+        self.copies.received += 1
+        self.copies.received_bytes += data.nbytes
 
 
 def _nothing() -> None:

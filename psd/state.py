@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 from irdma import __version__
+from irdma.epochs import Epoch
 from irdma.protocol import PROTOCOL_VERSION
 
-from .replication import Replicator
+from .replication import CopyCounts, Replicator
 from .snapshot import SnapshotHistory, snapshot_history
 
 
@@ -47,6 +48,10 @@ class DaemonState:
     snapshots: SnapshotHistory
     now: float  # unix time the state was read
     peers: tuple[PeerReport, ...]
+    # With etcd: the epoch this daemon follows (None: a static node list).
+    epoch: Epoch | None = None
+    settled: bool = True  # every registered peer reported that epoch (``Membership``)
+    copies: CopyCounts = field(default_factory=CopyCounts)
 
     @property
     def snapshot_age(self) -> float:
@@ -78,6 +83,15 @@ class DaemonState:
                 p.name: {"queued": p.queued, "bytes": p.queued_bytes, "lag": p.lag}
                 for p in self.peers
             },
+            "epoch": None
+            if self.epoch is None
+            else {
+                "number": self.epoch.number,
+                "members": list(self.epoch.members),
+                "target": list(self.epoch.target) if self.epoch.target is not None else None,
+                "settled": self.settled,
+            },
+            "copies": asdict(self.copies),
         }
 
 
@@ -115,6 +129,9 @@ class StateReader:
             snapshots=self.history,
             now=time.time(),
             peers=peers,
+            epoch=r.config.epoch,
+            settled=membership.settled(),
+            copies=replace(r.copies),
         )
 
     def _roles(self) -> tuple[int, int]:

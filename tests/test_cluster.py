@@ -20,7 +20,9 @@ from irdma.cluster import (
     render_config,
     rendezvous_order,
 )
+from irdma.epochs import Epoch
 from irdma.errors import ConfigError, IrdmaError
+from irdma.local import write_config
 from irdma.protocol import tensor_key
 
 # -- parse_size --------------------------------------------------------------
@@ -507,3 +509,83 @@ def test_removing_node_moves_only_its_shards() -> None:
         before = four.primary_for(key, shard).name
         if before != "n3":
             assert three.primary_for(key, shard).name == before
+
+
+# -- membership in etcd ([etcd]) --------------------------------------------------------
+
+ETCD = '\n[etcd]\nendpoints = ["http://10.0.0.5:2379"]\n'
+
+
+def test_an_etcd_table_has_defaults_and_names_bad_values(tmp_path: Path) -> None:
+    path = write_config(tmp_path, 2, replicas=2)
+    path.write_text(path.read_text() + ETCD)
+    settings = load_config(path).etcd
+    assert settings is not None
+    assert settings.endpoints == ("http://10.0.0.5:2379",)
+    assert (settings.prefix, settings.lease_ttl, settings.replace_after) == (
+        "/irdma/default",
+        2,
+        30.0,
+    )
+    for bad, named in (
+        ('endpoints = ["10.0.0.5:2379"]', r"etcd\.endpoints"),
+        ('endpoints = ["http://a:1"]\nlease_ttl = 0', r"etcd\.lease_ttl"),
+        ('endpoints = ["http://a:1"]\nreplace_after = -1', r"etcd\.replace_after"),
+        ('endpoints = ["http://a:1"]\nprefix = "nope/"', r"etcd\.prefix"),
+        ('endpoints = ["http://a:1"]\nwhat = 1', r"etcd\.what"),
+    ):
+        path.write_text(write_config(tmp_path, 2).read_text() + f"\n[etcd]\n{bad}\n")
+        with pytest.raises(ConfigError, match=named):
+            load_config(path)
+
+
+def test_a_client_config_may_name_only_etcd(tmp_path: Path) -> None:
+    path = tmp_path / "client.toml"
+    path.write_text("replicas = 2\n" + ETCD)
+    config = load_config(path)
+    assert config.nodes == () and config.replicated
+    path.write_text("replicas = 2\n")
+    with pytest.raises(ConfigError, match="nodes"):
+        load_config(path)
+
+
+def test_etcd_endpoints_from_the_environment(tmp_path: Path, monkeypatch) -> None:
+    path = write_config(tmp_path, 2)
+    monkeypatch.setenv("IRDMA_ETCD_ENDPOINTS", "http://10.0.0.7:2379, http://10.0.0.8:2379")
+    settings = load_config(path).etcd
+    assert settings is not None and settings.endpoints == (
+        "http://10.0.0.7:2379",
+        "http://10.0.0.8:2379",
+    )
+    monkeypatch.setenv("IRDMA_ETCD_ENDPOINTS", "10.0.0.7")
+    with pytest.raises(ConfigError, match=r"etcd\.endpoints"):
+        load_config(path)
+
+
+def test_a_config_follows_an_epoch(tmp_path: Path) -> None:
+    """Nodes and placement become the epoch's; a node of the file keeps its data_dir; a
+    move's target daemons keep copies (``holds``, ``copies_for``) but place nothing."""
+    path = write_config(tmp_path, 3, replicas=2)
+    path.write_text(path.read_text() + ETCD)
+    config = load_config(path)
+    n1 = config.node("n1")
+    addresses = (("n1", "tcp://10.1.0.1:7401"), ("n2", "tcp://10.1.0.2:7401"),
+                 ("n4", "tcp://10.1.0.4:7401"))  # fmt: skip
+    moving = Epoch(5, ("n1", "n2"), 2, ("n1", "n2", "n4"), addresses)
+    config.adopt(moving)
+    assert [n.name for n in config.nodes] == ["n1", "n2", "n4"]
+    assert [n.name for n in config.members] == ["n1", "n2"]
+    assert config.node("n1").data_dir == n1.data_dir
+    assert str(config.node("n4").address) == "tcp://10.1.0.4:7401"
+    with pytest.raises(ConfigError, match="n3"):
+        config.node("n3")
+    gained = [s for s in range(200) if config.holds("n4", 9, s)]
+    assert gained and all(
+        "n4" not in [n.name for n in config.replicas_for(9, s)]
+        and config.copies_for(9, s)[-1].name == "n4"
+        for s in gained
+    )
+    config.adopt(moving.switched())
+    assert [n.name for n in config.members] == ["n1", "n2", "n4"]
+    assert all(config.holds("n4", 9, s) for s in gained)
+    assert all(config.copies_for(9, s) == config.replicas_for(9, s) for s in range(200))

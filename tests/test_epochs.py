@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from irdma.cluster import load_config, rendezvous_order
-from irdma.epochs import Epoch, copies_moved, plan_moves
+from irdma.epochs import ClusterView, Epoch, copies_moved, next_epoch, plan_moves
 from irdma.local import write_config
 
 SHARDS = [(key, s) for key in range(1, 401) for s in range(10)]  # 4000 shards
@@ -62,3 +62,80 @@ def test_epochs_round_trip_and_bad_records_are_named() -> None:
         Epoch(1, ("a", "a"), 1)
     with pytest.raises(ValueError, match="start at 1"):
         Epoch(0, ("a",), 1)
+
+
+# -- what comes next (the steward's rule) -----------------------------------------------
+
+ADDR = {f"n{i}": f"tcp://10.0.0.{i}:7401" for i in range(1, 6)}
+
+
+def three() -> Epoch:
+    names = ("n1", "n2", "n3")
+    return Epoch(4, names, 2, None, tuple((n, ADDR[n]) for n in names))
+
+
+def view(registered, **kwargs) -> ClusterView:
+    return ClusterView({n: ADDR[n] for n in registered}, **kwargs)
+
+
+def test_nothing_changes_while_the_members_are_the_registered_daemons() -> None:
+    assert next_epoch(three(), view(["n1", "n2", "n3"]), 30) is None
+    # A member down for less than replace_after keeps its place (and its shards).
+    assert next_epoch(three(), view(["n1", "n2"], absent={"n3": 29.0}), 30) is None
+
+
+def test_a_registered_daemon_joins_by_a_move_then_a_switch() -> None:
+    moving = next_epoch(three(), view(["n1", "n2", "n3", "n4"]), 30)
+    assert moving is not None
+    assert (moving.number, moving.members, moving.target) == (
+        5,
+        ("n1", "n2", "n3"),
+        ("n1", "n2", "n3", "n4"),
+    )
+    assert moving.address_of("n4") == ADDR["n4"]
+    # Not before every daemon of the target copied for this very epoch.
+    partly = view(["n1", "n2", "n3", "n4"], gained={"n1": 5, "n2": 5, "n3": 5, "n4": 4})
+    assert next_epoch(moving, partly, 30) is None
+    done = view(["n1", "n2", "n3", "n4"], gained=dict.fromkeys(["n1", "n2", "n3", "n4"], 5))
+    switched = next_epoch(moving, done, 30)
+    assert switched is not None
+    assert (switched.number, switched.members, switched.target) == (
+        6,
+        ("n1", "n2", "n3", "n4"),
+        None,
+    )
+
+
+def test_a_drained_or_lost_member_is_moved_off() -> None:
+    drained = next_epoch(three(), view(["n1", "n2", "n3"], drained=frozenset({"n2"})), 30)
+    assert drained is not None and drained.target == ("n1", "n3")
+    lost = next_epoch(three(), view(["n1", "n2"], absent={"n3": 30.0}), 30)
+    assert lost is not None and lost.target == ("n1", "n2")
+    # The switch leaves the drained daemon's address out of the record.
+    gained = dict.fromkeys(["n1", "n3"], drained.number)
+    switched = next_epoch(drained, view(["n1", "n2", "n3"], drained=frozenset({"n2"}),
+                                        gained=gained), 30)  # fmt: skip
+    assert switched is not None and switched.members == ("n1", "n3")
+    assert switched.address_of("n2") is None
+
+
+def test_a_move_is_revised_or_dropped_when_what_is_wanted_changes() -> None:
+    moving = next_epoch(three(), view(["n1", "n2", "n3", "n4"]), 30)
+    assert moving is not None
+    # n5 registers meanwhile: one move to both.
+    revised = next_epoch(moving, view(["n1", "n2", "n3", "n4", "n5"]), 30)
+    assert revised is not None and revised.target == ("n1", "n2", "n3", "n4", "n5")
+    # The joiner died before the switch: back to the members, no target.
+    dropped = next_epoch(moving, view(["n1", "n2", "n3"], absent={"n4": 31.0}), 30)
+    assert dropped is not None and dropped.target is None
+    assert dropped.members == ("n1", "n2", "n3") and dropped.number == moving.number + 1
+
+
+def test_the_last_members_stay_when_every_one_is_gone() -> None:
+    gone = {"n1": 99.0, "n2": 99.0, "n3": 99.0}
+    assert next_epoch(three(), view([], absent=gone), 30) is None
+
+
+def test_a_move_round_trips_through_its_record() -> None:
+    moving = next_epoch(three(), view(["n1", "n2", "n3", "n4"]), 30)
+    assert moving is not None and Epoch.from_json(moving.to_json()) == moving

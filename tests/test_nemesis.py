@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .nemesis.faults import ASYMMETRIC, SYMMETRIC
+from .nemesis.faults import ASYMMETRIC, ELASTIC, SYMMETRIC
 from .nemesis.run import RunConfig, run
 from .netns import netns_problem, remove_stale
 
@@ -24,6 +24,7 @@ if (_problem := netns_problem()) is not None:
     pytest.skip(f"network namespaces unavailable: {_problem}", allow_module_level=True)
 
 ASYMMETRIC_SECONDS = 30.0  # enough for a handful of broken links
+ELASTIC_SECONDS = 45.0  # a handful of drains and replacements
 SHARED_SECONDS = 20.0  # dozens of violations in that time
 SECONDS = 80.0  # of client operations under faults; the whole test takes about 1.5-2 min
 
@@ -94,3 +95,12 @@ def test_with_etcd_asymmetric_link_failures_lose_nothing(tmp_path: Path) -> None
     of acknowledging without it."""
     config = RunConfig(seed=seed(), seconds=ASYMMETRIC_SECONDS, kinds=ASYMMETRIC, etcd=True)
     check(config, tmp_path)
+
+
+@pytest.mark.timeout(420)
+def test_with_etcd_drains_and_replacements_lose_nothing(tmp_path: Path) -> None:
+    """Daemons drained (and let back in) and killed for longer than ``replace_after``
+    (their copies made again elsewhere, then moved back when they rejoin), with kills
+    and pauses between: moves started, revised and finished under the clients' load."""
+    kinds = (*ELASTIC, "kill", "pause")
+    check(RunConfig(seed=seed(), seconds=ELASTIC_SECONDS, kinds=kinds, etcd=True), tmp_path)

@@ -57,9 +57,10 @@ ENTRY = struct.Struct("<QQQQdIHH")
 ENTRY_SIZE = ENTRY.size
 assert ENTRY_SIZE == 48
 
-# Error responses carry a short human-readable message; bound it so a
+# Error responses carry a short human-readable message (or, for STALE_EPOCH, the
+# epoch record: about 60 bytes per daemon, so a thousand fit); bound it so a
 # hostile daemon cannot make a client allocate much.
-MAX_ERROR_MESSAGE = 4096
+MAX_ERROR_MESSAGE = 64 << 10
 # Metadata payloads (create, list and stat answers) are JSON; bounded too.
 MAX_META_PAYLOAD = 16 << 20
 MAX_NAME_BYTES = 1024

@@ -15,6 +15,14 @@ same shard is still catching up may lose updates by design.
 - ``link-kill``: as ``link``, and the first of the two is killed with ``kill -9`` at
   the end of the hold (then restarted, then the link restored): what the other one
   missed while cut off is then only on the killed daemon.
+- ``drain`` (membership in etcd): ``irdma drain`` of a daemon (its copies move to the
+  others), withdrawn at the end of the hold (it joins again: copies move back), the
+  move it started perhaps not finished;
+- ``replace`` (membership in etcd): ``kill -9`` of a daemon held past its lease and
+  ``replace_after``, so its copies are made again on the others; restarted, it joins.
+
+After an elastic fault the cluster counts as recovered once every daemon is a member
+of one settled epoch with no move under way.
 
 The schedule is a pure function of the seed, so a failing run's faults can be
 replayed; which operations they meet still depends on timing.
@@ -32,6 +40,9 @@ from .history import NEMESIS, HistoryWriter, Record
 
 SYMMETRIC = ("kill", "pause", "partition", "restart-all")
 ASYMMETRIC = ("link", "link-kill")
+ELASTIC = ("drain", "replace")
+# ``replace`` holds past lease_ttl + replace_after of the nemesis's etcd config (1 + 2 s).
+REPLACE_HOLD = (3.5, 5.0)
 RECOVERY_TIMEOUT = 90.0  # seconds the cluster gets to be ready again after a fault
 
 
@@ -64,6 +75,9 @@ def schedule(
         elif kind in ASYMMETRIC:
             targets = tuple(rng.sample(list(hosts), 2))
             hold = round(rng.uniform(1.0, 5.0), 2)
+        elif kind == "replace":
+            targets = (rng.choice(list(hosts)),)
+            hold = round(rng.uniform(*REPLACE_HOLD), 2)
         else:
             targets = (rng.choice(list(hosts)),)
             hold = round(rng.uniform(0.5, 4.0), 2)
@@ -84,6 +98,8 @@ class Target(Protocol):
     def restore_link(self, a: str, b: str) -> None: ...
     def stop_all(self) -> None: ...
     def start_all(self) -> None: ...
+    def drain(self, host: str) -> None: ...
+    def undrain(self, host: str) -> None: ...
     def wait_ready(self, timeout: float) -> dict[str, Any]: ...
 
 
@@ -135,6 +151,10 @@ class Nemesis:
             t.stop_all()
         elif fault.kind in ASYMMETRIC:
             t.cut_link(*fault.targets)
+        elif fault.kind == "drain":
+            t.drain(fault.targets[0])
+        elif fault.kind == "replace":
+            t.kill(fault.targets[0])
         else:
             raise ValueError(f"unknown fault {fault.kind!r}")
 
@@ -154,3 +174,7 @@ class Nemesis:
             t.kill(fault.targets[0])
             t.start(fault.targets[0])
             t.restore_link(*fault.targets)
+        elif fault.kind == "drain":
+            t.undrain(fault.targets[0])
+        elif fault.kind == "replace":
+            t.start(fault.targets[0])

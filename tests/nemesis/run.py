@@ -90,7 +90,10 @@ class NemesisCluster:
             extra={"heartbeat": 0.2, "failure_timeout": 1.0},
         )
         if etcd is not None:
-            text += f'\n[etcd]\nendpoints = ["{etcd}"]\nprefix = "/irdma/nemesis"\nlease_ttl = 1\n'
+            text += (
+                f'\n[etcd]\nendpoints = ["{etcd}"]\nprefix = "/irdma/nemesis"\n'
+                "lease_ttl = 1\nreplace_after = 2\n"
+            )
         self.config_path.write_text(text)
         self.procs: dict[str, subprocess.Popen] = {}
         self.monitor: subprocess.Popen | None = None
@@ -143,6 +146,16 @@ class NemesisCluster:
     def start_all(self) -> None:
         for host in self.hosts:
             self.start(host)
+
+    def drain(self, host: str) -> None:
+        self._cli("drain", host, "--no-wait")
+
+    def undrain(self, host: str) -> None:
+        self._cli("drain", host, "--cancel")
+
+    def _cli(self, *args: str) -> None:
+        argv = [sys.executable, "-m", "irdma.cli", *args, "--config", str(self.config_path)]
+        self.net.check_output(CLIENT_HOST, argv, timeout=30)
 
     def heal_everything(self) -> None:
         """Undo any fault still in force (idempotent)."""

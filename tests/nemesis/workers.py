@@ -281,6 +281,7 @@ async def _all_ready(config_path: str, timeout: float) -> dict[str, Any]:
     config = load_config(config_path)
     started = time.monotonic()
     last: dict[str, str] = {}
+    epochs: set[int | None] = set()
     async with AsyncClient(config, timeout=1.0, transport=TRANSPORT) as client:
         while True:
             for node in config.nodes:
@@ -290,8 +291,25 @@ async def _all_ready(config_path: str, timeout: float) -> dict[str, Any]:
                     last[node.name] = type(exc).__name__
                     continue
                 ok = hello.get("ready") and hello.get("quorum")
-                last[node.name] = "ready" if ok else json.dumps(hello.get("view"))
-            if all(v == "ready" for v in last.values()) and len(last) == len(config.nodes):
+                epoch = hello.get("epoch")
+                if ok and config.etcd is not None:
+                    # After a drain or a replacement: every daemon a member of one
+                    # settled epoch, no move under way.
+                    ok = (
+                        epoch is not None
+                        and epoch["settled"]
+                        and epoch["target"] is None
+                        and set(epoch["members"]) == {n.name for n in config.nodes}
+                    )
+                    epochs.add(epoch["number"] if epoch else None)
+                last[node.name] = "ready" if ok else json.dumps(epoch or hello.get("view"))
+            agreed = len(epochs) <= 1
+            epochs.clear()
+            if (
+                agreed
+                and all(v == "ready" for v in last.values())
+                and len(last) == len(config.nodes)
+            ):
                 return {"ready": True, "waited": time.monotonic() - started}
             if time.monotonic() - started > timeout:
                 return {"ready": False, "waited": time.monotonic() - started, "last": last}
