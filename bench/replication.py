@@ -58,35 +58,42 @@ ME = str(Path(__file__).resolve())
 
 
 def worker(args: argparse.Namespace) -> None:
-    from irdma import Client
+    """Throughput of one op on one tensor, through ``AsyncClient``: it asks every daemon
+    at once, so the figure is the cluster's aggregate. (The blocking ``Client`` sends a
+    call's shards one after another since 93941e1, docs/performance.md.)"""
+    import trio
 
-    size = parse_size(args.size)
-    with Client(args.config) as client:
-        if args.op == "ready":
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                try:
-                    if all(client.hello(n).get("ready") for n in client.config.nodes):
-                        break
-                except Exception:
-                    pass
-                time.sleep(0.05)
-            print(json.dumps({"ok": True}))
-            return
-        arr = np.random.default_rng(1).random(size // 8)
-        client.write("bench/t", arr, replace=True)
-        out = np.empty_like(arr)
-        times = []
-        for _ in range(args.rounds):
-            t = time.perf_counter()
-            if args.op == "read":
-                client.read("bench/t", out=out)
-            elif args.op == "write":
-                client.write("bench/t", arr)
-            else:
-                client.accumulate("bench/t", arr)
-            times.append(time.perf_counter() - t)
-        print(json.dumps({"mbps": size / statistics.median(times) / 1e6}))
+    from irdma import AsyncClient
+
+    async def run() -> dict:
+        size = parse_size(args.size)
+        async with AsyncClient(args.config) as client:
+            if args.op == "ready":
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    try:
+                        if all([(await client.hello(n)).get("ready") for n in client.config.nodes]):
+                            break
+                    except Exception:
+                        pass
+                    await trio.sleep(0.05)
+                return {"ok": True}
+            arr = np.random.default_rng(1).random(size // 8)
+            await client.write("bench/t", arr, replace=True)
+            out = np.empty_like(arr)
+            times = []
+            for _ in range(args.rounds):
+                t = time.perf_counter()
+                if args.op == "read":
+                    await client.read("bench/t", out=out)
+                elif args.op == "write":
+                    await client.write("bench/t", arr)
+                else:
+                    await client.accumulate("bench/t", arr)
+                times.append(time.perf_counter() - t)
+            return {"mbps": size / statistics.median(times) / 1e6}
+
+    print(json.dumps(trio.run(run)))
 
 
 def wait_join(args: argparse.Namespace) -> None:

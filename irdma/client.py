@@ -669,7 +669,7 @@ class AsyncClient:
                 wire,
                 wid,
                 step,
-                txn=new_txn() if self.replicated else 0,
+                txn=new_txn() if self._router.replicated else 0,
                 stamp=stamp,
             )
             reply = await self._router.on_replicas(

@@ -271,14 +271,14 @@ class DataOps:
         version, retried = self._apply_once(update, msg.worker, msg.step)
         await self.replicator.wait(self.forward())
         if retried:
-            await self.replicator.flush()
+            await self.replicator.confirm([(msg.key, msg.shard)])
         await self.replies.reply(conn, header, [], version=version)
 
     def _apply_once(self, update: Update, worker: int, step: int) -> tuple[int, bool]:
         """Apply a client's update unless its txn was applied before: (version, was a retry).
 
         A retry is not applied twice; its caller answers it only after
-        ``replicator.flush()``, once the backups surely have the original.
+        ``replicator.confirm``, once every other copy surely has the original.
         """
         done = self.store.applied(update, worker)
         if done is not None:
@@ -409,7 +409,7 @@ class DataOps:
                     self.store.abort(u)
             raise
         answers = []
-        retried = False
+        retried: list[tuple[int, int]] = []
         for i, (e, u) in enumerate(zip(entries, updates, strict=True)):
             if isinstance(u, StoreError):
                 answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=u.status))
@@ -419,7 +419,8 @@ class DataOps:
             try:
                 self.admission.check_primary(e.key, e.shard)
                 version, again = self._apply_once(u, msg.worker, msg.step)
-                retried = retried or again
+                if again:
+                    retried.append((e.key, e.shard))
             except StoreError as exc:
                 self.store.abort(u)
                 answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=exc.status))
@@ -427,5 +428,5 @@ class DataOps:
             answers.append(BatchEntry(e.key, e.shard, e.offset, e.length, version))
         await self.replicator.wait(self.forward())
         if retried:
-            await self.replicator.flush()
+            await self.replicator.confirm(retried)
         await self.replies.reply(conn, header, [pack_entries(answers)])

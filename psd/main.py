@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 
@@ -163,9 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"psd: {exc}", file=sys.stderr)
         return 2
+    # Under systemd the journal stamps each line; run by hand (or by tests that
+    # compare daemons' logs), IRDMA_LOG_TIME=1 adds the time.
+    stamp = "%(asctime)s " if os.environ.get("IRDMA_LOG_TIME") == "1" else ""
     logging.basicConfig(
         level=log_level_for(args.log_level, config),
-        format=f"psd[{args.node}] %(levelname)s %(message)s",
+        format=f"{stamp}psd[{args.node}] %(levelname)s %(message)s",
         stream=sys.stderr,
     )
     lifecycle = Lifecycle(node, config, cli_log_level=args.log_level)

@@ -37,11 +37,14 @@ the one before (an old primary would accept updates beside the new one).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from irdma.cluster import ClusterConfig, Node
+
+log = logging.getLogger("psd")
 
 
 @dataclass(slots=True)
@@ -152,6 +155,8 @@ class Membership:
                 state.stamp = stamp
         elif not was_up:
             state.ready = False  # back from down: not serving until it says so
+        if was_ready != state.ready:
+            log.info("%s: sees %s %s", self.me, peer, "ready" if state.ready else "not ready")
         if not was_up or was_ready != state.ready:
             self.on_change()
         self.observe(now)

@@ -28,6 +28,14 @@ class PeerOps:
 
     async def replica_update(self, conn: Conn, header: Header, msg: ReplicaUpdate) -> None:
         self.replicator.check_sender(msg.sender, msg.key, msg.shard)
+        tensor = self.store.tensors.get(msg.key)
+        if tensor is not None and msg.shard not in tensor.shards:
+            # Placed here by a move (check_sender saw to that) and not copied yet: the
+            # primary sends the whole shard instead.
+            raise StoreError(
+                Status.BEHIND,
+                f"shard {msg.shard} of {tensor.meta.name!r} is placed here and not copied yet",
+            )
         update = await self.data.receive_update(conn, msg)
         update.txn = msg.txn
         update.stamp = msg.stamp
@@ -78,7 +86,7 @@ class PeerOps:
         length = conn.payload.left
         if msg.meta_length > MAX_META_PAYLOAD or msg.meta_length + msg.size != length:
             raise StoreError(Status.BAD_FRAME, "shard copy: lengths do not add up")
-        self.replicator.check_sender(msg.sender, msg.key, msg.shard)
+        self.replicator.check_sender(msg.sender, msg.key, msg.shard, whole=True)
         staging = self.store.reserve(length)
         try:
             if staging is None:  # arena full: the copy waits in process memory
@@ -86,7 +94,7 @@ class PeerOps:
             else:
                 buf = self.store.arena.view(staging, 0, length)
             await conn.payload.read_into(buf)
-            self.replicator.check_sender(msg.sender, msg.key, msg.shard)
+            self.replicator.check_sender(msg.sender, msg.key, msg.shard, whole=True)
             self.replicator.install(msg, memoryview(buf))
         finally:
             if staging is not None:

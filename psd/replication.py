@@ -504,6 +504,35 @@ class Replicator:
                 "update; it is not acknowledged: retry it on another replica",
             )
 
+    async def confirm(self, shards: list[tuple[int, int]]) -> None:
+        """Before a retried update is answered (it was applied here before, as primary
+        or as a backup): every other copy that is up gets these shards whole from
+        here. The original may never have reached one of them (refused by a daemon
+        that saw another primary, a move's gaining daemon among them), and that copy
+        must not outlive this one without it. StoreError (RECOVERING) if a copy
+        that is still up did not take it: the client asks again.
+        """
+        if not self.enabled:
+            return
+        log.info(
+            "%s: a retried update was applied here before (%s); every copy gets it whole first",
+            self.node.name,
+            ", ".join(f"shard {index} of tensor {key:#x}" for key, index in shards),
+        )
+        sent = [
+            (name, self.peers[name].put(Item(key, index, None)))
+            for key, index in shards
+            for name in self.membership.backups(key, index)
+        ]
+        await self.wait([item for _, item in sent])
+        missing = sorted({n for n, i in sent if not i.delivered and self.membership.up(n)})
+        if missing:
+            raise StoreError(
+                Status.RECOVERING,
+                f"{self.node.name} could not give {', '.join(missing)} its copy of a retried "
+                "update; ask again",
+            )
+
     async def drain(self, peer_name: str) -> None:
         """Wait until everything queued for a peer so far was delivered (or it went down)."""
         peer = self.peers.get(peer_name)
@@ -554,18 +583,29 @@ class Replicator:
 
     async def _deliver(self, peer: Peer, item: Item) -> None:
         if item.commit is not None:
-            status = await self._send_update(peer, item.commit)
+            status, why = await self._send_update(peer, item.commit)
             if status == Status.OK:
                 return
             if status == Status.NOT_OWNER:
                 raise Refused(
                     f"{peer.node.name} refused an update to shard {item.shard} of tensor "
-                    f"{item.key:#x} (it sees another primary)"
+                    f"{item.key:#x}: {why.decode(errors='replace')}"
                 )
             # The backup missed updates, or lacks the tensor: send the shard.
+            log.info(
+                "%s: %s answered %s to an update of shard %d of tensor %#x (%s); sending "
+                "the shard whole",
+                self.node.name,
+                peer.node.name,
+                Status(status).name,
+                item.shard,
+                item.key,
+                why.decode(errors="replace"),
+            )
         await self._send_shard(peer, item.key, item.shard)
 
-    async def _send_update(self, peer: Peer, c: Commit) -> int:
+    async def _send_update(self, peer: Peer, c: Commit) -> tuple[int, bytes]:
+        """Forward one update; the peer's status and, for a refusal, why."""
         header = ReplicaUpdate(
             c.op,
             c.key,
@@ -585,8 +625,8 @@ class Replicator:
             pushed_step=c.pushed_step,
             held=c.held,
         ).frame(c.payload.nbytes)
-        reply, _ = await self.request(peer, header, [c.payload], timeout=self._budget(c.payload))
-        return reply.status
+        reply, text = await self.request(peer, header, [c.payload], timeout=self._budget(c.payload))
+        return reply.status, text
 
     async def _send_shard(self, peer: Peer, key: int, index: int) -> None:
         tensor = self.store.tensors.get(key)
@@ -628,7 +668,7 @@ class Replicator:
                 return  # replaced meanwhile: its own copy follows
             # Held since the copy: later ones are queued behind it.
             c = held_commit(held, worker, step, copied)
-            status = await self._send_update(peer, c)
+            status, _ = await self._send_update(peer, c)
             if status not in (Status.OK, Status.BEHIND):
                 raise PeerError(
                     f"{peer.node.name} refused a held push of worker {worker} to shard "
@@ -761,8 +801,15 @@ class Replicator:
             others = [n.name for n in self.config.replicas_for(key, index) if n.name != me]
             ready = [n for n in others if n in reports and reports[n][0]]
             if ready:
-                # A ready replica is current by construction: take its copy.
-                src = ready[0]
+                # The acting primary is current by construction (every acknowledged
+                # update is on it, and it forwards what follows here): take its copy
+                # and no other. A backup's may lag forwards the primary already sent
+                # here, and would overwrite them. Views differing for a moment (the
+                # primary's report missing, or not ready in it): decide again.
+                primary = self.membership.acting_primary(key, index)
+                if primary is None or primary.name not in ready:
+                    return None
+                src = primary.name
                 theirs = reports[src][1].get((key, index))
                 if theirs is None:
                     if (key, index) in mine:
@@ -900,7 +947,7 @@ class Replicator:
                 "so its daemons exchange no replication messages",
             )
 
-    def check_sender(self, sender_index: int, key: int, shard: int) -> None:
+    def check_sender(self, sender_index: int, key: int, shard: int, *, whole: bool = False) -> None:
         """Refuse a forwarded update or shard copy from a daemon that is not in charge of it.
 
         Taken: from a peer this daemon sees as up and ready, for a shard it
@@ -938,6 +985,14 @@ class Replicator:
                 f"not {sender}",
             )
         primary = m.acting_primary(key, shard)
+        if whole and m.leased and (primary is None or primary.name != sender):
+            # A whole shard replaces what is here: only from the primary, whose forwards
+            # this copy may already hold (a backup's copy may lag them).
+            raise StoreError(
+                Status.NOT_OWNER,
+                f"{self.node.name} takes whole copies of shard {shard} of tensor {key:#x} "
+                f"from {primary.name if primary else 'its primary'}, not {sender}",
+            )
         if m.peer_ready(sender) and (primary is None or primary.name != self.node.name):
             return
         raise StoreError(

@@ -160,9 +160,11 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     problems = []
     with Client(args.config) as c:
         for slot, name in enumerate(COUNTER_NAMES):
-            values = c.read(name)
-            if not (values == acked[slot]).all():
-                problems.append(f"{name}: {np.unique(values)[:5].tolist()} != {acked[slot]}")
+            values = c.read(name).reshape(COUNTER_SHARDS, ELEMS)
+            for index, shard in enumerate(values):
+                if not (shard == acked[slot]).all():
+                    found = np.unique(shard)[:5].tolist()
+                    problems.append(f"{name} shard {index}: {found} != {acked[slot]}")
         for name, data in bulk_data().items():
             if not (c.read(name) == data).all():
                 problems.append(f"{name}: bytes changed")

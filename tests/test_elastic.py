@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -39,6 +40,7 @@ WORKERS = str(Path(workers.__file__))
 DAEMONS = ("n1", "n2", "n3")
 JOINER = "n4"
 WAIT = 90.0  # longest a move may take here
+LOG_TIME = {**os.environ, "IRDMA_LOG_TIME": "1"}  # daemons' logs compared line by line
 
 
 class Hosts:
@@ -118,7 +120,7 @@ def test_join_drain_and_kill_lose_no_acknowledged_update(kind: str, tmp_path: Pa
         def start(name: str, config: Path) -> None:
             with (tmp_path / f"{name}.log").open("ab") as log:
                 daemons[name] = hosts.run(name, psd_command(config, name), stdout=log,
-                                          stderr=subprocess.STDOUT)  # fmt: skip
+                                          stderr=subprocess.STDOUT, env=LOG_TIME)  # fmt: skip
 
         stop = tmp_path / "stop"
         progress = tmp_path / "progress.json"

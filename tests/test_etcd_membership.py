@@ -22,6 +22,9 @@ import trio
 
 import irdma
 from irdma import Client
+from irdma.epochs import Epoch
+from irdma.etcd import Etcd
+from irdma.local import write_config
 from irdma.protocol import tensor_key
 from irdma.registry import Registry
 
@@ -177,3 +180,32 @@ def test_an_etcd_table_needs_endpoints(tmp_path: Path) -> None:
         parse_config({**base, "etcd": {"endpoints": ["http://x:1"], "lease_ttl": 0}})
     config = parse_config({**base, "etcd": {"endpoints": ["http://x:2379"]}})
     assert config.etcd is not None and config.etcd.prefix == "/irdma/default"
+
+
+def test_drain_names_what_it_cannot_do(server: EtcdServer, tmp_path: Path) -> None:
+    """irdma drain: only with [etcd]; only a member; --cancel of a node not drained."""
+    static = write_config(tmp_path / "static", 2)
+    out = run_cli("drain", "n1", "--config", str(static))
+    assert out.returncode == 2 and "needs membership in etcd" in out.stderr, out.stderr
+    path = write_config(tmp_path / "etcd", 2)
+    prefix = f"/irdma/test-{uuid.uuid4().hex[:8]}"
+    path.write_text(path.read_text() + f'\n[etcd]\nendpoints = ["{server.endpoint}"]\n'
+                    f'prefix = "{prefix}"\n')  # fmt: skip
+    out = run_cli("drain", "n1", "--config", str(path))
+    assert out.returncode == 1 and "not a member" in out.stderr, out.stderr
+    registry = Registry(Etcd([server.endpoint]), prefix)
+    assert trio.run(registry.propose, Epoch(1, ("n1", "n2"), 1), 0)
+    out = run_cli("drain", "n9", "--config", str(path))
+    assert out.returncode == 1 and "n9 is not a member" in out.stderr, out.stderr
+    out = run_cli("drain", "n2", "--config", str(path), "--no-wait")
+    assert out.returncode == 0 and "drain requested at epoch 1" in out.stdout, out.stdout
+    assert trio.run(registry.state).drained == {"n2"}
+    out = run_cli("drain", "n2", "--cancel", "--config", str(path))
+    assert "drain withdrawn" in out.stdout and trio.run(registry.state).drained == set()
+    out = run_cli("drain", "n2", "--cancel", "--config", str(path))
+    assert "was not being drained" in out.stdout
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "irdma.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)

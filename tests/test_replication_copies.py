@@ -9,6 +9,7 @@ frames against three real daemons with two copies of every shard.
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 
 from irdma.protocol import (
     HEADER_SIZE,
+    NO_WORKER,
     Flag,
     Header,
     Op,
@@ -170,5 +172,47 @@ def test_a_backup_refuses_the_primary_it_saw_go_down(tmp_path: Path) -> None:
         reply, msg = replica_write(c, backup, index(c, primary), version + 1)
         assert reply.status == Status.NOT_OWNER, msg
         assert copy_on(c, backup) == (version, data)
+    finally:
+        c.close()
+
+
+def test_a_retry_a_backup_already_had_reaches_every_copy_before_its_answer(
+    tmp_path: Path,
+) -> None:
+    """The primary forwarded an update to one backup and died before the other had it;
+    the client's retry (same txn) reaches the first backup once it has taken over. It
+    was applied there already, so it is not applied again, but it is answered only
+    once the other copy has it too: that copy could otherwise take over later without
+    an update the client saw acknowledged."""
+    c = make_cluster(tmp_path, 3, replicas=3)
+    try:
+        with c.client() as client:
+            client.write(TENSOR, VALUE)
+        key = tensor_key(TENSOR)
+        primary, backup, third = (n.name for n in c.config.replicas_for(key, 0))
+        version, _ = copy_on(c, backup)
+        ones = np.ones_like(VALUE).tobytes()
+        txn = 0x5EED
+
+        def accumulate(flags: int = 0, worker: int = NO_WORKER, at: int = 0) -> Header:
+            return Header(op=Op.ACCUMULATE, key=key, shard=0, size=len(ones), length=len(ones),
+                          version=at, flags=flags, worker=worker, txn=txn)  # fmt: skip
+
+        # What the primary forwarded before it died: to the backup only.
+        forwarded = accumulate(Flag.REPLICA, index(c, primary), version + 1)
+        reply, text = exchange(c, backup, forwarded, ones)
+        assert reply.status == Status.OK, text
+        c.kill(primary)
+        deadline = time.monotonic() + 30
+        while True:  # NOT_OWNER until the backup sees the primary down
+            reply, text = exchange(c, backup, accumulate(), ones)
+            if reply.status == Status.OK or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert reply.status == Status.OK, text
+        assert reply.version == version + 1  # applied once
+        expected = (VALUE + 1).tobytes()
+        assert copy_on(c, backup) == (version + 1, expected)
+        assert copy_on(c, third) == (version + 1, expected)
     finally:
         c.close()
