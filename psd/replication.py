@@ -87,7 +87,10 @@ class Item:
     commit: Commit | None  # None: send the whole shard (SYNC)
     done: trio.Event = field(default_factory=trio.Event)
     delivered: bool = False  # done can also mean skipped (the peer went down)
+    refused: bool = False  # the peer would not take it (it sees another primary)
     queued: float = field(default_factory=time.monotonic)  # for the lag metric
+    # How many times this daemon had given up being ready when the item was queued.
+    losses: int = 0
 
 
 class PeerError(Exception):
@@ -156,6 +159,9 @@ class Replicator:
         # Why this daemon last gave up being ready (said in the log).
         self._lost_why = ""
         self.copies = CopyCounts()
+        # Times this daemon gave up being ready: an update queued before one of them
+        # is not acknowledged even if it is ready again by the time it is answered.
+        self.losses = 0
 
     @property
     def enabled(self) -> bool:
@@ -180,6 +186,7 @@ class Replicator:
             else "its etcd lease is not held"
         )
         self._lost_why = ""
+        self.losses += 1
         log.warning("%s: %s; catching up before serving again", self.node.name, why)
         # Whatever was queued while primary is stale now: others may have
         # taken over. This daemon catches up instead. Forwards already written
@@ -477,13 +484,14 @@ class Replicator:
         items = []
         for c in commits:
             for name in self.membership.backups(c.key, c.shard):
-                items.append(self.peers[name].put(Item(c.key, c.shard, c)))
+                item = Item(c.key, c.shard, c, losses=self.losses)
+                items.append(self.peers[name].put(item))
         return items
 
     def sync_to(self, peer_name: str, shards: Iterable[tuple[int, int]]) -> list[Item]:
         """Queue whole shards for a peer (after anything queued for it before)."""
         peer = self.peers[peer_name]
-        return [peer.put(Item(key, index, None)) for key, index in shards]
+        return [peer.put(Item(key, index, None, losses=self.losses)) for key, index in shards]
 
     async def wait(self, items: list[Item]) -> None:
         """Wait until the backups have these updates, or were declared down.
@@ -496,7 +504,11 @@ class Replicator:
         for item in items:
             await item.done.wait()
         m = self.membership
-        if any(not i.delivered for i in items) and not (m.ready and m.has_quorum()):
+        # A refusal, or a loss of readiness since the items were queued, means another
+        # replica may be in charge: not acknowledged, even if this daemon is ready
+        # again by now (caught up meanwhile, with its copy replaced).
+        stale = any(i.refused or i.losses != self.losses for i in items)
+        if any(not i.delivered for i in items) and (stale or not (m.ready and m.has_quorum())):
             why = "its lease or a backup's acceptance" if m.leased else "contact with a majority"
             raise StoreError(
                 Status.NO_QUORUM,
@@ -520,7 +532,7 @@ class Replicator:
             ", ".join(f"shard {index} of tensor {key:#x}" for key, index in shards),
         )
         sent = [
-            (name, self.peers[name].put(Item(key, index, None)))
+            (name, self.peers[name].put(Item(key, index, None, losses=self.losses)))
             for key, index in shards
             for name in self.membership.backups(key, index)
         ]
@@ -559,6 +571,7 @@ class Replicator:
                     item.delivered = True
             except Refused as exc:
                 log.warning("%s: %s; dropped", self.node.name, exc)
+                item.refused = True
                 if self.membership.leased and item.commit is not None:
                     # Applied here as primary, refused by a copy that sees another
                     # primary (an epoch switch): this copy may hold an update no

@@ -24,9 +24,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import trio
+from irdma_psd.main import build_store
+from irdma_psd.replication import Item, Replicator
+from irdma_psd.store import StoreError
 
 from irdma.cluster import ClusterConfig, load_config, render_config
-from irdma.local import psd_command
+from irdma.local import psd_command, write_config
 from irdma.protocol import tensor_key
 
 from .netns import NetnsUnavailable, Network, netns_problem
@@ -398,3 +402,45 @@ def test_training_loop_over_delayed_lossy_links(lossy_cluster: NetCluster) -> No
             with contextlib.suppress(Exception):
                 c.net.shape(h)
     assert out["errors"] == [], out
+
+
+# -- acknowledgements (psd.replication.Replicator.wait, no daemons) -----------------------
+
+
+def test_an_update_queued_before_a_loss_of_readiness_is_never_acknowledged(
+    tmp_path: Path,
+) -> None:
+    """Found by tests/test_elastic.py: a primary applied an update, a backup refused the
+    forward (it saw the next epoch), the primary gave up being ready, caught up at
+    once (it had nothing to catch up on) and, ready again when the wait ended,
+    acknowledged the update no copy kept. The wait remembers the loss."""
+    path = write_config(tmp_path, 3, replicas=2, arena_size=1 << 20)
+    path.write_text(path.read_text() + '\n[etcd]\nendpoints = ["http://127.0.0.1:9"]\n')
+    config = load_config(path)
+    node = config.node("n1")
+    store = build_store(config, node)
+    try:
+        replicator = Replicator(config, node, store)
+        replicator.membership.holds_lease_until(time.monotonic() + 60)
+        replicator.membership.ready = True  # as after catching up
+
+        async def main() -> None:
+            delivered = Item(1, 0, None, losses=replicator.losses)
+            delivered.delivered = True
+            delivered.done.set()
+            await replicator.wait([delivered])  # delivered: acknowledged
+            skipped = Item(1, 0, None, losses=replicator.losses)
+            replicator._on_lost()  # a refusal made it give up being ready...
+            skipped.done.set()
+            replicator.membership.ready = True  # ...and it is ready again already
+            with pytest.raises(StoreError, match="not acknowledged"):
+                await replicator.wait([skipped])
+            refused = Item(1, 0, None, losses=replicator.losses)
+            refused.refused = True
+            refused.done.set()
+            with pytest.raises(StoreError, match="not acknowledged"):
+                await replicator.wait([refused])
+
+        trio.run(main)
+    finally:
+        store.arena.close()
