@@ -247,24 +247,27 @@ class ClusterConfig:
 
     def replicas_for(self, key: int, shard: int) -> tuple[Node, ...]:
         """The shard's replicas in preference order (first is the primary)."""
-        found = self._placement.get((key, shard))
-        if found is None:
-            if len(self._placement) >= PLACEMENT_CACHE:
-                self._placement.clear()
-            found = tuple(rendezvous_order(self._members, key, shard)[: self.replicas])
-            self._placement[(key, shard)] = found
-        return found
+        return self._placed(self._placement, self._members, key, shard)
 
     def target_replicas_for(self, key: int, shard: int) -> tuple[Node, ...]:
         """The shard's replicas in the target of a move under way (none without one)."""
         if not self._target:
             return ()
-        found = self._target_placement.get((key, shard))
+        return self._placed(self._target_placement, self._target, key, shard)
+
+    def _placed(
+        self,
+        cache: dict[tuple[int, int], tuple[Node, ...]],
+        nodes: tuple[Node, ...],
+        key: int,
+        shard: int,
+    ) -> tuple[Node, ...]:
+        found = cache.get((key, shard))
         if found is None:
-            if len(self._target_placement) >= PLACEMENT_CACHE:
-                self._target_placement.clear()
-            found = tuple(rendezvous_order(self._target, key, shard)[: self.replicas])
-            self._target_placement[(key, shard)] = found
+            if len(cache) >= PLACEMENT_CACHE:
+                cache.clear()
+            found = tuple(rendezvous_order(nodes, key, shard)[: self.replicas])
+            cache[(key, shard)] = found
         return found
 
     def copies_for(self, key: int, shard: int) -> tuple[Node, ...]:

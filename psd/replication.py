@@ -62,6 +62,9 @@ from .store import Commit, Store, held_commit
 
 log = logging.getLogger("psd")
 
+# What a catch-up takes: shards to copy, by the peer to copy them from; shards to drop.
+Plan = tuple[dict[str, list[tuple[int, int]]], list[tuple[int, int]]]
+
 # How long a catch-up waits between attempts when it cannot decide yet
 # (no quorum, or a replica it needs is down).
 RETRY_PAUSE = 0.2
@@ -320,25 +323,13 @@ class Replicator:
         def gains(key: int, index: int) -> bool:
             return not any(n.name == me for n in self.config.replicas_for(key, index))
 
-        copied = 0
         while True:
-            if not (self.membership.ready and self.membership.settled()):
-                await trio.sleep(RETRY_PAUSE)
-                continue
-            plan = await self._plan(only=gains)
-            if plan is None:
-                await trio.sleep(RETRY_PAUSE)
-                continue
-            fetch, _ = plan
-            try:
-                for source, shards in fetch.items():
-                    await self._fetch(source, shards)
-            except PeerError as exc:
-                log.info("%s: copying for epoch %d failed (%s); again", me, epoch.number, exc)
-                await trio.sleep(RETRY_PAUSE)
-                continue
-            copied = sum(len(v) for v in fetch.values())
-            break
+            if self.membership.ready and self.membership.settled():
+                plan = await self._copy_planned(gains, f"copying for epoch {epoch.number}")
+                if plan is not None:
+                    break
+            await trio.sleep(RETRY_PAUSE)
+        copied = sum(len(v) for v in plan[0].values())
         log.info("%s: has its copies for epoch %d (%d copied)", me, epoch.number, copied)
 
     async def _tick(self) -> None:
@@ -745,18 +736,11 @@ class Replicator:
                     announced = True
                 await trio.sleep(RETRY_PAUSE)
                 continue
-            plan = await self._plan()
+            plan = await self._copy_planned()
             if plan is None:
                 await trio.sleep(RETRY_PAUSE)
                 continue
             fetch, drop = plan
-            try:
-                for source, shards in fetch.items():
-                    await self._fetch(source, shards)
-            except PeerError as exc:
-                log.info("%s: catching up from a peer failed (%s); again", me, exc)
-                await trio.sleep(RETRY_PAUSE)
-                continue
             for key, index in drop:
                 self.store.drop_shard(key, index)
             if await self._handoff():
@@ -770,9 +754,23 @@ class Replicator:
             len(drop),
         )
 
-    async def _plan(
-        self, only: Callable[[int, int], bool] | None = None
-    ) -> tuple[dict[str, list[tuple[int, int]]], list[tuple[int, int]]] | None:
+    async def _copy_planned(
+        self, only: Callable[[int, int], bool] | None = None, doing: str = "catching up"
+    ) -> Plan | None:
+        """Plan which copies to take (``_plan``) and take them; the plan, or None (try
+        again after a pause) when it could not be decided or a copy failed."""
+        plan = await self._plan(only)
+        if plan is None:
+            return None
+        try:
+            for source, shards in plan[0].items():
+                await self._fetch(source, shards)
+        except PeerError as exc:
+            log.info("%s: %s from a peer failed (%s); again", self.node.name, doing, exc)
+            return None
+        return plan
+
+    async def _plan(self, only: Callable[[int, int], bool] | None = None) -> Plan | None:
         """Which shards to copy from which peer, and which to drop; None if undecidable now.
         ``only``: consider just the shards it accepts (a move's gains)."""
         me = self.node.name

@@ -84,8 +84,15 @@ def test_daemons_register_and_a_stopped_one_leaves_at_once(
         # irdma status says so too.
         out = irdma_cli(c, "status")
         assert "not registered (down as the others see it): n2" in out, out
+        assert "epoch 1: members n1, n2, n3" in out, out  # n2 is down, not replaced yet
         by_node = {r["node"]: r for r in json.loads(irdma_cli(c, "status", "--json"))}
         assert by_node["n1"]["registered"] is True and by_node["n2"]["registered"] is False
+        assert by_node["n1"]["epoch"] == {
+            "number": 1,
+            "members": ["n1", "n2", "n3"],
+            "target": None,
+            "settled": True,
+        }
     finally:
         c.close()
 
