@@ -316,16 +316,14 @@ class AsyncClient:
             epoch = Epoch.from_json(record)
         except ValueError as exc:
             return f"refused the request's epoch, with a bad epoch record ({exc})"
-        mine = self.config.epoch
-        if mine is None or epoch.number > mine.number:
-            self.config.adopt(epoch)
+        if self.config.adopt(epoch):
             return f"the cluster is at epoch {epoch.number}; routed again"
-        return f"is at epoch {epoch.number}, behind this client's {mine.number}; asked again"
+        return f"is at epoch {epoch.number}, not newer than this client's; asked again"
 
     async def _rerouted(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` (an operation over several daemons) again while daemons say the
         cluster's epoch changed, for as long as a request may take."""
-        deadline = self._now() + self.timeout + 2 * self.config.failure_detection
+        deadline = self._now() + self._router.patience
         while True:
             try:
                 return await fn()

@@ -202,9 +202,12 @@ class ClusterConfig:
         self._configured.update(self._by_name)
         self._members = self.nodes
 
-    def adopt(self, epoch: Epoch) -> None:
-        """Follow ``epoch``: its members and target daemons become the nodes, its
-        members place the shards. A node of the file keeps its data_dir and arena."""
+    def adopt(self, epoch: Epoch) -> bool:
+        """Follow ``epoch`` if it is newer than the one in force (False: nothing
+        changes): its members and target daemons become the nodes, its members place
+        the shards. A node of the file keeps its data_dir and arena."""
+        if self.epoch is not None and epoch.number <= self.epoch.number:
+            return False
         nodes = []
         for name in epoch.names:
             known = self._configured.get(name) or self._by_name.get(name)
@@ -225,6 +228,7 @@ class ClusterConfig:
         self._target = tuple(by_name[n] for n in epoch.target or ())
         self._placement = {}
         self._target_placement = {}
+        return True
 
     @property
     def members(self) -> tuple[Node, ...]:
@@ -274,6 +278,8 @@ class ClusterConfig:
         """Every daemon that keeps a copy of the shard: its replicas, then those that
         gain it in a move under way (updates are forwarded to all of them)."""
         now = self.replicas_for(key, shard)
+        if not self._target:
+            return now  # no move under way (every forward asks: kept cheap)
         return now + tuple(n for n in self.target_replicas_for(key, shard) if n not in now)
 
     def primary_for(self, key: int, shard: int) -> Node:

@@ -90,6 +90,12 @@ class Router:
         self._spread = random.randrange(1 << 16)
 
     @property
+    def patience(self) -> float:
+        """Seconds a request may keep failing over: the client timeout plus two failure
+        detections (time for the cluster to notice a dead primary, or a new epoch)."""
+        return self.timeout + 2 * self.config.failure_detection
+
+    @property
     def replicated(self) -> bool:
         """Whether requests fail over (several copies, or an epoch that can change)."""
         return self.config.replicated
@@ -135,7 +141,7 @@ class Router:
             start = self._spread % len(replicas)
         order = replicas[start:] + replicas[:start]
         now = self.now()
-        recent = 2 * self.config.failure_detection + self.timeout
+        recent = self.patience
         healthy = [n for n in order if now - self.failed_at.get(n.name, -1e9) > recent]
         if load is not None:
             healthy.sort(key=lambda n: load.get(n.name, 0))  # stable: ties keep the rotation
@@ -171,7 +177,7 @@ class Router:
             return await self.request(node, msg.frame(length), payload, sink)
         worker = NO_WORKER if isinstance(msg, Stat) else msg.worker
         candidates = candidates or self.candidates(key, shard, asks_primary(update, worker))
-        deadline = self.now() + self.timeout + 2 * self.config.failure_detection
+        deadline = self.now() + self.patience
         attempt = 0
         last: Exception | None = None
         while True:

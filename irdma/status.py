@@ -106,9 +106,7 @@ async def gather(client: AsyncClient) -> list[NodeStatus]:
         except EtcdError as exc:
             etcd_error = str(exc)
         else:
-            if cluster.epoch is not None and (
-                config.epoch is None or cluster.epoch.number > config.epoch.number
-            ):
+            if cluster.epoch is not None:
                 config.adopt(cluster.epoch)
     nodes = {n.name: n for n in config.nodes}
     for name, record in sorted((cluster.members if cluster else {}).items()):

@@ -241,11 +241,9 @@ class Replicator:
         """Follow a newer epoch: its daemons become the peers, its members place the
         shards; then (in the background) settle on it, drop copies no longer kept,
         and copy what this daemon gains in its target."""
-        current = self.config.epoch
-        if current is not None and epoch.number <= current.number:
-            return
         assert self._nursery is not None
-        self.config.adopt(epoch)
+        if not self.config.adopt(epoch):
+            return
         self.names = [n.name for n in self.config.nodes]
         for n in self.config.nodes:
             peer = self.peers.get(n.name)
@@ -487,10 +485,12 @@ class Replicator:
     async def wait(self, items: list[Item]) -> None:
         """Wait until the backups have these updates, or were declared down.
 
-        Raises StoreError (NO_QUORUM) when one was not delivered because this
-        daemon lost its majority meanwhile: it is applied here only, another
-        replica may be primary by now and this copy will be replaced, so it must
-        not be acknowledged; the client retries it elsewhere with the same txn.
+        Raises StoreError (NO_QUORUM) when one was not delivered and was refused,
+        or this daemon gave up being ready (lost its majority or lease, or was
+        refused) since it was queued, or is not ready now: it is applied here
+        only, another replica may be primary by now and this copy will be
+        replaced, so it must not be acknowledged; the client retries it
+        elsewhere with the same txn.
         """
         for item in items:
             await item.done.wait()
