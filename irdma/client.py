@@ -11,16 +11,17 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial, wraps
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import trio
 
 from . import narrowing
+from .agreement import Runner, Served, agree, settle_at
 from .auth import cluster_secret
 from .batching import Batches
 from .cluster import ClusterConfig, Node, load_config
@@ -34,10 +35,7 @@ from .errors import (
     ShapeMismatch,
     StaleEpoch,
     StaleLayout,
-    StampGone,
-    StampPending,
     TensorNotFound,
-    TornRead,
     error_for_status,
 )
 from .modes import Mode
@@ -85,23 +83,6 @@ from .transport.select import forced_transport, may_use_rdma
 
 Progress = Callable[[int], None]
 T = TypeVar("T")
-
-# Rounds without progress a read of several shards makes to get them all from
-# one whole-tensor write before it gives up (TornRead); rounds it first spends
-# waiting for a write in progress to reach the pieces behind; the pause (times
-# the round) before it looks at those again.
-AGREE_TRIES = 16
-AGREE_CHASE = 4
-AGREE_PAUSE = 0.0005
-
-
-class Served(NamedTuple):
-    """One piece of a read or update as answered: the shard's version, the stamp of
-    the whole-tensor write its bytes come from, and of the copy before it (0: none)."""
-
-    version: int
-    stamp: int
-    prev: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +199,13 @@ class AsyncClient:
         )
         self._batches = Batches(
             self._router, self._request, self._gather, lambda name: self._meta.pop(name, None)
+        )
+        # How reads of several shards are made to agree on one whole-tensor write.
+        self._runner = Runner(
+            self._gather,
+            lambda seconds: self._shell.sleep(seconds),
+            lambda: self._now(),
+            self.timeout,
         )
 
     async def __aenter__(self) -> AsyncClient:
@@ -695,116 +683,11 @@ class AsyncClient:
             for p, s in zip(pieces, served, strict=True):
                 self._router.saw(meta.key, p.shard, s.version, update=True)
         if at:
-            return await self._at(meta, at, pieces, served, one)
+            return await settle_at(meta.name, at, pieces, served, one, self._runner)
         if op == Op.READ and len({s.stamp for s in served}) > 1:
-            return await self._agree(meta, pieces, served, one)
+            self.reads_reconciled += 1
+            return await agree(meta.name, pieces, served, one, self._runner)
         return served
-
-    async def _at(
-        self,
-        meta: TensorMeta,
-        at: int,
-        pieces: list[Piece],
-        served: list[Served],
-        one: Callable[..., Any],
-    ) -> list[Served]:
-        """Get every piece from whole-tensor write ``at``: from its copy where the shard
-        moved on, or, where the write has not reached the shard yet, once it has."""
-
-        async def from_copy(i: int) -> Served | None:
-            try:
-                # Asked for by name: that write, even if this client wrote since.
-                return await one(pieces[i], at, False)
-            except StampPending:
-                return None  # on its way: looked at again below
-
-        deadline = self._now() + self.timeout
-        redo = [i for i, s in enumerate(served) if s.stamp != at]
-        pause = 0
-        while redo:
-            try:
-                got = await self._gather(partial(from_copy, i) for i in redo)
-            except StampGone:
-                raise TornRead(
-                    f"tensor {meta.name!r} was rewritten twice while it was being read: "
-                    "the rest of the write the read began with is gone; read it again"
-                ) from None
-            for i, s in zip(redo, got, strict=True):
-                if s is not None:
-                    served[i] = s
-            redo = [i for i in redo if served[i].stamp != at]
-            if not redo:
-                break
-            if self._now() >= deadline:
-                raise TornRead(
-                    f"tensor {meta.name!r}: the write the read began with never reached "
-                    f"some of its shards within {self.timeout:g} s (its writer stopped "
-                    "half-way?); read it again"
-                )
-            pause += 1
-            await self._shell.sleep(AGREE_PAUSE * pause)
-        return served
-
-    async def _agree(
-        self,
-        meta: TensorMeta,
-        pieces: list[Piece],
-        served: list[Served],
-        one: Callable[..., Any],
-    ) -> list[Served]:
-        """Make a read of several shards come from one whole-tensor write.
-
-        Pieces from two writes (a rewrite ran during the read) are read again.
-        First, for a few rounds, those a write in progress has not reached yet
-        (their stamp is another piece's previous one), as they are now: the
-        writer is reaching them. Then, since a writer rewriting without pause
-        can stay ahead of that, the others from the copy of one write, which
-        the daemons keep for a while: a write every piece has or had, those
-        the pieces say they still have first. ``TornRead`` when no write can
-        be had whole before the client timeout, or after ``AGREE_TRIES``
-        rounds that got nowhere.
-        """
-        self.reads_reconciled += 1
-
-        async def at(i: int, target: int) -> Served | None:
-            try:
-                return await one(pieces[i], target)
-            except (StampGone, StampPending):
-                return None
-
-        deadline = self._now() + self.timeout
-        chased = stuck = 0
-        while stuck < AGREE_TRIES and self._now() < deadline:
-            stamps = Counter(s.stamp for s in served)
-            if len(stamps) == 1:
-                return served
-            superseded = {s.prev for s in served if s.prev}
-            behind = [i for i, s in enumerate(served) if s.stamp in superseded]
-            if behind and chased < AGREE_CHASE:
-                chased += 1
-                again = await self._gather(partial(one, pieces[i]) for i in behind)
-                if again == [served[i] for i in behind]:
-                    await self._shell.sleep(AGREE_PAUSE * chased)  # the writer is not there yet
-                for i, s in zip(behind, again, strict=True):
-                    served[i] = s
-                continue
-            kept = {t for t in stamps if all(t in (s.stamp, s.prev) for s in served)}
-            for target in sorted(stamps, key=lambda t: (t not in kept, -stamps[t])):
-                redo = [i for i, s in enumerate(served) if s.stamp != target]
-                got = await self._gather(partial(at, i, target) for i in redo)
-                if all(s is not None for s in got):
-                    for i, s in zip(redo, got, strict=True):
-                        served[i] = s
-                    return served
-            # No write to be had whole from these: look at every piece again.
-            stuck += 1
-            served = await self._gather(partial(one, p) for p in pieces)
-        raise TornRead(
-            f"tensor {meta.name!r}: its shards kept coming from different whole-tensor "
-            "writes (rewritten faster than it can be read, or a writer stopped half-way "
-            "and the older copies were taken back for room); read it again, or write it "
-            "whole again"
-        )
 
     def _direct_ok(self, meta: TensorMeta, wid: int) -> bool:
         """Whether reads of this tensor may copy straight out of a daemon's arena.
