@@ -390,14 +390,20 @@ class AsyncClient:
         header = Create(meta.key, replace, exclusive).frame(len(body))
         created_on: list[Node] = []
         results: list[dict[str, Any]] = []
+        refused: list[Exception] = []
 
         async def create_on(node: Node) -> None:
+            # Every daemon answers before the call decides: a refusal must not
+            # cancel the others' answers, or what they created is never undone.
             try:
                 reply = await self._request(node, header, [body])
-            except DaemonUnavailable:
+            except DaemonUnavailable as exc:
                 if not self.replicated:
-                    raise
-                return  # it gets the tensor from a replica when it is back
+                    refused.append(exc)
+                return  # with replicas it gets the tensor from one when it is back
+            except Exception as exc:
+                refused.append(exc)
+                return
             info = decode_json(reply.data)
             if info.get("created"):
                 created_on.append(node)
@@ -405,6 +411,8 @@ class AsyncClient:
 
         try:
             await self._gather(partial(create_on, n) for n in nodes)
+            if refused:
+                raise refused[0]
             if self.replicated and not results:
                 raise DaemonUnavailable("cluster", "", "no replica of the tensor answered")
         except BaseException:

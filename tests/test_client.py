@@ -281,6 +281,41 @@ def test_arena_full_is_a_clear_error_and_changes_nothing(tmp_path) -> None:
         c.close()
 
 
+def test_a_create_one_daemon_refuses_leaves_nothing_on_the_others(tmp_path) -> None:
+    """One daemon is full, the others take their shards: every daemon has answered
+    before the create is undone, so none keeps the tensor or its room."""
+    c = make_cluster(tmp_path, nodes=3, arena_size=4 << 20, shard_size=64 << 10)
+    try:
+        full = next(
+            f"fill/{i}"
+            for i in range(1000)
+            if c.config.primary_for(tensor_key(f"fill/{i}"), 0).name == "n1"
+        )
+
+        async def main() -> None:
+            async with AsyncClient(c.config_path) as client:
+                # n1 keeps room for less than its third of the tensor below.
+                await client.create(full, 3 << 20, np.uint8, shard_size=4 << 20)
+                for _ in range(10):
+                    with pytest.raises(irdma.ArenaFull, match="n1: arena full"):
+                        await client.create("big", 6 << 20, np.uint8)
+                    with pytest.raises(irdma.TensorNotFound):
+                        await client.stat("big")
+                    assert [i.name for i in await client.list("")] == [full]
+                # n2 and n3 still have all of their room.
+                for node in ("n2", "n3"):
+                    name = next(
+                        f"room/{node}/{i}"
+                        for i in range(1000)
+                        if c.config.primary_for(tensor_key(f"room/{node}/{i}"), 0).name == node
+                    )
+                    await client.create(name, 3 << 20, np.uint8, shard_size=4 << 20)
+
+        trio.run(main)
+    finally:
+        c.close()
+
+
 def test_daemon_down_is_a_clear_error(fresh_cluster: Cluster) -> None:
     client = fresh_cluster.client()
     x = np.arange(500_000, dtype=np.float32)
