@@ -387,32 +387,43 @@ class AsyncClient:
         nodes = self._nodes_holding(meta)
         body = encode_json(meta.to_dict())
         exclusive = not exist_ok and not replace
-        header = Create(meta.key, replace, exclusive).frame(len(body))
         created_on: list[Node] = []
         results: list[dict[str, Any]] = []
-        refused: list[Exception] = []
 
-        async def create_on(node: Node) -> None:
-            # Every daemon answers before the call decides: a refusal must not
-            # cancel the others' answers, or what they created is never undone.
-            try:
-                reply = await self._request(node, header, [body])
-            except DaemonUnavailable as exc:
-                if not self.replicated:
+        async def on_every_daemon(create: Create) -> None:
+            """Send ``create`` to every daemon holding a shard; raise the first refusal
+            once all have answered (one must not cancel the others' answers, or
+            what they created is never undone)."""
+            header = create.frame(len(body))
+            refused: list[Exception] = []
+
+            async def create_on(node: Node) -> None:
+                try:
+                    reply = await self._request(node, header, [body])
+                except DaemonUnavailable as exc:
+                    if not self.replicated:
+                        refused.append(exc)
+                    return  # with replicas it gets the tensor from one when it is back
+                except Exception as exc:
                     refused.append(exc)
-                return  # with replicas it gets the tensor from one when it is back
-            except Exception as exc:
-                refused.append(exc)
-                return
-            info = decode_json(reply.data)
-            if info.get("created"):
-                created_on.append(node)
-            results.append(info)
+                    return
+                info = decode_json(reply.data)
+                if info.get("created"):
+                    created_on.append(node)
+                if not create.check:
+                    results.append(info)
 
-        try:
             await self._gather(partial(create_on, n) for n in nodes)
             if refused:
                 raise refused[0]
+
+        if replace:
+            # A replace changes nothing until every daemon says it can take the
+            # new layout: one with no room would otherwise refuse after the
+            # others had dropped the old tensor, which would then be lost.
+            await on_every_daemon(Create(meta.key, replace, exclusive, check=True))
+        try:
+            await on_every_daemon(Create(meta.key, replace, exclusive))
             if self.replicated and not results:
                 raise DaemonUnavailable("cluster", "", "no replica of the tensor answered")
         except BaseException:

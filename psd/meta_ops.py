@@ -64,6 +64,10 @@ class MetaOps:
             raise StoreError(Status.BAD_ARGUMENT, f"bad tensor metadata: {exc}") from None
         if meta.key != msg.key:
             raise StoreError(Status.BAD_ARGUMENT, "header key does not match the tensor name")
+        if msg.check:
+            self.store.check_create(meta, replace=msg.replace, exclusive=msg.exclusive)
+            await self.replies.reply(conn, header, [encode_json({"fits": True})])
+            return
         tensor, created = self.store.create(meta, replace=msg.replace, exclusive=msg.exclusive)
         info = self.store.info(tensor) | {"created": created}
         await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)

@@ -332,57 +332,14 @@ class Store:
 
         Creating a tensor that exists with the same layout is a no-op
         (unless ``exclusive``). A different layout is refused unless
-        ``replace``. All local shards are allocated, or none.
+        ``replace``. All local shards are allocated, or none; the tensor
+        replaced is dropped only once they are.
         """
         key = meta.key
-        try:
-            mode = Mode.from_options(meta.options)
-        except ValueError as exc:
-            raise StoreError(Status.BAD_ARGUMENT, f"tensor {meta.name!r}: {exc}") from None
-        old = self.tensors.get(key)
-        if old is not None:
-            if old.meta.name != meta.name:
-                raise StoreError(
-                    Status.EXISTS,
-                    f"tensor key of {meta.name!r} collides with {old.meta.name!r}; rename one",
-                )
-            if exclusive:
-                raise StoreError(Status.EXISTS, f"tensor {meta.name!r} exists")
-            if old.meta.same_layout(meta):
-                old_mode = Mode.from_options(old.meta.options)
-                if "mode" in meta.options and mode != old_mode:
-                    raise StoreError(
-                        Status.EXISTS,
-                        f"tensor {meta.name!r} exists in mode "
-                        f"{old_mode.describe()}, not {mode.describe()} "
-                        "(replace it to change the mode)",
-                    )
-                return old, False
-            if not replace:
-                if old.meta.dtype != meta.dtype:
-                    raise StoreError(
-                        Status.DTYPE_MISMATCH,
-                        f"tensor {meta.name!r} is {old.meta.dtype}, not {meta.dtype} "
-                        "(replace it to change the dtype)",
-                    )
-                raise StoreError(
-                    Status.SHAPE_MISMATCH,
-                    f"tensor {meta.name!r} has shape {old.meta.shape} and shard size "
-                    f"{old.meta.shard_size}, not {meta.shape} / {meta.shard_size} "
-                    "(replace it to change them)",
-                )
-        shards: dict[int, Shard] = {}
-        try:
-            for index in range(meta.num_shards):
-                if self.owns(key, index):
-                    _, nbytes = meta.shard_span(index)
-                    block = self._alloc(nbytes, f"creating {meta.name!r} shard {index}")
-                    self.arena.view(block)[:] = 0  # freed blocks hold old bytes
-                    shards[index] = Shard(index, nbytes, block)
-        except StoreError:
-            for s in shards.values():
-                self.arena.free(s.block)
-            raise
+        mode, old, kept = self._admit(meta, replace, exclusive)
+        if kept:
+            return old, False  # type: ignore[return-value]
+        shards = self._alloc_shards(meta)
         if old is not None:
             self._drop(old)
         for shard in shards.values():
@@ -392,6 +349,83 @@ class Store:
         tensor = Tensor(meta, shards, coord=coord)
         self.tensors[key] = tensor
         return tensor, True
+
+    def check_create(
+        self, meta: TensorMeta, *, replace: bool = False, exclusive: bool = False
+    ) -> None:
+        """Raise what ``create`` would raise now (a layout refused, no room); change
+        nothing stored (copies kept for readers of older writes may be given back
+        for the room, as any allocation does).
+
+        A client replacing a tensor asks every daemon this first, so one with
+        no room does not leave the old tensor only where it refused.
+        """
+        _, _, kept = self._admit(meta, replace, exclusive)
+        if not kept:
+            for shard in self._alloc_shards(meta, zero=False).values():
+                self.arena.free(shard.block)
+
+    def _admit(
+        self, meta: TensorMeta, replace: bool, exclusive: bool
+    ) -> tuple[Mode, Tensor | None, bool]:
+        """Check ``meta`` against what exists under its key: (its mode, the tensor
+        there or None, whether that tensor is kept as it is: the same layout)."""
+        try:
+            mode = Mode.from_options(meta.options)
+        except ValueError as exc:
+            raise StoreError(Status.BAD_ARGUMENT, f"tensor {meta.name!r}: {exc}") from None
+        old = self.tensors.get(meta.key)
+        if old is None:
+            return mode, None, False
+        if old.meta.name != meta.name:
+            raise StoreError(
+                Status.EXISTS,
+                f"tensor key of {meta.name!r} collides with {old.meta.name!r}; rename one",
+            )
+        if exclusive:
+            raise StoreError(Status.EXISTS, f"tensor {meta.name!r} exists")
+        if old.meta.same_layout(meta):
+            old_mode = Mode.from_options(old.meta.options)
+            if "mode" in meta.options and mode != old_mode:
+                raise StoreError(
+                    Status.EXISTS,
+                    f"tensor {meta.name!r} exists in mode "
+                    f"{old_mode.describe()}, not {mode.describe()} "
+                    "(replace it to change the mode)",
+                )
+            return mode, old, True
+        if not replace:
+            if old.meta.dtype != meta.dtype:
+                raise StoreError(
+                    Status.DTYPE_MISMATCH,
+                    f"tensor {meta.name!r} is {old.meta.dtype}, not {meta.dtype} "
+                    "(replace it to change the dtype)",
+                )
+            raise StoreError(
+                Status.SHAPE_MISMATCH,
+                f"tensor {meta.name!r} has shape {old.meta.shape} and shard size "
+                f"{old.meta.shard_size}, not {meta.shape} / {meta.shard_size} "
+                "(replace it to change them)",
+            )
+        return mode, old, False
+
+    def _alloc_shards(self, meta: TensorMeta, zero: bool = True) -> dict[int, Shard]:
+        """Blocks for the shards of ``meta`` this daemon owns, all or none (zero-filled:
+        freed blocks hold old bytes)."""
+        shards: dict[int, Shard] = {}
+        try:
+            for index in range(meta.num_shards):
+                if self.owns(meta.key, index):
+                    _, nbytes = meta.shard_span(index)
+                    block = self._alloc(nbytes, f"creating {meta.name!r} shard {index}")
+                    if zero:
+                        self.arena.view(block)[:] = 0
+                    shards[index] = Shard(index, nbytes, block)
+        except StoreError:
+            for s in shards.values():
+                self.arena.free(s.block)
+            raise
+        return shards
 
     def delete(self, key: int) -> TensorMeta:
         tensor = self.tensors.pop(key, None)

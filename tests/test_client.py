@@ -316,6 +316,30 @@ def test_a_create_one_daemon_refuses_leaves_nothing_on_the_others(tmp_path) -> N
         c.close()
 
 
+def test_a_replace_one_daemon_has_no_room_for_keeps_the_old_tensor(tmp_path) -> None:
+    """A tensor spread over three daemons is replaced by a larger one that one daemon
+    has no room for: the replace fails and the old tensor is there, whole."""
+    c = make_cluster(tmp_path, nodes=3, arena_size=4 << 20, shard_size=64 << 10)
+    try:
+        full = next(
+            f"fill/{i}"
+            for i in range(1000)
+            if c.config.primary_for(tensor_key(f"fill/{i}"), 0).name == "n1"
+        )
+        old = np.arange(1 << 18, dtype=np.float32)  # 1 MiB over all three daemons
+        with Client(c.config_path) as client:
+            client.create(full, 2 << 20, np.uint8, shard_size=4 << 20)
+            client.write("model", old)
+            with pytest.raises(irdma.ArenaFull, match="n1: arena full"):
+                client.write("model", np.ones(3 << 20, np.float32), replace=True)
+            assert np.array_equal(client.read("model"), old)
+        with Client(c.config_path) as other:
+            assert other.stat("model").shape == old.shape
+            assert np.array_equal(other.read("model"), old)
+    finally:
+        c.close()
+
+
 def test_daemon_down_is_a_clear_error(fresh_cluster: Cluster) -> None:
     client = fresh_cluster.client()
     x = np.arange(500_000, dtype=np.float32)

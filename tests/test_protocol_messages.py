@@ -176,10 +176,13 @@ def test_frames_that_are_no_request_are_refused(header: Header, status: Status) 
     assert info.value.status == status
 
 
-def test_create_keeps_its_two_flags() -> None:
+def test_create_keeps_its_flags() -> None:
     h = Create(9, replace=True, exclusive=True).frame(10)
     assert h.flags == Flag.REPLACE | Flag.EXCLUSIVE
     assert decode_request(h._replace(flags=Flag.EXCLUSIVE)) == Create(9, False, True)
+    check = Create(9, replace=True, check=True).frame(10)
+    assert check.flags == Flag.REPLACE | Flag.CHECK
+    assert decode_request(check) == Create(9, True, False, check=True)
 
 
 @given(

@@ -183,6 +183,25 @@ def test_create_idempotent_with_same_layout(arena: Arena) -> None:
     assert store.tensors[meta.key].shards[1].version == 1
 
 
+def test_check_create_says_what_create_would_and_changes_nothing(arena: Arena) -> None:
+    store = Store(arena, everything)
+    old = TensorMeta("t", "float32", (1000,), 4096)
+    store.create(old)
+    write(store, old.key, 0, 0, np.ones(1000, np.float32))
+    before, used = all_bytes(store), arena.used
+    bigger = TensorMeta("t", "float32", (300_000,), 4096)  # 1.2 MB: more than the arena
+    with pytest.raises(StoreError) as ei:
+        store.check_create(bigger, replace=True)
+    assert ei.value.status == Status.NO_SPACE
+    with pytest.raises(StoreError) as ei:
+        store.check_create(TensorMeta("t", "float64", (1000,), 4096))
+    assert ei.value.status == Status.DTYPE_MISMATCH
+    store.check_create(TensorMeta("t", "float32", (2000,), 4096), replace=True)  # fits
+    store.check_create(old)  # kept as it is
+    assert all_bytes(store) == before and arena.used == used
+    assert store.tensors[old.key].meta == old
+
+
 def test_create_exclusive(arena: Arena) -> None:
     store = Store(arena, everything)
     meta = TensorMeta("t", "float32", (100,), 4096)

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 MAGIC = b"IRDM"
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 
 # magic, protocol version, op, flags, status, dtype, shard (or entry count),
 # request id, tensor key, offset, size (bytes of tensor data the op covers),
@@ -195,6 +195,9 @@ class Flag(enum.IntFlag):
     # backup holds it too, not applied; ``version`` is the shard version it sits
     # on (nothing is produced).
     HELD = 256
+    # CREATE: only check that this daemon would create (or keep) the tensor now:
+    # its layout against what exists, and room for its shards. Nothing changes.
+    CHECK = 512
 
 
 class Status(enum.IntEnum):

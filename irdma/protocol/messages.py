@@ -19,13 +19,14 @@ from typing import ClassVar, Self
 
 from .frame import DTYPE_ANY, NO_WORKER, Flag, Header, Op, ProtocolError, Status, pack_response
 
-_REPLACE, _EXCLUSIVE, _REPLICA, _STAGED, _PUSHED, _HELD = (
+_REPLACE, _EXCLUSIVE, _REPLICA, _STAGED, _PUSHED, _HELD, _CHECK = (
     int(Flag.REPLACE),
     int(Flag.EXCLUSIVE),
     int(Flag.REPLICA),
     int(Flag.STAGED),
     int(Flag.PUSHED),
     int(Flag.HELD),
+    int(Flag.CHECK),
 )
 
 
@@ -71,17 +72,28 @@ class Create:
     replace: bool = False  # replace a tensor of another dtype or shape
     exclusive: bool = False  # fail if the tensor exists at all
     request_id: int = 0
+    check: bool = False  # only say whether it would be created (or kept) now
     op: ClassVar[Op] = Op.CREATE
 
     def frame(self, length: int = 0) -> Header:
-        flags = (_REPLACE if self.replace else 0) | (_EXCLUSIVE if self.exclusive else 0)
+        flags = (
+            (_REPLACE if self.replace else 0)
+            | (_EXCLUSIVE if self.exclusive else 0)
+            | (_CHECK if self.check else 0)
+        )
         return Header(
             op=Op.CREATE, request_id=self.request_id, key=self.key, flags=flags, length=length
         )
 
     @classmethod
     def decode(cls, h: Header) -> Create:
-        return cls(h.key, bool(h.flags & _REPLACE), bool(h.flags & _EXCLUSIVE), h.request_id)
+        return cls(
+            h.key,
+            bool(h.flags & _REPLACE),
+            bool(h.flags & _EXCLUSIVE),
+            h.request_id,
+            bool(h.flags & _CHECK),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -612,7 +624,7 @@ def decode_request(h: Header) -> Request:
     decode = _DECODERS_BY_CODE.get(op)
     if decode is None:
         raise BadRequest(Status.BAD_OP, f"unknown op {op}")
-    allowed = (_REPLACE | _EXCLUSIVE) if op == Op.CREATE else 0
+    allowed = (_REPLACE | _EXCLUSIVE | _CHECK) if op == Op.CREATE else 0
     if flags & ~allowed:
         raise BadRequest(Status.BAD_FRAME, f"flags {flags:#x} on {Op(op).name}")
     return decode(h)
