@@ -19,7 +19,6 @@ import numpy as np
 from irdma import AsyncClient, TensorInfo
 from irdma.errors import DtypeMismatch, OutOfRange, ShapeMismatch, StaleLayout, TensorNotFound
 
-from .buffers import BufferPool
 from .npyfile import BadNpy, NpyLayout, check_start, header_for, parse_header, parse_npy
 from .outflow import Outflow, merged
 from .paths import RAW_OPTION, Kind, Target
@@ -64,22 +63,19 @@ def _extent(target: Target, info: TensorInfo) -> tuple[bytes, int, int]:
 
 
 async def load(
-    client: AsyncClient,
-    target: Target,
-    known: TensorInfo | None = None,
-    pool: BufferPool | None = None,
+    client: AsyncClient, target: Target, known: TensorInfo | None = None
 ) -> tuple[TensorInfo, np.ndarray]:
     """A consistent copy of a file's bytes: every byte from the same tensor version.
 
     ``known`` is a stat the caller just made; it stands for the first "before"
-    reading instead of asking the daemons again. The memory comes from ``pool``.
+    reading instead of asking the daemons again.
     """
     if target.kind == Kind.STEP:
         return await _pull(client, target, known)
     for _ in range(SNAPSHOT_RETRIES):
         info = known if known is not None else await client.stat(target.name)
         known = None
-        data, body, start = file_buffer(target, info, pool)
+        data, body, start = file_buffer(target, info)
         await client.read_bytes(target.name, start, len(body), out=body)
         after = await client.stat(target.name)
         if identity(after) == identity(info):
@@ -88,14 +84,11 @@ async def load(
     return info, data
 
 
-def file_buffer(
-    target: Target, info: TensorInfo, pool: BufferPool | None = None
-) -> tuple[np.ndarray, np.ndarray, int]:
+def file_buffer(target: Target, info: TensorInfo) -> tuple[np.ndarray, np.ndarray, int]:
     """Memory for a file's bytes with its header filled in: (whole file, the
-    tensor bytes part of it, first tensor byte); from ``pool`` if given."""
+    tensor bytes part of it, first tensor byte)."""
     header, start, length = _extent(target, info)
-    size = len(header) + length
-    data = pool.take(size) if pool is not None else np.empty(size, dtype=np.uint8)
+    data = np.empty(len(header) + length, dtype=np.uint8)
     data[: len(header)] = np.frombuffer(header, dtype=np.uint8)
     return data, data[len(header) :], start
 
@@ -131,31 +124,15 @@ class FileBuffer:
     """
 
     def __init__(
-        self,
-        initial: bytes | bytearray | memoryview | np.ndarray = b"",
-        capacity: int = 0,
-        pool: BufferPool | None = None,
+        self, initial: bytes | bytearray | memoryview | np.ndarray = b"", capacity: int = 0
     ) -> None:
         """``capacity``: the size the file will likely reach (a rewrite of a
-        file of that size), so a sequential write never regrows and copies.
-        The memory comes from ``pool`` if given."""
-        self._pool = pool
+        file of that size), so a sequential write never regrows and copies."""
         src = np.frombuffer(initial, dtype=np.uint8) if len(initial) else None
         self.length = 0 if src is None else len(src)
-        self._a = self._new(max(self.length, capacity, 1 << 16))
+        self._a = np.empty(max(self.length, capacity, 1 << 16), dtype=np.uint8)
         if src is not None:
             self._a[: self.length] = src
-
-    @classmethod
-    def holding(cls, data: np.ndarray, pool: BufferPool | None = None) -> FileBuffer:
-        """A buffer whose content is ``data`` itself (uint8, not copied: the caller
-        gives it up)."""
-        buf = cls(pool=pool)
-        buf._a, buf.length = data, len(data)
-        return buf
-
-    def _new(self, size: int) -> np.ndarray:
-        return self._pool.take(size) if self._pool is not None else np.empty(size, np.uint8)
 
     def __len__(self) -> int:
         return self.length
@@ -165,7 +142,7 @@ class FileBuffer:
             # Grown 4-fold, to 16 MiB at least: a file of unknown size written
             # sequentially is copied a third of its size in all, not all of it
             # (untouched memory costs nothing until written).
-            grown = self._new(max(size, 4 * len(self._a), GROW_MIN))
+            grown = np.empty(max(size, 4 * len(self._a), GROW_MIN), dtype=np.uint8)
             grown[: self.length] = self._a[: self.length]
             self._a = grown
 

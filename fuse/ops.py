@@ -40,7 +40,6 @@ from irdma.errors import (
 )
 
 from . import paths
-from .buffers import BufferPool
 from .files import FileBuffer, Handle, file_size, identity, is_raw, load, plan_outflow, push
 from .mover import Mover
 from .npyfile import BadNpy
@@ -130,8 +129,6 @@ class IrdmaOperations(pyfuse3.Operations):
         # Moves streamed reads' and background pushes' bytes in its own thread.
         self.mover: Mover | None = None
         self.direct_io = direct_io
-        # Memory for files' bytes, reused once free (first touches cost more than copies).
-        self.buffers = BufferPool()
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
         self._paths: dict[int, str] = {pyfuse3.ROOT_INODE: ""}
@@ -528,14 +525,14 @@ class IrdmaOperations(pyfuse3.Operations):
             if truncate or res.info is None:
                 # Rewriting a file mostly keeps its size: room for that up front.
                 expected = file_size(t, res.info) if res.info is not None else 0
-                handle.buf = FileBuffer(capacity=expected, pool=self.buffers)
+                handle.buf = FileBuffer(capacity=expected)
                 handle.redefine = t.kind != Kind.SHARD
                 handle.dirty.append((0, 0))
                 handle.checks_header = t.typed and t.kind == Kind.TENSOR
             else:
-                info, data = await load(self._c, t, res.info, self.buffers)
+                info, data = await load(self._c, t, res.info)
                 handle.info = info
-                handle.buf = FileBuffer.holding(data, self.buffers)
+                handle.buf = FileBuffer(data)
             return handle
         info = res.info if res.info is not None else await self._c.stat(t.name)
         snap = self._snapshots.get(path)
@@ -609,7 +606,7 @@ class IrdmaOperations(pyfuse3.Operations):
             # (close-to-open), not at a first read that may come after an update;
             # reads are answered as the chunks they need arrive. Opens the page
             # cache already serves start only if a read reaches us.
-            snap.start(self._n, self._c, handle.target, handle.info, self.mover, self.buffers)
+            snap.start(self._n, self._c, handle.target, handle.info, self.mover)
         return fi
 
     @fuse_errors
@@ -629,12 +626,7 @@ class IrdmaOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         target = paths.file_candidates(path)[0]  # .npy: typed; anything else: raw bytes
         handle = Handle(
-            path,
-            target,
-            True,
-            buf=FileBuffer(pool=self.buffers),
-            redefine=True,
-            checks_header=target.typed,
+            path, target, True, buf=FileBuffer(), redefine=True, checks_header=target.typed
         )
         self._pending[path] = handle
         self._modes[path] = stat.S_IMODE(mode)
@@ -650,7 +642,7 @@ class IrdmaOperations(pyfuse3.Operations):
                 # The page cache was to serve this open and lost pages: the
                 # version now, whole (if it changed since the open: the newer).
                 info = await self._c.stat(handle.target.name)
-                snap.start(self._n, self._c, handle.target, info, self.mover, self.buffers)
+                snap.start(self._n, self._c, handle.target, info, self.mover)
             await snap.wait(off, size)
         return handle.read(off, size)
 
@@ -781,8 +773,8 @@ class IrdmaOperations(pyfuse3.Operations):
             # whole file goes to the new name), and the old name is deleted.
             stored = await self._stop_outflow(writer) or stored
         else:
-            _, loaded = await load(self._c, src.target, src.info, self.buffers)
-            data = FileBuffer.holding(loaded, self.buffers)
+            _, loaded = await load(self._c, src.target, src.info)
+            data = FileBuffer(loaded)
         moved = Handle(new, target, True, buf=data, redefine=True)
         await push(self._c, moved)
         if stored and target.name != src.target.name:
@@ -830,7 +822,7 @@ class IrdmaOperations(pyfuse3.Operations):
             return
         for h in replaced:
             if h.snapshot is not None and not h.snapshot.started and h.info is not None:
-                h.snapshot.start(self._n, self._c, h.target, h.info, self.mover, self.buffers)
+                h.snapshot.start(self._n, self._c, h.target, h.info, self.mover)
         await self._quiesce(dst.target.name)
         orphan = f"{dst.path}\0replaced-{self._next_fh}"
         self._next_fh += 1
