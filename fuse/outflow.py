@@ -104,15 +104,22 @@ class Outflow:
     async def _define(self, client: AsyncClient) -> None:
         # A tensor of the same layout is kept as it is (its bytes are
         # overwritten); another layout is replaced.
+        try:
+            await client.create(
+                self.name,
+                self.layout.shape,
+                self.layout.dtype.newbyteorder("<"),
+                replace=True,
+                exist_ok=True,
+                options=self.options,
+            )
+        except BaseException:
+            # Refused (no room, ...): the name still holds the old tensor, so
+            # no chunk may be pushed under it. The close pushes the whole file
+            # (and reports why that fails too).
+            self.broken = True
+            raise
         self.define = False
-        await client.create(
-            self.name,
-            self.layout.shape,
-            self.layout.dtype.newbyteorder("<"),
-            replace=True,
-            exist_ok=True,
-            options=self.options,
-        )
 
     async def _push(self, client: AsyncClient | Mover, lo: int, view: np.ndarray) -> None:
         try:

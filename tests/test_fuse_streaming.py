@@ -16,7 +16,7 @@ from numpy.lib import format as npformat
 
 from irdma import Client
 
-from .conftest import Cluster, start_mount
+from .conftest import Cluster, make_cluster, start_mount
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -195,3 +195,23 @@ def test_unmount_while_a_large_write_is_being_pushed(cluster: Cluster, tmp_path:
         m.unmount()
     with Client(cluster.config_path) as c:
         assert np.array_equal(c.read("big-um/x"), x)
+
+
+def test_a_large_save_that_does_not_fit_leaves_the_old_file(tmp_path: Path) -> None:
+    """np.save of an array the cluster has no room for, over an existing file: the
+    save fails with ENOSPC and the file keeps its old bytes (the background pushes
+    never write into the old tensor once its replacement was refused)."""
+    c = make_cluster(tmp_path / "cluster", arena_size=16 * MIB)
+    m = start_mount(c, tmp_path / "mnt")
+    try:
+        old = np.random.default_rng(3).random(2 * MIB, dtype=np.float32)  # 8 MiB
+        np.save(m.path / "f.npy", old)
+        with pytest.raises(OSError) as err:
+            np.save(m.path / "f.npy", np.ones(15 * MIB, np.float32))  # 60 MiB
+        assert err.value.errno == errno.ENOSPC
+        assert np.array_equal(np.load(m.path / "f.npy"), old)
+        with Client(c.config_path) as client:
+            assert np.array_equal(client.read("f"), old)
+    finally:
+        m.unmount()
+        c.close()
