@@ -749,16 +749,58 @@ class AsyncClient:
         """The connection a one-sided read of ``p`` goes over, and the least version the
         shard may have there; None when that daemon cannot be reached or trusted now
         (asked the usual way, the read says what went wrong)."""
-        if self.replicated:
-            node = (choice or self._router.candidates(meta.key, p.shard, False))[0]
-            seen = self._router.seen(meta.key, p.shard)
-        else:
-            node, seen = self.config.primary_for(meta.key, p.shard), 0
+        node, seen = self._direct_node(meta, p.shard, choice)
         try:
             conn = await self._connection(node)
         except (StreamBroken, StreamClosed, StreamTimeout):
             return None
         return (conn, seen) if conn.daemon_alive() else None
+
+    def _direct_node(
+        self, meta: TensorMeta, shard: int, choice: list[Node] | None = None
+    ) -> tuple[Node, int]:
+        """The daemon a one-sided read of ``shard`` copies from, and the least version
+        the shard may have there: with replicas, the replica the read would ask
+        first (``choice``), no older than this client saw."""
+        if self.replicated:
+            node = (choice or self._router.candidates(meta.key, shard, False))[0]
+            return node, self._router.seen(meta.key, shard)
+        return self.config.primary_for(meta.key, shard), 0
+
+    def read_now(self, name: str, out: np.ndarray | None = None) -> np.ndarray | None:
+        """Read a tensor (into ``out`` if given) one-sided without awaiting anything:
+        a tensor of one shard whose layout this client knows, from a daemon this
+        thread is already attached to over shared memory. None when any of that
+        does not hold, or the daemon must be asked (the caller then reads the
+        usual way, which also says what went wrong).
+
+        The blocking ``Client`` tries it first for small reads: the coroutine
+        and the general read's set-up cost more than the copy itself.
+        """
+        meta = self._meta.get(name)
+        if meta is None or self._closed or meta.num_shards != 1:
+            return None
+        if out is None:
+            out = np.empty(meta.shape, dtype=meta.np_dtype)
+        elif (
+            out.dtype != meta.np_dtype
+            or out.shape != meta.shape
+            or not out.flags.c_contiguous
+            or not out.flags.writeable
+        ):
+            return None  # the usual read says what is wrong with it
+        if not self._direct_ok(meta, NO_WORKER):
+            return None
+        node, seen = self._direct_node(meta, 0)
+        conn = self._conns.get(node.name)
+        reader = getattr(conn.bulk, "directory", None) if conn is not None else None
+        if reader is None or conn.broken or not conn.daemon_alive():  # type: ignore[union-attr]
+            return None
+        got = reader.read(meta.key, meta.layout, 0, 0, out.reshape(-1).view(np.uint8), seen)
+        if got is None:
+            return None
+        self._served_direct(meta, 0, got)
+        return out
 
     def _served_direct(self, meta: TensorMeta, shard: int, got: tuple[int, int, int]) -> Served:
         """A one-sided read's answer; with replicas, its version is what this client saw."""
@@ -1236,6 +1278,10 @@ class Client:
 
     def read(self, name: str, out: np.ndarray | None = None, **kwargs: Any) -> np.ndarray:
         """See AsyncClient.read."""
+        if not kwargs and self._loop is None:
+            got = self._client.read_now(name, out)
+            if got is not None:
+                return got
         return self._call(self._client.read, name, out, **kwargs)
 
     def read_bytes(

@@ -91,6 +91,101 @@ def test_a_same_host_read_asks_no_daemon(cluster: Cluster) -> None:
         assert sum(r.reads for r in readers_of(c)) == 6
 
 
+SMALL = SHARD // 4  # float32 values of a one-shard tensor
+
+
+def test_a_small_read_of_a_known_tensor_skips_the_general_path(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a client knows a one-shard tensor, Client.read copies it straight out of
+    the arena (AsyncClient.read_now): no coroutine, no message to the daemon."""
+    x = np.arange(SMALL, dtype=np.float32)
+    with Client(cluster.config_path) as c:
+        c.write("now/x", x)
+        assert np.array_equal(c.read("now/x"), x)  # layout learnt, connection attached
+        before = sum(r.reads for r in readers_of(c))
+
+        def general(*args: object, **kwargs: object) -> None:
+            raise AssertionError("the general read path ran")
+
+        monkeypatch.setattr(c._client, "read", general)
+        out = np.empty_like(x)
+        assert c.read("now/x", out) is out and np.array_equal(out, x)
+        assert np.array_equal(c.read("now/x"), x)
+        assert sum(r.reads for r in readers_of(c)) == before + 2
+        monkeypatch.undo()
+        # What it cannot take goes the usual way, which says what is wrong.
+        with pytest.raises(irdma.DtypeMismatch):
+            c.read("now/x", np.empty(SMALL, np.float64))
+        frozen = np.empty_like(x)
+        frozen.flags.writeable = False
+        with pytest.raises(ValueError, match="writeable"):
+            c.read("now/x", frozen)
+
+
+def test_a_small_tensor_recreated_or_deleted_is_read_as_it_is_now(cluster: Cluster) -> None:
+    with Client(cluster.config_path) as reader, Client(cluster.config_path) as writer:
+        writer.write("now/re", np.arange(SMALL, dtype=np.float32))
+        reader.read("now/re")
+        writer.delete("now/re")
+        with pytest.raises(irdma.TensorNotFound):
+            reader.read("now/re")
+        y = np.arange(SMALL // 2, dtype=np.int64)  # another layout, still one shard
+        writer.write("now/re", y)
+        assert np.array_equal(reader.read("now/re"), y)
+        writer.delete("now/re")
+        z = np.full(SMALL // 2, 7, np.int64)  # the same layout again
+        writer.write("now/re", z)
+        assert np.array_equal(reader.read("now/re"), z)
+
+
+def test_small_reads_during_continuous_accumulates_are_never_torn(cluster: Cluster) -> None:
+    w = cluster.client()
+    w.write("now/acc", np.zeros(SMALL, np.float32))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def accumulate() -> None:
+        try:
+            while not stop.is_set():
+                w.accumulate("now/acc", np.ones(SMALL, np.float32))
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=accumulate)
+    t.start()
+    try:
+        with Client(cluster.config_path) as r:
+            out = np.empty(SMALL, np.float32)
+            for _ in range(50_000):
+                r.read("now/acc", out)
+                assert uniform(out), f"one shard mixed two versions: {np.unique(out)[:5]}"
+                if sum(d.retries for d in readers_of(r)) >= 3:
+                    break
+            else:
+                pytest.fail("the reads never overlapped an accumulate")
+    finally:
+        stop.set()
+        t.join(60)
+    assert not errors, errors
+
+
+def test_a_dead_daemon_is_not_read_from_its_memory_by_a_small_read(
+    fresh_cluster: Cluster,
+) -> None:
+    c = fresh_cluster.client()
+    name = next(
+        f"now/dead-{i}"
+        for i in range(1000)
+        if fresh_cluster.config.primary_for(tensor_key(f"now/dead-{i}"), 0).name == "n1"
+    )
+    c.write(name, np.arange(SMALL, dtype=np.float32))
+    c.read(name)
+    fresh_cluster.kill("n1")
+    with pytest.raises(irdma.DaemonUnavailable, match="n1"):
+        c.read(name)
+
+
 def test_read_many_copies_same_host_tensors_one_sided(cluster: Cluster) -> None:
     arrays = {
         "one/many/a": np.arange(N, dtype=np.float32),  # five shards
