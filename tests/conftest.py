@@ -19,7 +19,7 @@ from irdma import Client
 from irdma.auth import ClientHandshake, cluster_secret
 from irdma.cluster import ClusterConfig, load_config
 from irdma.local import psd_command, write_config
-from irdma.protocol import HEADER_SIZE, Header, Op, decode_json, unpack_header
+from irdma.protocol import HEADER_SIZE, Header, Op, decode_json, tensor_key, unpack_header
 
 # How long a daemon may take to start listening (the soft-RoCE guest, under
 # emulation, sets more).
@@ -198,6 +198,15 @@ def recv_exactly(s: socket.socket, n: int) -> bytes:
             raise ConnectionError("daemon closed the connection")
         buf += chunk
     return bytes(buf)
+
+
+def name_on(config: ClusterConfig, node: str, prefix: str) -> str:
+    """A tensor name under ``prefix`` whose shard 0 has ``node`` as its primary."""
+    for i in range(10_000):
+        name = f"{prefix}{i}"
+        if config.primary_for(tensor_key(name), 0).name == node:
+            return name
+    raise AssertionError(f"no name under {prefix!r} places shard 0 on {node}")
 
 
 def make_cluster(

@@ -14,7 +14,7 @@ import irdma
 from irdma import AsyncClient, Client
 from irdma.protocol import HEADER_SIZE, Header, Op, Status, decode_json, tensor_key, unpack_header
 
-from .conftest import Cluster, make_cluster, recv_exactly
+from .conftest import Cluster, make_cluster, name_on, recv_exactly
 
 DTYPES = [
     np.bool_,
@@ -286,11 +286,7 @@ def test_a_create_one_daemon_refuses_leaves_nothing_on_the_others(tmp_path) -> N
     before the create is undone, so none keeps the tensor or its room."""
     c = make_cluster(tmp_path, nodes=3, arena_size=4 << 20, shard_size=64 << 10)
     try:
-        full = next(
-            f"fill/{i}"
-            for i in range(1000)
-            if c.config.primary_for(tensor_key(f"fill/{i}"), 0).name == "n1"
-        )
+        full = name_on(c.config, "n1", "fill/")
 
         async def main() -> None:
             async with AsyncClient(c.config_path) as client:
@@ -304,11 +300,7 @@ def test_a_create_one_daemon_refuses_leaves_nothing_on_the_others(tmp_path) -> N
                     assert [i.name for i in await client.list("")] == [full]
                 # n2 and n3 still have all of their room.
                 for node in ("n2", "n3"):
-                    name = next(
-                        f"room/{node}/{i}"
-                        for i in range(1000)
-                        if c.config.primary_for(tensor_key(f"room/{node}/{i}"), 0).name == node
-                    )
+                    name = name_on(c.config, node, f"room/{node}/")
                     await client.create(name, 3 << 20, np.uint8, shard_size=4 << 20)
 
         trio.run(main)
@@ -321,11 +313,7 @@ def test_a_replace_one_daemon_has_no_room_for_keeps_the_old_tensor(tmp_path) -> 
     has no room for: the replace fails and the old tensor is there, whole."""
     c = make_cluster(tmp_path, nodes=3, arena_size=4 << 20, shard_size=64 << 10)
     try:
-        full = next(
-            f"fill/{i}"
-            for i in range(1000)
-            if c.config.primary_for(tensor_key(f"fill/{i}"), 0).name == "n1"
-        )
+        full = name_on(c.config, "n1", "fill/")
         old = np.arange(1 << 18, dtype=np.float32)  # 1 MiB over all three daemons
         with Client(c.config_path) as client:
             client.create(full, 2 << 20, np.uint8, shard_size=4 << 20)

@@ -24,7 +24,7 @@ from irdma.protocol.messages import Update
 from irdma.routing import new_stamp
 from irdma.shells import drive
 
-from .conftest import Cluster, make_cluster, start_mount
+from .conftest import Cluster, make_cluster, name_on, start_mount
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -139,53 +139,6 @@ def test_a_small_tensor_recreated_or_deleted_is_read_as_it_is_now(cluster: Clust
         assert np.array_equal(reader.read("now/re"), z)
 
 
-def test_small_reads_during_continuous_accumulates_are_never_torn(cluster: Cluster) -> None:
-    w = cluster.client()
-    w.write("now/acc", np.zeros(SMALL, np.float32))
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def accumulate() -> None:
-        try:
-            while not stop.is_set():
-                w.accumulate("now/acc", np.ones(SMALL, np.float32))
-        except BaseException as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=accumulate)
-    t.start()
-    try:
-        with Client(cluster.config_path) as r:
-            out = np.empty(SMALL, np.float32)
-            for _ in range(50_000):
-                r.read("now/acc", out)
-                assert uniform(out), f"one shard mixed two versions: {np.unique(out)[:5]}"
-                if sum(d.retries for d in readers_of(r)) >= 3:
-                    break
-            else:
-                pytest.fail("the reads never overlapped an accumulate")
-    finally:
-        stop.set()
-        t.join(60)
-    assert not errors, errors
-
-
-def test_a_dead_daemon_is_not_read_from_its_memory_by_a_small_read(
-    fresh_cluster: Cluster,
-) -> None:
-    c = fresh_cluster.client()
-    name = next(
-        f"now/dead-{i}"
-        for i in range(1000)
-        if fresh_cluster.config.primary_for(tensor_key(f"now/dead-{i}"), 0).name == "n1"
-    )
-    c.write(name, np.arange(SMALL, dtype=np.float32))
-    c.read(name)
-    fresh_cluster.kill("n1")
-    with pytest.raises(irdma.DaemonUnavailable, match="n1"):
-        c.read(name)
-
-
 def test_read_many_copies_same_host_tensors_one_sided(cluster: Cluster) -> None:
     arrays = {
         "one/many/a": np.arange(N, dtype=np.float32),  # five shards
@@ -268,18 +221,21 @@ def test_a_recreated_tensor_is_read_as_it_is_now(cluster: Cluster) -> None:
         assert np.array_equal(reader.read("one/re"), z)
 
 
-def test_reads_during_continuous_accumulates_are_never_torn(cluster: Cluster) -> None:
+@pytest.mark.parametrize("n", [N, SMALL], ids=["five shards", "one shard"])
+def test_reads_during_continuous_accumulates_are_never_torn(cluster: Cluster, n: int) -> None:
     """Every shard a reader gets is one version: the seqlock caught the daemon
-    changing it (retries seen) and the read came out whole anyway."""
+    changing it (retries seen) and the read came out whole anyway (one shard:
+    through ``read_now``, the blocking client's path without a coroutine)."""
+    name = f"one/acc-{n}"
     w = cluster.client()
-    w.write("one/acc", np.zeros(N, np.float32))
+    w.write(name, np.zeros(n, np.float32))
     stop = threading.Event()
     errors: list[BaseException] = []
 
     def accumulate() -> None:
         try:
             while not stop.is_set():
-                w.accumulate("one/acc", np.ones(N, np.float32))
+                w.accumulate(name, np.ones(n, np.float32))
         except BaseException as exc:
             errors.append(exc)
 
@@ -287,8 +243,8 @@ def test_reads_during_continuous_accumulates_are_never_torn(cluster: Cluster) ->
     t.start()
     try:
         with Client(cluster.config_path) as r:
-            for _ in range(20_000):
-                y = r.read("one/acc").reshape(5, -1)
+            for _ in range(50_000):
+                y = r.read(name).reshape(-1, SMALL)
                 assert (y == y[:, :1]).all(), "a shard mixed two versions"
                 if sum(d.retries for d in readers_of(r)) >= 3:
                     break
@@ -331,13 +287,15 @@ def test_a_large_read_copies_on_two_threads_and_stays_whole(cluster: Cluster) ->
             t.join(60)
 
 
-def test_a_dead_daemon_is_not_read_from_its_memory(fresh_cluster: Cluster) -> None:
+@pytest.mark.parametrize("n", [N, SMALL], ids=["five shards", "one shard"])
+def test_a_dead_daemon_is_not_read_from_its_memory(fresh_cluster: Cluster, n: int) -> None:
     c = fresh_cluster.client()
-    c.write("one/dead", np.arange(N, dtype=np.float32))
-    c.read("one/dead")
+    name = name_on(fresh_cluster.config, "n1", "one/dead-")
+    c.write(name, np.arange(n, dtype=np.float32))
+    c.read(name)
     fresh_cluster.kill("n1")
     with pytest.raises(irdma.DaemonUnavailable, match="n1"):
-        c.read("one/dead")
+        c.read(name)
 
 
 # -- whole-tensor writes ------------------------------------------------------------------
