@@ -17,6 +17,7 @@ from irdma.protocol import (
     MAGIC,
     MAX_DIMS,
     MAX_NAME_BYTES,
+    MAX_SHARDS,
     PROTOCOL_VERSION,
     REQUEST_ID,
     REQUEST_ID_OFFSET,
@@ -440,7 +441,10 @@ def metas(draw: st.DrawFn) -> TensorMeta:
     dtype = draw(st.sampled_from(DTYPES))
     shape = tuple(draw(st.lists(st.integers(0, 40), max_size=4)))
     itemsize = np.dtype(dtype).itemsize
-    shard_size = itemsize * draw(st.integers(1, 200))
+    # At most MAX_SHARDS shards (a larger count is refused by TensorMeta: 40**4
+    # items in shards of one item would be 2.56 million).
+    fewest = max(1, -(-int(np.prod(shape, dtype=np.int64)) // MAX_SHARDS))
+    shard_size = itemsize * draw(st.integers(fewest, max(fewest, 200)))
     return TensorMeta("t", dtype, shape, shard_size)
 
 
