@@ -134,6 +134,14 @@ class FileBuffer:
         if src is not None:
             self._a[: self.length] = src
 
+    @classmethod
+    def holding(cls, data: np.ndarray) -> FileBuffer:
+        """A buffer whose content is ``data`` itself (uint8; not copied: the caller
+        gives it up), for a file loaded whole just before."""
+        buf = cls.__new__(cls)
+        buf._a, buf.length = data, len(data)
+        return buf
+
     def __len__(self) -> int:
         return self.length
 

@@ -532,7 +532,7 @@ class IrdmaOperations(pyfuse3.Operations):
             else:
                 info, data = await load(self._c, t, res.info)
                 handle.info = info
-                handle.buf = FileBuffer(data)
+                handle.buf = FileBuffer.holding(data)  # loaded for this writer alone
             return handle
         info = res.info if res.info is not None else await self._c.stat(t.name)
         snap = self._snapshots.get(path)
@@ -774,7 +774,7 @@ class IrdmaOperations(pyfuse3.Operations):
             stored = await self._stop_outflow(writer) or stored
         else:
             _, loaded = await load(self._c, src.target, src.info)
-            data = FileBuffer(loaded)
+            data = FileBuffer.holding(loaded)
         moved = Handle(new, target, True, buf=data, redefine=True)
         await push(self._c, moved)
         if stored and target.name != src.target.name:
