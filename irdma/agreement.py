@@ -62,6 +62,13 @@ class Runner:
     timeout: float
 
 
+def _record(served: list[Served], indices: list[int], got: list[Served | None]) -> None:
+    """Note the pieces read again (None: not had); their bytes are in the buffer now."""
+    for i, s in zip(indices, got, strict=True):
+        if s is not None:
+            served[i] = s
+
+
 async def agree(
     name: str, pieces: list[Piece], served: list[Served], one: Reread, run: Runner
 ) -> list[Served]:
@@ -88,11 +95,6 @@ async def agree(
         except (StampGone, StampPending):
             return None
 
-    def record(indices: list[int], got: list[Served | None]) -> None:
-        for i, s in zip(indices, got, strict=True):
-            if s is not None:  # its bytes are in the buffer now
-                served[i] = s
-
     deadline = run.now() + run.timeout
     chased = stuck = 0
     while stuck < AGREE_TRIES and run.now() < deadline:
@@ -106,19 +108,19 @@ async def agree(
             again = await run.gather([lambda i=i: now_(i) for i in behind])
             if again == [served[i] for i in behind]:
                 await run.sleep(AGREE_PAUSE * chased)  # the writer is not there yet
-            record(behind, again)
+            _record(served, behind, again)
             continue
         kept = {t for t in stamps if all(t in (s.stamp, s.prev) for s in served)}
         for target in sorted(stamps, key=lambda t: (t not in kept, -stamps[t])):
             redo = [i for i, s in enumerate(served) if s.stamp != target]
             got = await run.gather([lambda i=i, t=target: at(i, t) for i in redo])
-            record(redo, got)
+            _record(served, redo, got)
             if all(s.stamp == target for s in served):
                 return served
         # No write to be had whole from these: look at every piece again.
         stuck += 1
         everything = list(range(len(pieces)))
-        record(everything, await run.gather([lambda i=i: now_(i) for i in everything]))
+        _record(served, everything, await run.gather([lambda i=i: now_(i) for i in everything]))
     raise TornRead(
         f"tensor {name!r}: its shards kept coming from different whole-tensor "
         "writes (rewritten faster than it can be read, or a writer stopped half-way "
@@ -152,9 +154,7 @@ async def settle_at(
                 f"tensor {name!r} was rewritten twice while it was being read: "
                 "the rest of the write the read began with is gone; read it again"
             ) from None
-        for i, s in zip(redo, got, strict=True):
-            if s is not None:
-                served[i] = s
+        _record(served, redo, got)
         redo = [i for i in redo if served[i].stamp != at]
         if not redo:
             break

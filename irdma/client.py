@@ -780,17 +780,15 @@ class AsyncClient:
         meta = self._meta.get(name)
         if meta is None or self._closed or meta.num_shards != 1:
             return None
-        if out is None:
-            out = np.empty(meta.shape, dtype=meta.np_dtype)
-        elif (
-            out.dtype != meta.np_dtype
-            or out.shape != meta.shape
-            or not out.flags.c_contiguous
-            or not out.flags.writeable
-        ):
-            return None  # the usual read says what is wrong with it
         if not self._direct_ok(meta, NO_WORKER):
             return None
+        if out is None:
+            out = np.empty(meta.shape, dtype=meta.np_dtype)
+        else:
+            try:
+                _check_out(meta, out)
+            except (DtypeMismatch, ShapeMismatch, ValueError):
+                return None  # the usual read raises it
         node, seen = self._direct_node(meta, 0)
         conn = self._conns.get(node.name)
         reader = getattr(conn.bulk, "directory", None) if conn is not None else None
