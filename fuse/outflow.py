@@ -50,6 +50,8 @@ class Outflow:
     _inflight: int = 0
     _idle: trio.Event = field(default_factory=trio.Event)
     _limit: trio.Semaphore = field(default_factory=lambda: trio.Semaphore(IN_FLIGHT))
+    # One create at a time: writes answered side by side wait for the first one's.
+    _defining: trio.Lock = field(default_factory=trio.Lock)
 
     @classmethod
     def plan(
@@ -93,6 +95,8 @@ class Outflow:
         while ready - self.sent >= self.chunk:
             if self.define:
                 await self._define(client)
+                if self.broken:
+                    return  # refused, here or in another write: the close pushes all
             await self._limit.acquire()
             lo = self.sent
             self.sent += self.chunk
@@ -104,22 +108,25 @@ class Outflow:
     async def _define(self, client: AsyncClient) -> None:
         # A tensor of the same layout is kept as it is (its bytes are
         # overwritten); another layout is replaced.
-        try:
-            await client.create(
-                self.name,
-                self.layout.shape,
-                self.layout.dtype.newbyteorder("<"),
-                replace=True,
-                exist_ok=True,
-                options=self.options,
-            )
-        except BaseException:
-            # Refused (no room, ...): the name still holds the old tensor, so
-            # no chunk may be pushed under it. The close pushes the whole file
-            # (and reports why that fails too).
-            self.broken = True
-            raise
-        self.define = False
+        async with self._defining:
+            if not self.define or self.broken:
+                return  # defined by another write meanwhile, or refused
+            try:
+                await client.create(
+                    self.name,
+                    self.layout.shape,
+                    self.layout.dtype.newbyteorder("<"),
+                    replace=True,
+                    exist_ok=True,
+                    options=self.options,
+                )
+            except BaseException:
+                # Refused (no room, ...): the name still holds the old tensor, so
+                # no chunk may be pushed under it. The close pushes the whole file
+                # (and reports why that fails too).
+                self.broken = True
+                raise
+            self.define = False
 
     async def _push(self, client: AsyncClient | Mover, lo: int, view: np.ndarray) -> None:
         try:

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from irdma_fuse.outflow import CHUNK, IN_FLIGHT
+import trio
+from irdma_fuse.npyfile import NpyLayout
+from irdma_fuse.outflow import CHUNK, IN_FLIGHT, Outflow
 from numpy.lib import format as npformat
 
-from irdma import Client
+from irdma import AsyncClient, Client
 
 from .conftest import Cluster, make_cluster, start_mount
 
@@ -215,3 +217,37 @@ def test_a_large_save_that_does_not_fit_leaves_the_old_file(tmp_path: Path) -> N
     finally:
         m.unmount()
         c.close()
+
+
+def test_writes_answered_side_by_side_define_the_tensor_once(cluster: Cluster) -> None:
+    """Two writes that each complete a chunk before the tensor is defined: the
+    second waits for the first's create instead of sending its own (every
+    create of a replace asks each daemon twice)."""
+    layout = NpyLayout(np.dtype(np.float32), (4 * CHUNK // 4,), 128)
+    data = np.random.default_rng(5).integers(0, 256, 128 + layout.nbytes, dtype=np.uint8)
+    creates = 0
+
+    async def main() -> None:
+        nonlocal creates
+        async with AsyncClient(cluster.config_path) as client:
+            real = client.create
+
+            async def counted(*args: object, **kwargs: object) -> object:
+                nonlocal creates
+                creates += 1
+                return await real(*args, **kwargs)
+
+            client.create = counted  # type: ignore[method-assign]
+            flow = Outflow.plan("side-by-side", layout, cluster.config.shard_size, define=True)
+            assert flow is not None
+            async with trio.open_nursery() as nursery:
+                for written in (128 + 2 * CHUNK, 128 + 3 * CHUNK):
+                    nursery.start_soon(flow.advance, nursery, client, data, written)
+            await flow.drain()
+            got = await client.read("side-by-side")
+            assert got.shape == layout.shape
+            body = data[128 : 128 + 3 * CHUNK]
+            assert got.view(np.uint8)[: 3 * CHUNK].tobytes() == body.tobytes()
+
+    trio.run(main)
+    assert creates == 1
