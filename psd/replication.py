@@ -470,17 +470,20 @@ class Replicator:
 
     def forward(self, commits: list[Commit]) -> list[Item]:
         """Queue updates just applied here for the shards' backups; call with no await since."""
-        items = []
-        for c in commits:
-            for name in self.membership.backups(c.key, c.shard):
-                item = Item(c.key, c.shard, c, losses=self.losses)
-                items.append(self.peers[name].put(item))
-        return items
+        return [
+            self._queue(name, c.key, c.shard, c)
+            for c in commits
+            for name in self.membership.backups(c.key, c.shard)
+        ]
 
     def sync_to(self, peer_name: str, shards: Iterable[tuple[int, int]]) -> list[Item]:
         """Queue whole shards for a peer (after anything queued for it before)."""
-        peer = self.peers[peer_name]
-        return [peer.put(Item(key, index, None, losses=self.losses)) for key, index in shards]
+        return [self._queue(peer_name, key, index, None) for key, index in shards]
+
+    def _queue(self, peer_name: str, key: int, index: int, commit: Commit | None) -> Item:
+        """Queue an update (None: the whole shard) for a peer, marked with how many
+        times this daemon had given up being ready (``wait`` compares)."""
+        return self.peers[peer_name].put(Item(key, index, commit, losses=self.losses))
 
     async def wait(self, items: list[Item]) -> None:
         """Wait until the backups have these updates, or were declared down.
@@ -523,7 +526,7 @@ class Replicator:
             ", ".join(f"shard {index} of tensor {key:#x}" for key, index in shards),
         )
         sent = [
-            (name, self.peers[name].put(Item(key, index, None, losses=self.losses)))
+            (name, self._queue(name, key, index, None))
             for key, index in shards
             for name in self.membership.backups(key, index)
         ]
