@@ -17,17 +17,18 @@ proves, per operation and not only per sum:
   a failed operation, none invoked after the read ended, nothing torn, a whole
   register from one write (whole-tensor writes are atomic for readers); read-your-
   writes (a read after the client's own acknowledged update sees that update, by
-  content and by version); an acknowledged update a client once read never
-  disappears from its later reads, and its read versions never go back past an
-  acknowledged version.
+  content and by version); an update a client once read never disappears from
+  its later reads, and its read versions never go back past a version, once that
+  update or version was acknowledged before the later read began.
 - **versions**: a client's acknowledged updates of a shard get increasing versions,
   and no version of a shard is acknowledged for two different operations (two
   primaries handing out the same version).
 - **recovery**: the cluster became ready again after every fault.
 
 What is not promised (docs/semantics.md) is counted as an *observation*, not a
-violation: a read that saw an update that was never acknowledged and then rolled
-back (a primary applies an update before its backups have it).
+violation: a read that saw an update before it was acknowledged (a primary applies
+an update before its backups have it), and a later read without it: the update
+was rolled back, or it was acknowledged only after the later read began.
 """
 
 from __future__ import annotations
@@ -140,11 +141,15 @@ def _updates(op: Op) -> Iterable[tuple[int, dict[str, Any]]]:
                 yield shard, rec
 
 
-def _acked_versions(ctx: _Context, report: Report) -> dict[tuple[str, int], list[int]]:
-    """Sorted acknowledged versions per (tensor, shard); checks they are never reused."""
+Acked = dict[tuple[str, int], list[tuple[int, float]]]
+
+
+def _acked_versions(ctx: _Context, report: Report) -> Acked:
+    """Acknowledged (version, time of the acknowledgement) per (tensor, shard), sorted by
+    version; checks versions are never reused."""
     owner: dict[tuple[str, int, int], Op] = {}
     last: dict[tuple[int, str, int], tuple[int, Op]] = {}
-    out: dict[tuple[str, int], list[int]] = defaultdict(list)
+    out: Acked = defaultdict(list)
     for op in ctx.ops:
         for shard, rec in _updates(op):
             version = rec["version"]
@@ -167,18 +172,22 @@ def _acked_versions(ctx: _Context, report: Report) -> dict[tuple[str, int], list
                     f"{prev[0]}: {ctx.describe(op)} after {ctx.describe(prev[1])}",
                 )
             last[(op.process, op.tensor, shard)] = (version, op)
-            out[(op.tensor, shard)].append(version)
+            out[(op.tensor, shard)].append((version, op.end))
     for versions in out.values():
         versions.sort()
     return out
 
 
-def _acked_between(acked: dict[tuple[str, int], list[int]], key: tuple[str, int],
-                   low: int, high: int) -> bool:  # fmt: skip
-    """Whether a version in (low, high] of the shard was acknowledged."""
+def _acked_between(acked: Acked, key: tuple[str, int], low: int, high: int,
+                   before: float) -> bool:  # fmt: skip
+    """Whether a version in (low, high] of the shard was acknowledged before ``before``.
+
+    An acknowledgement that came later is concurrent with a read that began earlier:
+    the read may be ordered before it, so going back past that version then is the
+    unpromised case of reading an update before it is acknowledged."""
     versions = acked.get(key, [])
-    i = bisect.bisect_right(versions, low)
-    return i < len(versions) and versions[i] <= high
+    i = bisect.bisect_right(versions, (low, math.inf))
+    return any(end < before for v, end in versions[i:] if v <= high)
 
 
 @dataclass
@@ -192,7 +201,7 @@ class _ClientView:
     last_write: dict[tuple[str, int], Op] = field(default_factory=dict)
 
 
-def _check_reads(ctx: _Context, report: Report, acked: dict[tuple[str, int], list[int]]) -> None:
+def _check_reads(ctx: _Context, report: Report, acked: Acked) -> None:
     by_process: dict[int, list[Op]] = defaultdict(list)
     for op in ctx.ops:
         by_process[op.process].append(op)
@@ -217,7 +226,7 @@ def _check_reads(ctx: _Context, report: Report, acked: dict[tuple[str, int], lis
 def _check_read(
     ctx: _Context,
     report: Report,
-    acked: dict[tuple[str, int], list[int]],
+    acked: Acked,
     view: _ClientView,
     op: Op,
     shard: int,
@@ -234,7 +243,7 @@ def _check_read(
         )
     before = view.read_version.get(key)
     if before is not None and version < before[0]:
-        if _acked_between(acked, key, version, before[0]):
+        if _acked_between(acked, key, version, before[0], op.start):
             report.add(
                 "non-monotonic-read",
                 f"{op.tensor} shard {shard} read at version {version} after the client read "
@@ -274,11 +283,17 @@ def _check_counter_read(
     for slot in rec.get("del", []):
         state.pop(slot, None)
         owner = ctx.slots.get((op.tensor, slot))
-        if owner is not None and owner.outcome(shard) == "ok":
+        # Missing is a loss only if acknowledged before this read began.
+        acked_before = (
+            owner is not None
+            and owner.outcome(shard) == "ok"
+            and (owner.end is not None and owner.end < op.start)
+        )
+        if acked_before:
             report.add("lost-read", f"acknowledged {ctx.describe(owner)} was read before, "
                        f"then missing from {ctx.describe(op)}")  # fmt: skip
         else:
-            report.observations["read an unacknowledged update that was then rolled back"] += 1
+            report.observations["read an update before its acknowledgement, then missed it"] += 1
     for mine in view.pending.pop(key, []):
         if mine.value not in state:
             report.add("read-your-writes", f"own acknowledged {ctx.describe(mine)} missing "
@@ -341,7 +356,7 @@ def _check_final(
     ctx: _Context,
     report: Report,
     copies: dict[str, Any],
-    acked: dict[tuple[str, int], list[int]],
+    acked: Acked,
 ) -> None:
     ok_slots: dict[tuple[str, int], list[Op]] = defaultdict(list)
     for op in ctx.ops:
@@ -367,7 +382,7 @@ def _check_replicas(
     tensor: str,
     shard: int,
     per_node: dict[str, Any],
-    acked: dict[tuple[str, int], list[int]],
+    acked: Acked,
 ) -> None:
     broken = {n: c["error"] for n, c in per_node.items() if "error" in c}
     if broken:
@@ -386,7 +401,7 @@ def _check_replicas(
                     ]
                     text += f"; {n} lacks {len(missing)} slot(s) {names[:6]}"
         report.add("replicas-differ", f"{tensor} shard {shard}: {text}")
-    top = acked.get((tensor, shard), [0])[-1] if acked.get((tensor, shard)) else 0
+    top = max((v for v, _ in acked.get((tensor, shard), [])), default=0)
     for n, c in good.items():
         if c["version"] < top:
             report.add("version-regressed", f"{tensor} shard {shard} on {n} is at version "
