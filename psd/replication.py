@@ -480,6 +480,14 @@ class Replicator:
         """Queue whole shards for a peer (after anything queued for it before)."""
         return [self._queue(peer_name, key, index, None) for key, index in shards]
 
+    def _peer(self, name: str) -> Peer:
+        """The peer of that name. Tasks started for the peers up a moment ago find
+        one that left the cluster meanwhile (``_follow_epoch``) gone: PeerError."""
+        peer = self.peers.get(name)
+        if peer is None:
+            raise PeerError(f"{name} left the cluster")
+        return peer
+
     def _queue(self, peer_name: str, key: int, index: int, commit: Commit | None) -> Item:
         """Queue an update (None: the whole shard) for a peer, marked with how many
         times this daemon had given up being ready (``wait`` compares)."""
@@ -783,7 +791,7 @@ class Replicator:
             body = encode_json({"node": me, "epoch": self._epoch_number()})
             try:
                 header, data = await self.request(
-                    self.peers[name],
+                    self._peer(name),
                     Catchup().frame(len(body)),
                     [body],
                     timeout=self.config.failure_timeout + 30.0,
@@ -870,7 +878,7 @@ class Replicator:
         self._asked.add(source)
         try:
             header, data = await self.request(
-                self.peers[source],
+                self._peer(source),
                 SyncRequest().frame(len(body)),
                 [body],
                 timeout=self.config.failure_timeout + 30.0 + max(total, len(shards) << 22) / 100e6,
@@ -893,7 +901,8 @@ class Replicator:
         async def tell(name: str) -> None:
             nonlocal ok
             timeout = self.config.failure_timeout + 30.0
-            if not await self._ping(self.peers[name], timeout=timeout, handoff=True):
+            peer = self.peers.get(name)  # None: it left the cluster since
+            if peer is None or not await self._ping(peer, timeout=timeout, handoff=True):
                 ok = ok and not self.membership.up(name)
 
         try:
