@@ -22,17 +22,19 @@ ZERO_COPY_MIN = 256 << 10
 PARALLEL_COPY_MIN = 8 << 20
 
 
-# Over RDMA, pieces up to this size are read one-sided (READs of the directory
-# slot and the bytes, no message to the daemon; the pieces of one read go in one
-# batch: slots, fenced bytes, fenced slots); larger ones ask the daemon where the
-# bytes are and READ them unfenced. In the soft-RoCE guest (2026-11-24, 64 MiB of
-# 4 MiB shards, same runs) batched one-sided pulls reached 0.57 of ib_read_bw and
-# asking 0.79-0.82: with two shards of staging a batch holds two pulls and the
-# queue pair drains at each batch's fences, while asked pulls overlap. A 4 KiB
-# one-sided read takes 0.57-0.63 of the time of one that asks.
-RDMA_DIRECT_MAX = 1 << 20
+# Over RDMA every read is one-sided (READs of the directory slot and the bytes,
+# no message to the daemon), in chains of READs one at a time per connection:
+# pulls queued together share a chain up to this many bytes; a larger one (a
+# shard of 4 MiB) READs its slot first, then its bytes where the slot says, so a
+# shard rewritten since the last read costs no wasted transfer. In the soft-RoCE
+# guest (2026-11-24, `bench/rdma_vm.sh --rounds 3`, 64 MiB of 4 MiB shards) this
+# read at 45.0 MB/s with no daemon CPU, against 43.9 MB/s and 0.33 of TCP's
+# daemon CPU when pulls over 1 MiB asked the daemon.
+RDMA_BATCH_BYTES = 2 << 20
 
-# Over RDMA every read is MAPPED: the client READs the bytes itself.
+# Over RDMA every read that asks the daemon (one-sided ones that must: a daemon
+# catching up, a shard changing too often) is answered MAPPED: the client READs
+# the bytes itself.
 RDMA_MAPPED_MIN = 1
 
 # Answers with at most this much payload are joined to their header and sent

@@ -58,7 +58,7 @@ from ..protocol.directory import (
     slot_record,
 )
 from ..protocol.messages import RdmaConnect
-from ..sizes import RDMA_DIRECT_MAX, RDMA_STAGING_MIN, STAGING_ALIGN
+from ..sizes import RDMA_BATCH_BYTES, RDMA_STAGING_MIN, STAGING_ALIGN
 from .base import (
     Buffer,
     MemoryStream,
@@ -264,6 +264,15 @@ def _chunks(n: int) -> int:
 
 
 @dataclasses.dataclass(eq=False, slots=True)
+class _Posted:
+    """A chain of work requests posted and not yet waited for."""
+
+    wr_id: int
+    done: trio.Event
+    count: int  # its work requests, holding room in the send queue until waited for
+
+
+@dataclasses.dataclass(eq=False, slots=True)
 class _Pull:
     """One one-sided pull waiting in (or answered by) a batch of READs."""
 
@@ -281,6 +290,14 @@ class _Pull:
     done: trio.Event = dataclasses.field(default_factory=trio.Event)
     answer: tuple[int, int, int] | object | None = None
     error: BaseException | None = None
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Chain:
+    """One-sided pulls posted as one chain of READs."""
+
+    pulls: list[_Pull]
+    posted: _Posted
 
 
 class _Link:
@@ -326,11 +343,19 @@ class _Link:
         """Post (local offset, remote address, length, send flags) work requests as one
         chain, only the last signalled (completions arrive in order, so it stands for
         the whole chain), and wait for it."""
+        await self.wait(await self.post(opcode, pieces, rkey), nbytes, timeout)
+
+    async def post(
+        self, opcode: int, pieces: Sequence[tuple[int, int, int, int]], rkey: int
+    ) -> _Posted:
+        """Post a chain (as ``chain``) without waiting; ``wait`` for it afterwards, always
+        (it gives the chain's room in the send queue back)."""
         from pyverbs.wr import SGE, SendWR
 
         for _ in pieces:
             await self.slots.acquire()
         wr_id, done = self.completions.expect()
+        posted = _Posted(wr_id, done, len(pieces))
         try:
             if self.closed or self.completions.failure is not None:
                 raise StreamBroken(f"RDMA to {self.completions.peer}: queue pair closed or failed")
@@ -354,16 +379,29 @@ class _Link:
                 self.qp.post_send(wrs[-1])
             except Exception as exc:
                 raise StreamBroken(f"posting an RDMA transfer failed: {exc}") from exc
+        except BaseException:
+            self._done_with(posted)
+            raise
+        return posted
+
+    async def wait(self, posted: _Posted, nbytes: int, timeout: float) -> None:
+        """Wait for a posted chain to complete; raise if it failed or timed out."""
+        try:
             with trio.move_on_after(timeout) as scope:
-                await done.wait()
+                await posted.done.wait()
             if scope.cancelled_caught:
                 raise StreamTimeout(f"RDMA transfer of {nbytes} bytes took over {timeout:g} s")
             if self.completions.failure is not None:
                 raise StreamBroken(str(self.completions.failure)) from self.completions.failure
         finally:
-            self.completions.forget(wr_id)
-            for _ in pieces:
+            self._done_with(posted)
+
+    def _done_with(self, posted: _Posted) -> None:
+        if posted.count:
+            self.completions.forget(posted.wr_id)
+            for _ in range(posted.count):
                 self.slots.release()
+            posted.count = 0
 
     def close(self) -> None:
         """Destroy the verbs resources; every later use raises instead of touching them."""
@@ -444,10 +482,11 @@ class RdmaPath:
         # One-sided reads: each shard's directory slot and block offset, as last seen,
         # and how the reads went (as DirectReader counts them).
         self._slots: dict[tuple[int, int], tuple[int, int]] = {}
-        # One-sided pulls queued for the next batch of READs, and whether a task is
-        # sending batches now (it sends whatever queues up meanwhile too).
+        # One-sided pulls queued for the next chain of READs (``_pull_loop`` sends
+        # them), and the event that wakes it when one is queued.
         self._batch: list[_Pull] = []
-        self._flushing = False
+        self._queued = trio.Event()
+        self._pulls_ended = False
         self.direct_batches = 0  # chains of READs those pulls went out in
         self.direct_reads = 0
         self.direct_retries = 0
@@ -525,6 +564,7 @@ class RdmaPath:
             self.link = None
             self.staging = None
             link.close()
+            self._queued.set()  # a pull loop already started sees the link closed
             raise
         log.info(
             "%s: RDMA via %s (GID %s -> %s, MTU %d)",
@@ -556,7 +596,7 @@ class RdmaPath:
             ) from None
 
     def background(self) -> list[Any]:
-        return [self._completion_loop]
+        return [self._completion_loop, self._pull_loop]
 
     async def _completion_loop(self) -> None:
         link = self.link
@@ -567,6 +607,53 @@ class RdmaPath:
         if self.link is not None:
             # Every later use of the link checks ``closed`` first.
             self.link.close()
+        self._queued.set()  # the pull loop sees it and ends
+
+    async def _pull_loop(self) -> None:
+        """Send the queued one-sided pulls, one chain of READs at a time; answer each.
+
+        One chain at a time: a fenced chain never waits behind another's READs.
+        When a chain completes, the next one is posted before the finished
+        pulls are woken, so their bytes are copied out of the staging area
+        while the next chain's READs are in flight. A chain that fails or times
+        out fails the connection; the pulls still queued then fail too.
+        """
+        link = self.link
+        if link is None or link.remote is None:
+            return
+        remote = link.remote
+        sending: _Chain | None = None
+        chain: _Chain | None = None
+        try:
+            while not link.closed:
+                if sending is None:
+                    if not self._batch:
+                        self._queued = trio.Event()
+                        await self._queued.wait()
+                        continue
+                    await trio.lowlevel.checkpoint()  # the other pieces of the read queue up
+                    sending = await self._post_batch(link, remote, self._next_batch())
+                    continue
+                chain, sending = sending, None
+                error = await self._settle(link, remote, chain)
+                try:
+                    if error is None and self._batch:
+                        sending = await self._post_batch(link, remote, self._next_batch())
+                finally:
+                    for p in chain.pulls:
+                        p.done.set()
+                if error is not None:
+                    raise error
+        finally:
+            self._pulls_ended = True
+            closed = StreamClosed(f"RDMA to {self.peer}: the connection's pulls stopped")
+            for c in (chain, sending):
+                self._batch += c.pulls if c is not None else []
+            for p in self._batch:
+                if not p.done.is_set():
+                    p.error = p.error or closed
+                    p.done.set()
+            self._batch.clear()
 
     # -- requests -------------------------------------------------------------
 
@@ -610,9 +697,10 @@ class RdmaPath:
         with no message to the daemon.
 
         Pulls that run at once on this connection (the pieces of one read) go
-        out as one batch (``_flush``): the header and every slot, then all the
-        bytes, then every slot again, one fence before each phase, so the bytes
-        of all of them are in flight together. Returns (version, stamp,
+        out in chains of READs (``_pull_loop``): the header and every slot, then
+        all the bytes, then every slot again, one fence before each phase. Small
+        pulls share a chain; a large one has its own, so its bytes are copied
+        out while the next chain's are in flight. Returns (version, stamp,
         previous copy's stamp) with the bytes in ``out``, or None when the
         daemon must answer (see ``DirectReader.read``).
         """
@@ -623,8 +711,8 @@ class RdmaPath:
         n = len(out)
         staging = self.staging
         assert staging is not None
-        if n > min(RDMA_DIRECT_MAX, staging.allocator.capacity // 2):
-            return None  # bandwidth-bound: asking the daemon pipelines better (sizes.py)
+        if n > staging.allocator.capacity // 2:
+            return None  # more than a pull may hold of the staging area: ask the daemon
         async with link.scratch_free:
             cell = link.scratch.pop()
             try:
@@ -657,7 +745,7 @@ class RdmaPath:
         cell: int,
         min_version: int,
     ) -> tuple[int, int, int] | None:
-        """Queue one pull for the next batch and wait for its answer (the bytes land at
+        """Queue one pull for the next chain and wait for its answer (the bytes land at
         ``data`` of the staging area, the slot words in ``cell`` of the scratch room)."""
         where = (key, index)
         pull = _Pull(key, layout, index, offset, n, data, cell, min_version)
@@ -670,19 +758,12 @@ class RdmaPath:
                 self._slots[where] = known
             pull.slot, pull.block = known
             pull.done = trio.Event()
+            if self._pulls_ended:
+                raise StreamClosed(f"RDMA to {self.peer}: the connection's pulls stopped")
             self._batch.append(pull)
-            if not self._flushing:
-                self._flushing = True
-                try:
-                    # Others wait on this task's batches: it finishes them (each
-                    # bounded by the timeout) even if its own caller is cancelled,
-                    # so no waiter is handed another task's Cancelled.
-                    with trio.CancelScope(shield=True):
-                        await self._flush(link, remote)
-                finally:
-                    self._flushing = False
+            self._queued.set()
             # The bytes may still be on their way into ``data``: this waits for
-            # the batch (bounded by its timeout) even if the caller is cancelled.
+            # the chain (bounded by its timeout) even if the caller is cancelled.
             with trio.CancelScope(shield=True):
                 await pull.done.wait()
             if pull.error is not None:
@@ -692,67 +773,82 @@ class RdmaPath:
         self.direct_contended += 1
         return None
 
-    async def _flush(self, link: _Link, remote: _Remote) -> None:
-        """Send the queued pulls as batches until none is left; answer each."""
-        try:
-            while self._batch:
-                await trio.lowlevel.checkpoint()  # the other pieces of the read queue up
-                batch, wrs = [], 1  # the header
-                while self._batch and wrs + 2 + _chunks(self._batch[0].n) <= SEND_DEPTH:
-                    wrs += 2 + _chunks(self._batch[0].n)
-                    batch.append(self._batch.pop(0))
-                if not batch:  # one pull alone is more than a chain may hold
-                    batch.append(self._batch.pop(0))
-                await self._send_batch(link, remote, batch)
-        except BaseException as exc:
-            # The queue pair failed or timed out: every pull still queued fails too.
-            for p in self._batch:
-                p.error = exc
-                p.done.set()
-            self._batch.clear()
-            raise
+    def _next_batch(self) -> list[_Pull]:
+        """The queued pulls that go out in the next chain: small ones together, up to
+        RDMA_BATCH_BYTES and the send queue's depth; a larger one alone, so its
+        bytes are handed on (copied out) while the next chain's are in flight."""
+        batch = [self._batch.pop(0)]
+        nbytes, wrs = batch[0].n, 1 + 2 + _chunks(batch[0].n)  # the header, slots, bytes
+        while self._batch:
+            p = self._batch[0]
+            if nbytes + p.n > RDMA_BATCH_BYTES or wrs + 2 + _chunks(p.n) > SEND_DEPTH:
+                break
+            batch.append(self._batch.pop(0))
+            nbytes, wrs = nbytes + p.n, wrs + 2 + _chunks(p.n)
+        return batch
 
-    async def _send_batch(self, link: _Link, remote: _Remote, batch: list[_Pull]) -> None:
-        """One chain of READs for ``batch``: the directory header and every slot, then
-        (fenced) all their bytes, then (fenced) every slot again; then judge each."""
+    async def _post_batch(self, link: _Link, remote: _Remote, batch: list[_Pull]) -> _Chain:
+        """Post one chain of READs for ``batch``: the directory header and every slot,
+        then (fenced) all their bytes, then (fenced) every slot again.
+
+        A pull larger than RDMA_BATCH_BYTES (alone in its batch) first READs the
+        header and its slot and waits for them, then posts its bytes where the
+        slot says they are: a shard written since the last read is in another
+        block, and reading the kept one would waste a whole transfer.
+        """
         assert remote.directory is not None
         table_at, header_slot = remote.directory
         base = remote.arena_addr
         fence = link.e.IBV_SEND_FENCE
+        read = link.e.IBV_WR_RDMA_READ
         head = batch[0].cell + 2 * SLOT_BYTES
         slots = [base + table_at + p.slot * SLOT_BYTES for p in batch]
-        pieces = [(head, base + table_at + header_slot * SLOT_BYTES, SLOT_BYTES, 0)]
-        pieces += [(p.cell, a, SLOT_BYTES, 0) for p, a in zip(batch, slots, strict=True)]
-        # Each phase starts once every READ before it is done (the fence on its
-        # first request), so the seq read before the bytes and again after them
-        # brackets them (protocol/directory.py).
-        data = [
-            (p.data + o, base + p.block + p.offset + o, min(CHUNK, p.n - o), 0)
-            for p in batch
-            for o in range(0, p.n, CHUNK)
-        ]
-        pieces += [(*data[0][:3], fence), *data[1:]]
+        first = [(head, base + table_at + header_slot * SLOT_BYTES, SLOT_BYTES, 0)]
+        first += [(p.cell, a, SLOT_BYTES, 0) for p, a in zip(batch, slots, strict=True)]
         again = [(p.cell + SLOT_BYTES, a, SLOT_BYTES, 0) for p, a in zip(batch, slots, strict=True)]
-        pieces += [(*again[0][:3], fence), *again[1:]]
         try:
-            await link.chain(
-                link.e.IBV_WR_RDMA_READ,
-                pieces,
-                remote.arena_rkey,
-                sum(p.n for p in batch),
-                self.timeout,
-            )
+            large = len(batch) == 1 and batch[0].n > RDMA_BATCH_BYTES
+            if large:
+                p = batch[0]
+                await link.chain(read, first, remote.arena_rkey, 2 * SLOT_BYTES, self.timeout)
+                rec = slot_record(link.buffer.view[p.cell : p.cell + SLOT_BYTES])
+                if rec is not None and rec.names(p.key, p.index, p.layout):
+                    p.block = rec.offset
+                    self._slots[(p.key, p.index)] = (p.slot, rec.offset)
+            # Each phase starts once every READ before it is done (the fence on its
+            # first request, or the wait above), so the seq read before the bytes
+            # and again after them brackets them (protocol/directory.py).
+            data = [
+                (p.data + o, base + p.block + p.offset + o, min(CHUNK, p.n - o), 0)
+                for p in batch
+                for o in range(0, p.n, CHUNK)
+            ]
+            pieces = data if large else [*first, (*data[0][:3], fence), *data[1:]]
+            pieces = [*pieces, (*again[0][:3], fence), *again[1:]]
+            posted = await link.post(read, pieces, remote.arena_rkey)
         except BaseException as exc:
             for p in batch:
                 p.error = exc
                 p.done.set()
             raise
+        return _Chain(batch, posted)
+
+    async def _settle(self, link: _Link, remote: _Remote, chain: _Chain) -> Exception | None:
+        """Wait for a chain and judge each of its pulls (their ``done`` is the caller's
+        to set); the error it failed with, if it did (each pull has it too)."""
+        assert remote.directory is not None
+        try:
+            await link.wait(chain.posted, sum(p.n for p in chain.pulls), self.timeout)
+        except Exception as exc:
+            for p in chain.pulls:
+                p.error = exc
+            return exc
         self.direct_batches += 1
         view = link.buffer.view
-        serving = SLOT.unpack_from(view, head)[SERVING_WORD] == 1
-        for p in batch:
-            p.answer = self._judge(p, serving, table_at, view)
-            p.done.set()
+        serving = SLOT.unpack_from(view, chain.pulls[0].cell + 2 * SLOT_BYTES)[SERVING_WORD] == 1
+        for p in chain.pulls:
+            p.answer = self._judge(p, serving, remote.directory[0], view)
+        return None
 
     def _judge(
         self, p: _Pull, serving: bool, table_at: int, view: memoryview

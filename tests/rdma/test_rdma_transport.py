@@ -20,6 +20,7 @@ from irdma import Client
 from irdma.client import AsyncClient
 from irdma.errors import IrdmaError
 from irdma.protocol import tensor_key
+from irdma.sizes import RDMA_BATCH_BYTES
 from irdma.transport.base import StreamBroken
 from irdma.transport.rdma import RdmaPath
 
@@ -194,6 +195,32 @@ def test_the_pieces_of_one_read_go_out_in_one_batch(rdma_cluster: Cluster) -> No
         assert batches < reads, (batches, reads)
 
 
+def test_large_shards_are_read_one_sided_each_in_its_own_batch(
+    rdma_device: str, tmp_path: Path
+) -> None:
+    """Shards larger than RDMA_BATCH_BYTES are READ one-sided too (no MAPPED answer,
+    no TCP message once their slots are known), each in a chain of its own so its
+    bytes are handed on while the next one's are in flight."""
+    shard = 4 << 20
+    assert shard > RDMA_BATCH_BYTES
+    cluster = fresh(tmp_path, rdma_device, nodes=1, arena_size=256 << 20, shard_size=shard)
+    try:
+        x = np.random.default_rng(7).standard_normal(8 * shard // 4).astype(np.float32)
+        with Client(cluster.config_path, transport="rdma") as c:
+            c.write("big", x)
+            assert np.array_equal(c.read("big"), x)
+            conns = connections(c)
+            before = [data_segments(k) for k in conns]
+            for _ in range(2):
+                assert np.array_equal(c.read("big"), x)
+            assert [data_segments(k) for k in conns] == before
+            reads = sum(k.bulk.direct_reads for k in conns)
+            assert reads == 24 and sum(k.bulk.mapped_pulls for k in conns) == 0
+            assert sum(k.bulk.direct_batches for k in conns) == reads
+    finally:
+        cluster.close()
+
+
 ACCUMULATOR = textwrap.dedent(
     """
     import sys, time
@@ -285,15 +312,15 @@ async def test_forged_stale_and_out_of_range_keys_are_refused(rdma_cluster: Clus
         # (a one-sided one: slot, bytes, slot in one chain of READs).
         conn, lk = await link()
         seen: list[int] = []
-        real = lk.chain
+        real = lk.post
 
-        async def record(opcode, pieces, rkey, nbytes, timeout):  # type: ignore[no-untyped-def]
+        async def record(opcode, pieces, rkey):  # type: ignore[no-untyped-def]
             seen.extend(remote for _, remote, length, _ in pieces if length == victim.nbytes)
-            await real(opcode, pieces, rkey, nbytes, timeout)
+            return await real(opcode, pieces, rkey)
 
-        lk.chain = record  # type: ignore[method-assign]
+        lk.post = record  # type: ignore[method-assign]
         assert np.array_equal(await c.read("keys/victim"), victim)
-        lk.chain = real  # type: ignore[method-assign]
+        lk.post = real  # type: ignore[method-assign]
         where = seen[-1]
         stale = lk.remote
         assert stale is not None
