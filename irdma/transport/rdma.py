@@ -722,7 +722,10 @@ class RdmaPath:
                         link, remote, key, layout, index, offset, n, local, cell, min_version
                     )
                     if got is not None:
-                        np.copyto(out, link.buffer.view[local : local + n])
+                        # From the staging area's own view: the connection may have
+                        # failed (the link closed) since the READs completed; their
+                        # bytes are whole, and the memory stays while views of it do.
+                        np.copyto(out, staging.view[local : local + n])
                     return got
                 except BaseException as exc:
                     conn.abandon(exc)

@@ -200,7 +200,8 @@ def test_large_shards_are_read_one_sided_each_in_its_own_batch(
 ) -> None:
     """Shards larger than RDMA_BATCH_BYTES are READ one-sided too (no MAPPED answer,
     no TCP message once their slots are known), each in a chain of its own so its
-    bytes are handed on while the next one's are in flight."""
+    bytes are handed on while the next one's are in flight; after a rewrite (new
+    blocks) each is read once, where its slot says, not first at the old block."""
     shard = 4 << 20
     assert shard > RDMA_BATCH_BYTES
     cluster = fresh(tmp_path, rdma_device, nodes=1, arena_size=256 << 20, shard_size=shard)
@@ -217,6 +218,11 @@ def test_large_shards_are_read_one_sided_each_in_its_own_batch(
             reads = sum(k.bulk.direct_reads for k in conns)
             assert reads == 24 and sum(k.bulk.mapped_pulls for k in conns) == 0
             assert sum(k.bulk.direct_batches for k in conns) == reads
+            y = x + 1
+            c.write("big", y)
+            assert np.array_equal(c.read("big"), y)
+            assert sum(k.bulk.direct_reads for k in conns) == reads + 8
+            assert sum(k.bulk.direct_retries for k in conns) == 0
     finally:
         cluster.close()
 
