@@ -284,12 +284,7 @@ def _check_counter_read(
         state.pop(slot, None)
         owner = ctx.slots.get((op.tensor, slot))
         # Missing is a loss only if acknowledged before this read began.
-        acked_before = (
-            owner is not None
-            and owner.outcome(shard) == "ok"
-            and (owner.end is not None and owner.end < op.start)
-        )
-        if acked_before:
+        if owner is not None and _ends(owner, shard) < op.start:
             report.add("lost-read", f"acknowledged {ctx.describe(owner)} was read before, "
                        f"then missing from {ctx.describe(op)}")  # fmt: skip
         else:
