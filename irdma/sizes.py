@@ -28,8 +28,8 @@ PARALLEL_COPY_MIN = 8 << 20
 # shard of 4 MiB) READs its slot first, then its bytes where the slot says, so a
 # shard rewritten since the last read costs no wasted transfer. In the soft-RoCE
 # guest (2026-11-24, `bench/rdma_vm.sh --rounds 3`, 64 MiB of 4 MiB shards) this
-# read at 45.0 MB/s with no daemon CPU, against 43.9 MB/s and 0.33 of TCP's
-# daemon CPU when pulls over 1 MiB asked the daemon.
+# read at 41.7-45.0 MB/s with the daemon's CPU at 0.00-0.07 of TCP's (0 or 1
+# tick of 10 ms), against 43.9 MB/s and 0.33 when pulls over 1 MiB asked it.
 RDMA_BATCH_BYTES = 2 << 20
 
 # Over RDMA every read that asks the daemon (one-sided ones that must: a daemon
