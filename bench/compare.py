@@ -287,6 +287,12 @@ def group_worker(args: argparse.Namespace) -> dict[str, Any]:
     with Client(Path(args.config), timeout=300) as client:
         for size in args.sizes:
             arr = float_array(size, args.rank + 1)
+            # Results into arrays kept across calls, as MPI's receive buffers are.
+            outs = {
+                "broadcast": np.empty_like(arr),
+                "gather": np.empty((args.world, arr.size), arr.dtype) if args.rank == 0 else None,
+                "allreduce": np.empty_like(arr),
+            }
             for op in COLLECTIVES:
                 # A new group per op and size, closed after, so the daemons hold
                 # at most one collective's tensors at a time.
@@ -297,7 +303,7 @@ def group_worker(args: argparse.Namespace) -> dict[str, Any]:
                     world_size=args.world,
                     timeout=args.worker_timeout,
                 )
-                fn = partial(getattr(group, op), arr)
+                fn = partial(getattr(group, op), arr, out=outs[op])
                 try:
                     times = timed_rounds(fn, group.barrier, size, args.rounds)
                     results.append(result(op, size, times))

@@ -11,6 +11,10 @@ calls the same collectives in the same order:
 - ``allreduce(array, op="sum"|"mean")``: the elementwise sum (or mean) of all
   members' arrays, on every member.
 
+Each takes ``out=``, an array the result is written into and returned (as
+mpi4py's receive buffers and torch.distributed's in-place tensors): a loop
+that reuses it saves allocating, and first touching, a new array per call.
+
 allreduce is a sync-mode tensor (see ``irdma.modes``) whose steps replace
 it with the sum of the step's contributions, added in rank order, so the
 result equals ``np.sum(np.stack(arrays), axis=0)`` bit for bit (and
@@ -36,6 +40,7 @@ from .client import Client
 from .errors import DtypeMismatch, ShapeMismatch, StepMismatch, TensorNotFound
 from .modes import DEFAULT_WORKER_TIMEOUT, Mode, worker_identity
 from .protocol import validate_name
+from .sizes import GATHER_BATCH_MAX
 
 PREFIX = ".collectives"
 # Job ids of the launchers we know, to name a group when no name is given.
@@ -82,9 +87,11 @@ class Group:
 
     # -- the sync-mode step every member takes together ---------------------------
 
-    def _step(self, name: str, contribution: np.ndarray, apply: str) -> np.ndarray:
+    def _step(
+        self, name: str, contribution: np.ndarray, apply: str, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """Push ``contribution`` as this member's next step of sync tensor ``name``;
-        return the tensor once every member has pushed."""
+        return the tensor (in ``out`` if given) once every member has pushed."""
         step = self._steps.get(name)
         if step is None:
             mode = Mode.sync(self.size, apply=apply, worker_timeout=self.timeout)
@@ -100,9 +107,9 @@ class Group:
                 "there? give this job a new group name, or close() the old group)",
                 exc.status,
             ) from exc
-        out = self.client.read(name, worker=self.rank, step=step + 1)
+        got = self.client.read(name, out, worker=self.rank, step=step + 1)
         self._steps[name] = step + 1
-        return out
+        return got
 
     def barrier(self) -> None:
         """Return once every member has called barrier (this many times)."""
@@ -110,11 +117,14 @@ class Group:
 
     # -- collectives ----------------------------------------------------------------
 
-    def allreduce(self, array: Any, op: str = "sum") -> np.ndarray:
-        """The elementwise sum (or mean) of every member's array, on every member."""
+    def allreduce(
+        self, array: Any, op: str = "sum", *, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The elementwise sum (or mean) of every member's array, on every member
+        (in ``out`` if given: the array's shape, and the result's dtype)."""
         if op not in ("sum", "mean"):
             raise ValueError(f"allreduce op must be 'sum' or 'mean', not {op!r}")
-        arr = np.ascontiguousarray(array)
+        arr = _as_c_array(array)
         if arr.dtype.kind == "b":
             raise TypeError("allreduce of bool arrays is not supported; use uint8")
         # numpy's accumulator types, so results equal np.sum / np.mean over the
@@ -131,37 +141,72 @@ class Group:
         contribution = arr.astype(acc, copy=False)
         shape = "x".join(map(str, arr.shape)) or "scalar"
         name = f"{self.prefix}/allreduce/{acc.name}-{shape}"
-        total = self._step(name, contribution, "set")
+        if out is not None:
+            half_mean = op == "mean" and arr.dtype == np.float16
+            _check_out(out, arr.shape, np.float16 if half_mean else acc)
         if op == "sum":
-            return total
+            return self._step(name, contribution, "set", out)
+        total = self._step(name, contribution, "set")
         mean = total / self.size  # np.mean's arithmetic: the sum, then one division
-        return mean.astype(np.float16) if arr.dtype == np.float16 else mean
+        result = mean.astype(np.float16) if arr.dtype == np.float16 else mean
+        if out is None:
+            return result
+        out[...] = result
+        return out
 
-    def broadcast(self, array: Any = None, root: int = 0) -> np.ndarray:
-        """The root's array on every member (others may pass None)."""
+    def broadcast(
+        self, array: Any = None, root: int = 0, *, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The root's array on every member (others may pass None); elsewhere
+        than the root, read into ``out`` if given (the root's shape and dtype)."""
         self._check_root(root)
         slot = f"{self.prefix}/broadcast/{self._next_slot()}"
         if self.rank == root:
-            arr = np.ascontiguousarray(array)
+            arr = _as_c_array(array)
             self._put(slot, arr)
             self.barrier()
-            return arr
+            if out is None:
+                return arr
+            _check_out(out, arr.shape, arr.dtype)
+            np.copyto(out, arr)
+            return out
         self.barrier()
-        return self.client.read(slot)
+        return self.client.read(slot, out)
 
-    def gather(self, array: Any, root: int = 0) -> np.ndarray | None:
-        """On the root, every member's array stacked in rank order; None elsewhere."""
+    def gather(
+        self, array: Any, root: int = 0, *, out: np.ndarray | None = None
+    ) -> np.ndarray | None:
+        """On the root, every member's array stacked in rank order (in ``out`` if
+        given: shape ``(size, *array.shape)``); None elsewhere."""
         self._check_root(root)
-        arr = np.ascontiguousarray(array)
+        arr = _as_c_array(array)
         slot = f"{self.prefix}/gather/{self._next_slot()}"
-        self._put(f"{slot}/{self.rank}", arr)
+        if self.rank == root:
+            if out is None:
+                out = np.empty((self.size, *arr.shape), dtype=arr.dtype)
+            else:
+                _check_out(out, (self.size, *arr.shape), arr.dtype)
+        else:  # the root's own part never leaves it
+            self._put(f"{slot}/{self.rank}", arr)
         self.barrier()
         if self.rank != root:
             return None
-        names = [f"{slot}/{r}" for r in range(self.size)]
-        # Members may have redefined their slot tensors since this slot's last use.
-        parts = self.client.read_many(names, refresh=True)
-        return np.stack([parts[n] for n in names])
+        out[root] = arr
+        others = [r for r in range(self.size) if r != root]
+        if arr.nbytes < GATHER_BATCH_MAX:
+            # Small parts: one batch frame per daemon rather than a request per
+            # member. Members may have redefined their slot tensors since this
+            # slot's last use, and batch entries carry no layout: refresh.
+            names = [f"{slot}/{r}" for r in others]
+            parts = self.client.read_many(names, refresh=True)
+            for r, n in zip(others, names, strict=True):
+                out[r] = parts[n]
+        else:
+            # Large parts straight into their place, with no stacking copy; a
+            # read finds a redefined tensor by its layout and asks again.
+            for r in others:
+                self.client.read(f"{slot}/{r}", out[r])
+        return out
 
     def close(self) -> None:
         """Wait for every member, then remove the group's tensors (rank 0 does it).
@@ -202,3 +247,22 @@ class Group:
         slot = self._calls % 2
         self._calls += 1
         return slot
+
+
+def _check_out(out: np.ndarray, shape: tuple[int, ...], dtype: Any) -> None:
+    """``out`` must take a collective's result as it is: no casting, no reshaping."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
+    if out.shape != tuple(shape) or out.dtype != np.dtype(dtype):
+        raise ValueError(
+            f"out has shape {out.shape} and dtype {out.dtype}; this collective's result "
+            f"has shape {tuple(shape)} and dtype {np.dtype(dtype)}"
+        )
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be a writeable C-contiguous array")
+
+
+def _as_c_array(array: Any) -> np.ndarray:
+    # Not np.ascontiguousarray: it makes a 0-d array 1-d, and the result of a
+    # collective of scalars is a scalar, as numpy's own reductions give.
+    return np.asarray(array, order="C")

@@ -111,6 +111,21 @@ def test_stale_layout_is_revalidated(cluster: Cluster, client: Client) -> None:
     assert y.dtype == np.int64 and np.array_equal(y, np.arange(50))
 
 
+def test_a_read_into_out_of_a_redefined_tensors_new_shape_reads_it(
+    cluster: Cluster, client: Client
+) -> None:
+    """``out`` that does not fit the cached layout is checked against a fresh
+    one before the read is refused: another process may have redefined it."""
+    client.write("stale/out", np.arange(100_000, dtype=np.float32))
+    assert client.read("stale/out").shape == (100_000,)  # layout cached
+    cluster.client().write("stale/out", np.arange(30_000, dtype=np.int64), replace=True)
+    out = np.empty(30_000, np.int64)
+    assert client.read("stale/out", out) is out
+    assert np.array_equal(out, np.arange(30_000))
+    with pytest.raises(irdma.ShapeMismatch):  # a real mismatch is still one
+        client.read("stale/out", np.empty(7, np.int64))
+
+
 def test_create_errors_and_exist_ok(client: Client) -> None:
     info = client.create("cr/a", (4, 4), np.float64)
     assert info.version == 0 and np.array_equal(client.read("cr/a"), np.zeros((4, 4)))

@@ -170,6 +170,9 @@ def test_collectives_equal_numpy(cluster: Cluster) -> None:
             assert out[f"mean{i}"] == np.mean(stack, axis=0).tobytes().hex(), (i, rank)
             assert out[f"bcast{i}"] == arrays[1].tobytes().hex()
             assert out[f"gather{i}"] == (stack.tobytes().hex() if rank == 2 else None)
+            for what in ("sum", "mean", "bcast"):
+                assert out[f"{what}_out{i}"] == out[f"{what}{i}"], (what, i, rank)
+            assert out.get(f"gather_out{i}") == (out[f"gather{i}"] if rank == 2 else None)
     # close() removed the group's tensors.
     assert not [i for i in cluster.client().list(".collectives/") if "collectives-" in i.name]
 

@@ -94,6 +94,24 @@ def collectives(client: Client, model: str) -> dict:
         out[f"bcast{i}"] = g.broadcast(arr if ident.rank == 1 else None, root=1).tobytes().hex()
         gathered = g.gather(arr, root=2)
         out[f"gather{i}"] = None if gathered is None else gathered.tobytes().hex()
+        # The same into given arrays, which are what comes back.
+        mean_dtype = np.float64 if arr.dtype.kind in "iu" else arr.dtype
+        into = {
+            "sum": np.empty_like(s),
+            "mean": np.empty(arr.shape, mean_dtype),
+            "bcast": np.empty_like(arr),
+            "gather": np.empty((ident.world_size, *arr.shape), arr.dtype),
+        }
+        got = {
+            "sum": g.allreduce(arr, out=into["sum"]),
+            "mean": g.allreduce(arr, op="mean", out=into["mean"]),
+            "bcast": g.broadcast(arr if ident.rank == 1 else None, root=1, out=into["bcast"]),
+            "gather": g.gather(arr, root=2, out=into["gather"]),
+        }
+        for what, array in got.items():
+            if array is not None:
+                assert array is into[what], what
+                out[f"{what}_out{i}"] = array.tobytes().hex()
     g.close()
     return out
 
