@@ -7,9 +7,12 @@ all its waiting, timing and concurrency through its shell:
 - ``TrioShell`` (``AsyncClient``): connections with a reader task each in
   the client's nursery, many requests in flight on each.
 - ``BlockingShell`` (``Client``): each thread has its own connections and
-  runs its requests itself; nothing ever suspends, so ``drive`` runs a core
-  coroutine to its end with one ``send``. Calls that fan out (the shards of
-  a large tensor, one frame per daemon) run one after another.
+  runs its requests itself; every wait is a blocking call bounded by the
+  client's timeout. Calls that fan out (the shards of a large tensor, one
+  frame per daemon) take turns on the thread's connections: a request
+  yields once its frame is sent (``transport.blocking.Sent``), so the other
+  daemons get theirs before its answer is read, with one request in flight
+  per connection (``Busy``). ``drive`` runs a core coroutine to its end.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -26,7 +29,7 @@ import trio
 from .cluster import Node
 from .errors import ClientClosed
 from .transport.base import Connection
-from .transport.blocking import BlockingConnection, BlockingWaits
+from .transport.blocking import BlockingConnection, BlockingWaits, Busy, Sent, _yield
 from .transport.select import open_blocking_connection, open_connection
 
 if TYPE_CHECKING:
@@ -154,12 +157,12 @@ class BlockingShell:
         return contextlib.nullcontext()  # nothing cancels a blocking call from outside
 
     async def gather(self, calls: list[Call]) -> list[Any]:
-        # In order, in this thread, on the thread's own connections. (A fan-out
-        # under trio.run with each daemon's socket lent to a FramedConnection
-        # pipelined a call's shards, but a daemon killed during it could leave
-        # the call waiting for ever: tests/test_local.py's kill -9 test hung 1
-        # run in 5. Taken out until that is found.)
-        return [await call() for call in calls]
+        """Run ``calls`` taking turns in this thread; results in order, or the first
+        error (the calls not finished are closed, failing a connection whose
+        answer is pending, as a cancelled request under trio does)."""
+        if len(calls) == 1:
+            return [await calls[0]()]
+        return await take_turns(calls)
 
     async def connection(self, node: Node) -> BlockingConnection:
         if self.closed:
@@ -192,15 +195,72 @@ class BlockingShell:
             self._all.clear()
 
 
+async def take_turns(calls: list[Call]) -> list[Any]:
+    """Run coroutines in this thread: each runs until it has sent a request
+    (``Sent``) or finds its connection held by another (``Busy``). When none
+    can go on, the oldest pending answer is read (blocking, bounded by the
+    client's timeout) and one waiter for that connection goes next.
+
+    So this never waits for ever, as an earlier fan-out under ``trio.run``
+    with lent sockets could when a daemon was killed mid-call. A fan-out
+    inside a call of another passes a wait for a connection held outside it
+    to the enclosing one.
+    """
+    results: list[Any] = [None] * len(calls)
+    ready: deque[tuple[int, Any]] = deque((i, call()) for i, call in enumerate(calls))
+    holders: dict[BlockingConnection, tuple[int, Any]] = {}  # oldest sent first
+    waiting: dict[BlockingConnection, deque[tuple[int, Any]]] = {}
+    try:
+        while ready or holders or waiting:
+            if ready:
+                i, coro = ready.popleft()
+                try:
+                    token = coro.send(None)
+                except StopIteration as done:
+                    results[i] = done.value
+                    continue
+                if isinstance(token, Sent) and token.conn not in holders:
+                    holders[token.conn] = (i, coro)
+                elif isinstance(token, Busy):
+                    waiting.setdefault(token.conn, deque()).append((i, coro))
+                else:
+                    raise RuntimeError(
+                        f"a blocking irdma call yielded {token!r}; please report this"
+                    )
+            elif holders:
+                conn = next(iter(holders))
+                ready.append(holders.pop(conn))  # reads its answer when resumed
+                queue = waiting.get(conn)
+                if queue:
+                    ready.append(queue.popleft())
+                    if not queue:
+                        del waiting[conn]
+            else:  # every call waits for a connection held outside this fan-out
+                await _yield(Busy(next(iter(waiting))))
+                for queue in waiting.values():
+                    ready.extend(queue)
+                waiting.clear()
+    except BaseException:
+        for _, coro in [*ready, *holders.values(), *(w for q in waiting.values() for w in q)]:
+            coro.close()
+        raise
+    return results
+
+
 def drive(coro: Coroutine[Any, Any, T]) -> T:
     """Run a core coroutine of the blocking shell to its end, in this thread.
 
-    It never suspends (every wait is a blocking call, fan-out runs under its
-    own ``trio.run``); one that tries is a bug, reported as such.
+    Every wait is a blocking call; a request that sent its frame outside a
+    fan-out is resumed at once to read its answer. Anything else it yields
+    is a bug, reported as such.
     """
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    coro.close()
-    raise RuntimeError("a blocking irdma call tried to suspend; please report this as a bug")
+    while True:
+        try:
+            token = coro.send(None)
+        except StopIteration as done:
+            return done.value
+        if not isinstance(token, Sent):
+            coro.close()
+            raise RuntimeError(
+                f"a blocking irdma call tried to suspend ({token!r}); please report this as a bug"
+            )

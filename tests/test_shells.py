@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from functools import partial
 
 import numpy as np
 import pytest
@@ -15,8 +16,8 @@ import trio
 from irdma import Client
 from irdma.client import AsyncClient
 from irdma.errors import DaemonTimeout
-from irdma.shells import BlockingShell, drive
-from irdma.transport.blocking import BlockingConnection
+from irdma.shells import BlockingShell, drive, take_turns
+from irdma.transport.blocking import BlockingConnection, Busy, Sent, _yield
 from irdma.transport.select import may_use_rdma
 
 from .conftest import Cluster
@@ -31,6 +32,87 @@ def test_drive_runs_a_coroutine_that_never_suspends_and_refuses_one_that_does() 
     assert drive(plain(1)) == 2
     with pytest.raises(RuntimeError, match="tried to suspend"):
         drive(trio.sleep(0))
+
+    async def sends(conn: str) -> str:  # outside a fan-out its answer is read at once
+        await _yield(Sent(conn))  # type: ignore[arg-type]
+        return conn
+
+    assert drive(sends("a")) == "a"
+
+
+class FakeConn:
+    """What a BlockingConnection's request does around its socket, as take_turns sees it:
+    wait while another request holds it, send (yield Sent), read the answer."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name = name
+        self.log = log
+        self.busy = False
+
+    async def request(self, what: str) -> str:
+        while self.busy:
+            await _yield(Busy(self))  # type: ignore[arg-type]
+        self.busy = True
+        try:
+            self.log.append(f"send {what}")
+            await _yield(Sent(self))  # type: ignore[arg-type]
+            self.log.append(f"answer {what}")
+            return what.upper()
+        finally:
+            self.busy = False
+
+
+def test_take_turns_sends_to_every_connection_before_reading_an_answer() -> None:
+    """One request in flight per connection; a connection's next request is sent
+    as soon as its answer is read, before the other connections' answers."""
+    log: list[str] = []
+    a, b = FakeConn("a", log), FakeConn("b", log)
+    calls = [partial(conn.request, f"{conn.name}{i}") for i in range(2) for conn in (a, b)]
+    assert drive(take_turns(calls)) == ["A0", "B0", "A1", "B1"]
+    assert log == [
+        "send a0", "send b0",  # both daemons work at once
+        "answer a0", "send a1",  # a's next request right after its answer
+        "answer b0", "send b1",
+        "answer a1", "answer b1",
+    ]  # fmt: skip
+
+
+def test_take_turns_closes_the_others_when_a_call_fails() -> None:
+    """The first error is raised; a call whose answer was pending is closed (a
+    real connection then fails: its answer was never read)."""
+    log: list[str] = []
+    a, b = FakeConn("a", log), FakeConn("b", log)
+    closed: list[str] = []
+
+    async def pending() -> None:
+        try:
+            await a.request("slow")
+        except GeneratorExit:
+            closed.append("slow")
+            raise
+
+    async def fails() -> None:
+        await b.request("b")
+        raise ValueError("bad shard")
+
+    with pytest.raises(ValueError, match="bad shard"):
+        drive(take_turns([fails, pending]))
+    assert closed == ["slow"] and "answer slow" not in log
+
+
+def test_take_turns_inside_a_call_passes_a_wait_for_an_outer_connection_up() -> None:
+    """A fan-out inside one call of another, waiting for a connection an outer
+    call holds, lets the outer fan-out read that answer first (no deadlock)."""
+    log: list[str] = []
+    a, b = FakeConn("a", log), FakeConn("b", log)
+
+    async def inner() -> list[str]:
+        return await take_turns([partial(a.request, "inner-a"), partial(b.request, "inner-b")])
+
+    out = drive(take_turns([partial(a.request, "outer-a"), inner]))
+    assert out == ["OUTER-A", ["INNER-A", "INNER-B"]]
+    assert log.index("answer outer-a") < log.index("send inner-a")
+    assert log.index("send inner-b") < log.index("answer outer-a")  # b was not held
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
@@ -81,7 +163,7 @@ def test_each_thread_gets_its_own_connections_and_sums_stay_exact(cluster: Clust
 
 
 async def test_a_blocking_client_works_from_inside_trio(cluster: Cluster) -> None:
-    """Inside a trio run the fan-out cannot nest trio.run: the shards go one by one."""
+    """Called inside a trio run, the blocking client's fan-out needs no loop of its own."""
     x = np.arange(N, dtype=np.float32) - 7
     with Client(cluster.config_path) as c:
         c.write("shell/in-trio", x)
@@ -130,3 +212,29 @@ def test_the_shards_of_one_call_use_the_threads_own_connections(cluster: Cluster
         assert after == before
         assert not any(conn.broken for conn in after.values())
         assert {name: conn.stream.sock.fileno() for name, conn in after.items()} == sockets
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_a_calls_shards_are_in_flight_on_several_daemons_at_once(
+    cluster: Cluster, transport: str
+) -> None:
+    """A many-shard call sends to the other daemons before it reads an answer:
+    counted at each send, the thread's connections with a request pending."""
+    x = np.arange(N, dtype=np.float32)
+    with Client(cluster.config_path, transport=transport) as c:
+        c.write(f"shell/inflight-{transport}", x)  # connections made, layout known
+        conns = list(c._client._conns.values())
+        seen: list[list[bool]] = []
+        for conn in conns:
+            send = conn.stream.send_all
+
+            async def counted(buffers, send=send, conn=conn):  # type: ignore[no-untyped-def]
+                seen.append([k._in_flight for k in conns])
+                return await send(buffers)
+
+            conn.stream.send_all = counted  # type: ignore[method-assign]
+        c.write(f"shell/inflight-{transport}", x + 1)
+        c.accumulate(f"shell/inflight-{transport}", x)
+        assert np.array_equal(c.read(f"shell/inflight-{transport}"), 2 * x + 1)
+    assert len(conns) == 3 and seen
+    assert max(sum(s) for s in seen) == 3

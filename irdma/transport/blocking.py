@@ -8,6 +8,15 @@ writes STAGED) are the ones the trio connections use; only the waiting
 differs (``BlockingWaits``).
 
 Waits happen in the calling thread (``poll`` with the client's timeout).
+
+Within one call that fans out (the shards of a large tensor), the shell
+(``irdma.shells.BlockingShell.gather``) lets requests to different daemons
+overlap: a request yields ``Sent`` once its frame is out, so the shell can
+send to the other daemons before it reads this answer, and ``Busy`` while
+another request of the same call waits for its answer on this connection
+(one request in flight per connection). The daemons then copy and apply in
+parallel, and the caller fills the next shard meanwhile. Outside a fan-out
+nothing is held, and ``drive`` resumes a ``Sent`` at once.
 """
 
 from __future__ import annotations
@@ -16,7 +25,9 @@ import os
 import select
 import socket as stdsocket
 import time
-from collections.abc import Sequence
+import types
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +54,25 @@ from .tcp import (
 
 PINNED = int(Flag.PINNED)
 OK = int(Status.OK)
+
+
+@dataclass(frozen=True)
+class Sent:
+    """Yielded by a request whose frame is out: its answer is read when it is resumed."""
+
+    conn: BlockingConnection
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Yielded by a request whose connection has another request's answer pending."""
+
+    conn: BlockingConnection
+
+
+@types.coroutine
+def _yield(token: Sent | Busy) -> Generator[Sent | Busy, None, None]:
+    yield token
 
 
 class BlockingWaits:
@@ -134,6 +164,7 @@ class BlockingConnection:
         self._closed = False
         self._poll: select.poll | None = None
         self._alive_at = -1.0  # when daemon_alive last found the socket quiet
+        self._in_flight = False  # a request of this thread's fan-out holds the socket
 
     @property
     def transport(self) -> str:
@@ -150,8 +181,8 @@ class BlockingConnection:
         Looked at once per ``ALIVE_CHECK`` at most: a daemon that died stops
         changing its memory, so reads in that moment get its last state, and
         one restarted takes far longer than that to serve from a new arena."""
-        if self.broken:
-            return False
+        if self.broken or self._in_flight:
+            return False  # an answer on its way is readable too: ask, not guess
         now = time.monotonic()
         if now - self._alive_at < ALIVE_CHECK:
             return True
@@ -173,7 +204,14 @@ class BlockingConnection:
         self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
     ) -> Reply:
         """Send one request and read its answer (see ``Connection.request``)."""
-        return await self.bulk.request(self, header, payload, sink)
+        # Before the bulk path takes staging room: one request's at a time.
+        while self._in_flight:
+            await _yield(Busy(self))
+        self._in_flight = True
+        try:
+            return await self.bulk.request(self, header, payload, sink)
+        finally:
+            self._in_flight = False
 
     async def exchange(
         self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
@@ -186,6 +224,7 @@ class BlockingConnection:
         stream = self.stream
         try:
             await stream.send_all([frame, *payload])
+            await _yield(Sent(self))  # the shell may send to other daemons first
             answer = await next_answer(stream)
             if answer.request_id != rid:
                 raise StreamBroken(
