@@ -1016,6 +1016,12 @@ class AsyncClient:
         await self._gather(partial(self.stat, n) for n in missing)
         return {n: self._meta[n] for n in names}
 
+    async def read_into(self, outs: Mapping[str, np.ndarray]) -> None:
+        """Read each named tensor into its array (as ``read`` with ``out``), all at
+        once: one-sided where they can be, the requests to different daemons in
+        flight together. For large tensors; ``read_many`` batches small ones."""
+        await self._gather(partial(self.read, name, out) for name, out in outs.items())
+
     async def read_many(
         self,
         names: Iterable[str],
@@ -1324,6 +1330,10 @@ class Client:
     def delete(self, name: str) -> None:
         """See AsyncClient.delete."""
         return self._call(self._client.delete, name)
+
+    def read_into(self, outs: Mapping[str, np.ndarray]) -> None:
+        """See AsyncClient.read_into."""
+        return self._call(self._client.read_into, outs)
 
     def read_many(self, names: Iterable[str], **kwargs: Any) -> dict[str, np.ndarray]:
         """See AsyncClient.read_many."""

@@ -40,7 +40,6 @@ from .client import Client
 from .errors import DtypeMismatch, ShapeMismatch, StepMismatch, TensorNotFound
 from .modes import DEFAULT_WORKER_TIMEOUT, Mode, worker_identity
 from .protocol import validate_name
-from .sizes import GATHER_BATCH_MAX
 
 PREFIX = ".collectives"
 # Job ids of the launchers we know, to name a group when no name is given.
@@ -192,20 +191,12 @@ class Group:
         if self.rank != root:
             return None
         out[root] = arr
-        others = [r for r in range(self.size) if r != root]
-        if arr.nbytes < GATHER_BATCH_MAX:
-            # Small parts: one batch frame per daemon rather than a request per
-            # member. Members may have redefined their slot tensors since this
-            # slot's last use, and batch entries carry no layout: refresh.
-            names = [f"{slot}/{r}" for r in others]
-            parts = self.client.read_many(names, refresh=True)
-            for r, n in zip(others, names, strict=True):
-                out[r] = parts[n]
-        else:
-            # Large parts straight into their place, with no stacking copy; a
-            # read finds a redefined tensor by its layout and asks again.
-            for r in others:
-                self.client.read(f"{slot}/{r}", out[r])
+        # Each part straight into its row: one-sided where it can be, the
+        # requests to different daemons in flight together. A part redefined
+        # since this slot's last use is found by its layout (or by not fitting
+        # its row) and asked for again.
+        rows = {r: out[r : r + 1].reshape(arr.shape) for r in range(self.size)}  # 0-d too
+        self.client.read_into({f"{slot}/{r}": rows[r] for r in rows if r != root})
         return out
 
     def close(self) -> None:

@@ -235,8 +235,11 @@ async def take_turns(calls: list[Call]) -> list[Any]:
                     ready.append(queue.popleft())
                     if not queue:
                         del waiting[conn]
-            else:  # every call waits for a connection held outside this fan-out
-                await _yield(Busy(next(iter(waiting))))
+            else:
+                # Only waits: for connections whose holder went on meanwhile, or
+                # that a call outside this fan-out holds (let it go on first).
+                if all(conn.busy for conn in waiting):
+                    await _yield(Busy(next(iter(waiting))))
                 for queue in waiting.values():
                     ready.extend(queue)
                 waiting.clear()

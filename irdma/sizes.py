@@ -20,10 +20,6 @@ ZERO_COPY_MIN = 256 << 10
 # threads (``transport.direct.Copier``): one thread copying shard by shard
 # reaches about a third of one large copy's speed, two reach about all of it.
 PARALLEL_COPY_MIN = 8 << 20
-# A gather's parts below this go to the root as one batch per daemon; larger
-# parts one by one straight into their place in the result (for small parts a
-# round trip per member costs more than the stacking copy).
-GATHER_BATCH_MAX = PARALLEL_COPY_MIN
 
 
 # Over RDMA every read is one-sided (READs of the directory slot and the bytes,

@@ -126,6 +126,17 @@ def test_a_read_into_out_of_a_redefined_tensors_new_shape_reads_it(
         client.read("stale/out", np.empty(7, np.int64))
 
 
+def test_read_into_fills_each_array_and_names_a_missing_tensor(client: Client) -> None:
+    a, b = np.arange(100_000, dtype=np.float32), np.arange(7, dtype=np.int16)
+    client.write("into/a", a)
+    client.write("into/b", b)
+    outs = {"into/a": np.empty_like(a), "into/b": np.empty_like(b)}
+    client.read_into(outs)
+    assert np.array_equal(outs["into/a"], a) and np.array_equal(outs["into/b"], b)
+    with pytest.raises(irdma.TensorNotFound, match="into/none"):
+        client.read_into({"into/a": outs["into/a"], "into/none": np.empty(3)})
+
+
 def test_create_errors_and_exist_ok(client: Client) -> None:
     info = client.create("cr/a", (4, 4), np.float64)
     assert info.version == 0 and np.array_equal(client.read("cr/a"), np.zeros((4, 4)))

@@ -10,7 +10,7 @@ import numpy as np
 
 from irdma import Client
 from irdma.collectives import Group
-from irdma.sizes import GATHER_BATCH_MAX
+from irdma.sizes import PARALLEL_COPY_MIN
 
 from .conftest import Cluster
 
@@ -79,11 +79,11 @@ def run_members(config_path, name: str, size: int, body: Callable[[Group], objec
 
 
 def test_large_gathers_land_in_place_as_the_parts_change_shape(cluster: Cluster) -> None:
-    """Parts from GATHER_BATCH_MAX up are read one by one into the result; a
-    slot redefined with another shape between its uses is read as it is now
-    (the root's cached layout of it is stale), and the root's own part is
-    never pushed."""
-    n = GATHER_BATCH_MAX // 4
+    """Parts are read straight into the result (large ones copied on two
+    threads); a slot redefined with another shape between its uses is read
+    as it is now (the root's cached layout of it is stale), and the root's
+    own part is never pushed."""
+    n = PARALLEL_COPY_MIN // 4
     shapes = [(n,), (n + 1,), (2, n // 2 + 3), (n,)]  # slot 0 used with 3 shapes
     name = f"gather-{uuid.uuid4().hex[:8]}"
 

@@ -100,6 +100,23 @@ def test_take_turns_closes_the_others_when_a_call_fails() -> None:
     assert closed == ["slow"] and "answer slow" not in log
 
 
+def test_take_turns_resumes_a_waiter_whose_connection_a_nested_fan_out_freed() -> None:
+    """A connection held and let go inside a nested fan-out wakes nobody in the
+    outer one; its waiter there is resumed once nothing else can go on
+    (seen: gather's reads, each with a stat fan-out inside)."""
+    log: list[str] = []
+    a = FakeConn("a", log)
+
+    async def inner() -> list[str]:
+        return await take_turns([partial(a.request, "inner")])
+
+    out = drive(take_turns([partial(a.request, "held"), inner, partial(a.request, "waits")]))
+    assert out == ["HELD", ["INNER"], "WAITS"]
+    assert log == [
+        "send held", "answer held", "send inner", "answer inner", "send waits", "answer waits"
+    ]  # fmt: skip
+
+
 def test_take_turns_inside_a_call_passes_a_wait_for_an_outer_connection_up() -> None:
     """A fan-out inside one call of another, waiting for a connection an outer
     call holds, lets the outer fan-out read that answer first (no deadlock)."""

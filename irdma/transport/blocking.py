@@ -174,6 +174,11 @@ class BlockingConnection:
     def broken(self) -> bool:
         return self._failure is not None or self._closed
 
+    @property
+    def busy(self) -> bool:
+        """A request of this thread's fan-out is waiting for its answer on it."""
+        return self._in_flight
+
     def daemon_alive(self) -> bool:
         """No request is in flight between calls, so anything to read (an end of
         stream, an error) means the daemon went away: ask it, and find out how.
