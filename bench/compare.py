@@ -80,12 +80,13 @@ INSTALL = {
 }
 PEERS = ("limits", "redis", "irdma", "mpi", "gloo", "group")
 COLLECTIVES = ("broadcast", "gather", "allreduce")
-# irdma's collectives warm up until they have touched all the arena room they
-# cycle through: two slots, each shard of a slot in up to three blocks (the
-# current copy, the previous and one older, psd/store.py). A first touch of a
-# daemon's memory runs at about 1 GB/s on these machines, slower than a copy;
-# MPI and Gloo reuse their buffers from the first call.
-GROUP_WARMUP = 6
+# irdma's ops warm up until they have touched all the arena room they cycle
+# through: a whole-tensor write lands in a new block, so a shard may be in up
+# to three (the current copy, the previous and one older, psd/store.py), and
+# a collective uses two slots in turn. A first touch of a daemon's memory runs
+# at about 1 GB/s on these machines, slower than a copy; MPI, Gloo and Redis
+# reuse their buffers from the first call.
+ARENA_WARMUP = 6
 
 
 @dataclass
@@ -203,7 +204,7 @@ def irdma_worker(args: argparse.Namespace) -> dict[str, Any]:
             }
             try:
                 for op, fn in ops.items():
-                    times = timed_rounds(fn, nothing, size, args.rounds)
+                    times = timed_rounds(fn, nothing, size, args.rounds, ARENA_WARMUP)
                     results.append(result(op, size, times, op_latencies(fn, size)))
                     if op == "read" and not np.array_equal(out, data):
                         raise AssertionError(f"read back other bytes than written ({size} B)")
@@ -314,7 +315,7 @@ def group_worker(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 fn = partial(getattr(group, op), arr, out=outs[op])
                 try:
-                    times = timed_rounds(fn, group.barrier, size, args.rounds, GROUP_WARMUP)
+                    times = timed_rounds(fn, group.barrier, size, args.rounds, ARENA_WARMUP)
                     results.append(result(op, size, times))
                 finally:
                     group.close()
