@@ -17,7 +17,7 @@ torch.distributed (Gloo) processes. Measured, at each size:
   ``IRDMA_TRANSPORT=tcp|shm`` in a subprocess (a transport the client cannot
   give makes its rows "n/a (<error>)")
 - Redis GET / SET (redis-py, hiredis when installed)
-- MPI (OpenMPI + mpi4py) Bcast / Gather / Allreduce, Gloo broadcast / allreduce,
+- MPI (OpenMPI + mpi4py) Bcast / Gather / Allreduce, Gloo broadcast / gather / allreduce,
   and irdma's own Group broadcast / gather / allreduce, with each of --procs processes
 
 Time per op is the median over --rounds of (round time / ops in the round);
@@ -262,7 +262,7 @@ def mpi_worker(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def gloo_worker(args: argparse.Namespace) -> dict[str, Any]:
-    """broadcast / all_reduce with torch.distributed's Gloo backend on CPU."""
+    """broadcast / gather / all_reduce with torch.distributed's Gloo backend on CPU."""
     import torch
     import torch.distributed as dist
 
@@ -277,12 +277,17 @@ def gloo_worker(args: argparse.Namespace) -> dict[str, Any]:
         results = []
         for size in args.sizes:
             # all_reduce works in place: zeros stay zeros instead of growing to inf.
+            part = torch.from_numpy(float_array(size, args.rank + 1))
+            # The root's receive tensors only while gathering, as for MPI.
+            rows = [torch.empty_like(part) for _ in range(args.world)] if args.rank == 0 else None
             ops = {
                 "broadcast": partial(dist.broadcast, torch.from_numpy(float_array(size, 1)), 0),
+                "gather": partial(dist.gather, part, rows, dst=0),
                 "allreduce": partial(dist.all_reduce, torch.zeros(size // 4)),
             }
             for op, fn in ops.items():
                 results.append(result(op, size, timed_rounds(fn, dist.barrier, size, args.rounds)))
+            del ops, rows
     finally:
         dist.destroy_process_group()
     return {"results": results, "library": f"torch {torch.__version__}"}
@@ -813,7 +818,7 @@ def references(row: Row) -> list[tuple[tuple[str, str, int, int], str]]:
             refs.append((("numpy", "copy by shard", row.size, 1), "numpy copy by shard"))
         return refs
     if row.system.startswith("irdma group"):
-        peers = ("mpi",) if row.op == "gather" else ("gloo", "mpi")  # Gloo: no gather here
+        peers = ("gloo", "mpi")
         return [((peer, row.op, row.size, row.procs), peer) for peer in peers]
     return []
 
