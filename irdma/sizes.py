@@ -29,7 +29,8 @@ PARALLEL_COPY_MIN = 8 << 20
 # shard rewritten since the last read costs no wasted transfer. In the soft-RoCE
 # guest (2026-11-24, `bench/rdma_vm.sh --rounds 3`, 64 MiB of 4 MiB shards) this
 # read at 41.7-45.0 MB/s with the daemon's CPU at 0.00-0.07 of TCP's (0 or 1
-# tick of 10 ms), against 43.9 MB/s and 0.33 when pulls over 1 MiB asked it.
+# tick of 10 ms), against 43.9 MB/s and 0.33 when pulls over 1 MiB asked it;
+# at 256 MiB the daemon's CPU during such reads is what it spends idle.
 RDMA_BATCH_BYTES = 2 << 20
 
 # Over RDMA every read that asks the daemon (one-sided ones that must: a daemon
