@@ -140,17 +140,19 @@ class Group:
         contribution = arr.astype(acc, copy=False)
         shape = "x".join(map(str, arr.shape)) or "scalar"
         name = f"{self.prefix}/allreduce/{acc.name}-{shape}"
+        # np.mean of float16 returns float16 (computed in float32).
+        half_mean = op == "mean" and arr.dtype == np.float16
+        result_dtype = np.dtype(np.float16) if half_mean else acc
         if out is not None:
-            half_mean = op == "mean" and arr.dtype == np.float16
-            _check_out(out, arr.shape, np.float16 if half_mean else acc)
+            _check_out(out, arr.shape, result_dtype)
         if op == "sum":
             return self._step(name, contribution, "set", out)
         total = self._step(name, contribution, "set")
-        mean = total / self.size  # np.mean's arithmetic: the sum, then one division
-        result = mean.astype(np.float16) if arr.dtype == np.float16 else mean
+        # np.mean's arithmetic: the sum, then one division.
+        mean = (total / self.size).astype(result_dtype, copy=False)
         if out is None:
-            return result
-        out[...] = result
+            return mean
+        out[...] = mean
         return out
 
     def broadcast(
@@ -191,12 +193,12 @@ class Group:
         if self.rank != root:
             return None
         out[root] = arr
-        # Each part straight into its row: one-sided where it can be, the
-        # requests to different daemons in flight together. A part redefined
-        # since this slot's last use is found by its layout (or by not fitting
-        # its row) and asked for again.
-        rows = {r: out[r : r + 1].reshape(arr.shape) for r in range(self.size)}  # 0-d too
-        self.client.read_into({f"{slot}/{r}": rows[r] for r in rows if r != root})
+        # Each part straight into its row (a view, 0-d parts too): one-sided
+        # where it can be, the requests to different daemons in flight
+        # together. A part redefined since this slot's last use is found by its
+        # layout (or by not fitting its row) and asked for again.
+        others = [r for r in range(self.size) if r != root]
+        self.client.read_into({f"{slot}/{r}": out[r : r + 1].reshape(arr.shape) for r in others})
         return out
 
     def close(self) -> None:

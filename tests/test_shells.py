@@ -246,7 +246,7 @@ def test_a_calls_shards_are_in_flight_on_several_daemons_at_once(
             send = conn.stream.send_all
 
             async def counted(buffers, send=send, conn=conn):  # type: ignore[no-untyped-def]
-                seen.append([k._in_flight for k in conns])
+                seen.append([k.busy for k in conns])
                 return await send(buffers)
 
             conn.stream.send_all = counted  # type: ignore[method-assign]
