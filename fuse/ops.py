@@ -93,7 +93,7 @@ def fuse_errors(fn: F) -> F:
             if code in (errno.EIO, errno.ETIMEDOUT, errno.EPERM) or isinstance(
                 exc, DaemonUnavailable | ClientClosed
             ):
-                log.error("%s: %s", fn.__name__, exc)
+                log.error("%s: %s", fn.__name__, exc, exc_info=True)
             elif code == errno.EINVAL:
                 log.warning("%s: refused: %s", fn.__name__, exc)
             raise pyfuse3.FUSEError(code) from exc
@@ -751,12 +751,15 @@ class IrdmaOperations(pyfuse3.Operations):
             await event.wait()
 
     async def _rename_file(self, src: Resolved, new: str, dst: Resolved | None) -> None:
-        """Store the file's content under the new name, then drop the old name.
+        """Give the file's tensor the new name; open handles follow the file, and
+        those open on the replaced file keep it (see ``_orphan``).
 
-        A writer's pending data goes straight to the new name (its buffer is
-        the file as it will be), so write-a-temporary-then-rename costs one
-        push; a stored file is copied. Open handles follow the file; those
-        open on the replaced file keep it (see ``_orphan``).
+        A stored file is renamed on the daemons (its bytes stay where they are;
+        a writer's pending data is pushed to it first). A file never stored yet
+        (a new temporary with all its data still here) is pushed straight to
+        the new name, one push either way. A rename between a ``.npy`` and a
+        raw name changes what the bytes are, so it stores the file's bytes
+        under the new name and deletes the old one.
         """
         t = paths.parse(new)
         if t is None or t.kind != Kind.DIR:
@@ -765,7 +768,37 @@ class IrdmaOperations(pyfuse3.Operations):
         if dst is not None:
             await self._orphan(dst)
         writer = self._pending.get(src.path) or self._writer(src.path)
-        stored = src.info is not None
+        stored = src.info is not None or (
+            writer is not None and writer.outflow is not None and not writer.outflow.define
+        )
+        if stored and target.typed == src.target.typed:
+            if writer is not None:
+                await self._push(writer)  # the rest of its data, to the name it has now
+            await self._quiesce(src.target.name)  # this mount's readers have it whole
+            info = await self._c.rename(src.target.name, target.name, replace=True)
+        else:
+            info = await self._store_as(src, target, writer, stored)
+        if writer is not None:
+            writer.dirty.clear()
+            writer.redefine = False
+            writer.info = info
+            self._pending.pop(src.path, None)
+        for h in self._open_handles(src.path):
+            h.path, h.target = new, target
+            if h is not writer and h.writable:
+                h.info = info
+        snap = self._snapshots.pop(src.path, None)
+        if snap is not None:
+            snap.target_name = target.name
+            self._snapshots[new] = snap
+        self._forget_content(src.path)
+        self._forget_content(new)
+
+    async def _store_as(
+        self, src: Resolved, target: Target, writer: Handle | None, stored: bool
+    ) -> TensorInfo | None:
+        """Store the file's bytes under ``target`` and drop the old name (a rename the
+        daemons cannot do by name alone); the new tensor's info."""
         if writer is not None:
             assert writer.buf is not None
             data = writer.buf
@@ -775,26 +808,13 @@ class IrdmaOperations(pyfuse3.Operations):
         else:
             _, loaded = await load(self._c, src.target, src.info)
             data = FileBuffer.holding(loaded)
-        moved = Handle(new, target, True, buf=data, redefine=True)
+        moved = Handle(src.path, target, True, buf=data, redefine=True)
         await push(self._c, moved)
         if stored and target.name != src.target.name:
             await self._quiesce(src.target.name)
             with contextlib.suppress(TensorNotFound):
                 await self._c.delete(src.target.name)
-        if writer is not None:
-            writer.dirty.clear()
-            writer.redefine = False
-            writer.info = moved.info
-            self._pending.pop(src.path, None)
-        for h in self._open_handles(src.path):
-            h.path, h.target = new, target
-            if h is not writer and h.writable:
-                h.info = moved.info
-        snap = self._snapshots.pop(src.path, None)
-        if snap is not None:
-            self._snapshots[new] = snap
-        self._forget_content(src.path)
-        self._forget_content(new)
+        return moved.info
 
     async def _stop_outflow(self, handle: Handle) -> bool:
         """End a writer's background pushes (their errors no longer matter: the

@@ -9,10 +9,11 @@ revalidated when a daemon says the layout changed or the tensor is gone.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial, wraps
 from typing import Any, TypeVar
@@ -35,6 +36,8 @@ from .errors import (
     ShapeMismatch,
     StaleEpoch,
     StaleLayout,
+    TensorExists,
+    TensorMoved,
     TensorNotFound,
     error_for_status,
 )
@@ -59,6 +62,7 @@ from .protocol.messages import (
     Hello,
     ListTensors,
     Read,
+    Rename,
     Stat,
     Update,
     served_stamps,
@@ -84,6 +88,15 @@ from .transport.select import forced_transport, may_use_rdma
 Progress = Callable[[int], None]
 T = TypeVar("T")
 
+# Salted keys a new tensor's name may take when renamed tensors hold its own
+# (each is one more round of creates; a name needs one only while a tensor
+# renamed away from it still holds the key).
+PLACES_TRIED = 16
+# Times a request refused for a stale layout is tried again when fresh metadata
+# says the same (a rename under way), pausing this many seconds times the try.
+STALE_RETRIES = 3
+STALE_PAUSE = 0.002
+
 
 @dataclass(frozen=True, slots=True)
 class TensorInfo:
@@ -99,10 +112,14 @@ class TensorInfo:
     mtime: float
     ctime: float
     options: dict[str, Any] = field(default_factory=dict)
+    # The key its shards are placed by when not its name's (it was renamed).
+    place: int = 0
 
     @property
     def meta(self) -> TensorMeta:
-        return TensorMeta(self.name, self.dtype, self.shape, self.shard_size, self.options)
+        return TensorMeta(
+            self.name, self.dtype, self.shape, self.shard_size, self.options, place=self.place
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -384,16 +401,34 @@ class AsyncClient:
             shard_size or self.config.shard_size,
             dict(options or {}) | (mode.to_options() if mode is not None else {}),
         )
-        nodes = self._nodes_holding(meta)
+        for salt in range(1, PLACES_TRIED + 1):
+            try:
+                return await self._create_at(meta, exist_ok=exist_ok, replace=replace)
+            except TensorMoved:
+                # Renamed tensors keep their keys: this name is held under another
+                # key (then that tensor is the one to keep, refuse or replace), or
+                # this key under another name (then the name takes a salted key).
+                found = await self._find(name)
+                if found is not None and found.key != meta.key:
+                    meta = dataclasses.replace(meta, place=found.key)
+                elif found is None:
+                    meta = dataclasses.replace(meta, place=tensor_key(name, salt))
+        raise TensorExists(f"no free key for tensor {name!r} after {PLACES_TRIED} tries")
+
+    async def _create_at(self, meta: TensorMeta, *, exist_ok: bool, replace: bool) -> TensorInfo:
+        """``create`` at the key ``meta`` names; TensorMoved if a daemon holds its name
+        under another key or its key under another name."""
+        name = meta.name
+        holders = self._nodes_holding(meta)
         body = encode_json(meta.to_dict())
         exclusive = not exist_ok and not replace
         created_on: list[Node] = []
         results: list[dict[str, Any]] = []
 
         async def on_every_daemon(create: Create) -> None:
-            """Send ``create`` to every daemon holding a shard; raise the first refusal
-            once all have answered (one must not cancel the others' answers, or
-            what they created is never undone)."""
+            """Send ``create`` to every daemon (those holding no shard of it only check
+            the name); raise the first refusal once all have answered (one must not
+            cancel the others' answers, or what they created is never undone)."""
             header = create.frame(len(body))
             refused: list[Exception] = []
 
@@ -401,7 +436,7 @@ class AsyncClient:
                 try:
                     reply = await self._request(node, header, [body])
                 except DaemonUnavailable as exc:
-                    if not self.replicated:
+                    if not self.replicated and node in holders:
                         refused.append(exc)
                     return  # with replicas it gets the tensor from one when it is back
                 except Exception as exc:
@@ -410,12 +445,13 @@ class AsyncClient:
                 info = decode_json(reply.data)
                 if info.get("created"):
                     created_on.append(node)
-                if not create.check:
+                if not create.check and info.get("placed", True):
                     results.append(info)
 
-            await self._gather(partial(create_on, n) for n in nodes)
+            await self._gather(partial(create_on, n) for n in self.config.nodes)
             if refused:
-                raise refused[0]
+                moved = [e for e in refused if isinstance(e, TensorMoved)]
+                raise (moved or refused)[0]
 
         if replace:
             # A replace changes nothing until every daemon says it can take the
@@ -431,24 +467,27 @@ class AsyncClient:
             with self._shell.shielded():
                 for node in created_on:
                     with contextlib.suppress(Exception):
-                        await self._request(node, Delete(meta.key).frame())
+                        await self._request(node, *_delete_frame(meta.key, name))
             raise
         if replace and created_on:
             # A redefinition with fewer shards (or another shard size) leaves
             # the old tensor on daemons that hold none of the new shards.
-            await self._drop_elsewhere(meta.key, nodes)
+            await self._drop_elsewhere(meta.key, name, holders)
+        # A tensor kept as it was may be placed by another key than asked for.
+        meta = TensorMeta.from_dict(results[0]["meta"]) if results else meta
         self._meta[name] = meta
         # Versions start again with a new layout: what this client saw of
         # the old one says nothing about the new.
         self._router.forget(meta.key)
         return self._info_from([r for r in results if r], meta)
 
-    async def _drop_elsewhere(self, key: int, holders: Sequence[Node]) -> None:
-        """Delete tensor ``key`` on every daemon not in ``holders`` (best effort)."""
+    async def _drop_elsewhere(self, key: int, name: str, holders: Sequence[Node]) -> None:
+        """Delete tensor ``name`` at ``key`` on every daemon not in ``holders`` (best
+        effort)."""
 
         async def drop_on(node: Node) -> None:
             with contextlib.suppress(TensorNotFound, DaemonUnavailable):
-                await self._request(node, Delete(key).frame())
+                await self._request(node, *_delete_frame(key, name))
 
         keep = {n.name for n in holders}
         await self._gather(partial(drop_on, n) for n in self.config.nodes if n.name not in keep)
@@ -468,35 +507,77 @@ class AsyncClient:
             mtime=max((float(r.get("mtime", 0.0)) for r in records), default=0.0),
             ctime=min((float(r.get("ctime", 0.0)) for r in records), default=0.0),
             options=meta.options,
+            place=meta.place,
         )
 
     @_epoch_rerouted
     async def stat(self, name: str) -> TensorInfo:
         """Metadata and version of a tensor; raises TensorNotFound."""
         validate_name(name)
-        key = tensor_key(name)
         try:
-            reply = await self._router.on_replicas(key, 0, Stat(key), update=False, track=False)
+            rec = await self._locate(name)
         except TensorNotFound:
             self._meta.pop(name, None)
             raise TensorNotFound(f"no tensor named {name!r}") from None
-        rec = decode_json(reply.data)
         meta = TensorMeta.from_dict(rec["meta"])
         others = [n for n in self._nodes_holding(meta) if n.name != rec.get("node")]
 
         async def stat_on(node: Node) -> dict[str, Any]:
             try:
-                r = await self._request(node, Stat(key).frame())
-            except (DaemonUnavailable, TensorNotFound):
+                r = await self._request(node, Stat(meta.key).frame())
+            except TensorNotFound:
+                # Not caught up yet (the other replicas answer), or deleted since
+                # (a read with this metadata then finds out and asks again).
+                return {}
+            except DaemonUnavailable:
                 if not self.replicated:
                     raise
-                return {}  # down, or not caught up yet: the other replicas answer
-            return decode_json(r.data)
+                return {}  # down: the other replicas answer
+            got = decode_json(r.data)
+            # A daemon a rename has not reached yet still has it under the old name.
+            return got if got["meta"]["name"] == name else {}
 
         records = [rec, *await self._gather(partial(stat_on, n) for n in others)]
         records = [r for r in records if r]
         self._meta[name] = meta
         return self._info_from(records, meta)
+
+    async def _locate(self, name: str) -> dict[str, Any]:
+        """One daemon's stat record of the tensor called ``name``; TensorNotFound.
+
+        Asked first where the name's own key places it; a tensor renamed to
+        the name (it kept its key) or placed by a salted key is then looked
+        for by name on every daemon.
+        """
+        key = tensor_key(name)
+        try:
+            reply = await self._router.on_replicas(key, 0, Stat(key), update=False, track=False)
+        except TensorNotFound:
+            pass
+        else:
+            rec = decode_json(reply.data)
+            if rec["meta"]["name"] == name:
+                return rec
+        raw = name.encode()
+
+        async def find_on(node: Node) -> dict[str, Any]:
+            try:
+                r = await self._request(node, Stat(0).frame(len(raw)), [raw])
+            except (TensorNotFound, DaemonUnavailable):
+                return {}  # a daemon that is down holds nothing it alone could tell
+            return decode_json(r.data)
+
+        found = [r for r in await self._gather(partial(find_on, n) for n in self.config.nodes) if r]
+        if not found:
+            raise TensorNotFound(f"no tensor named {name!r}")
+        return found[0]
+
+    async def _find(self, name: str) -> TensorMeta | None:
+        """The metadata of the tensor called ``name`` as stored now, or None."""
+        try:
+            return TensorMeta.from_dict((await self._locate(name))["meta"])
+        except TensorNotFound:
+            return None
 
     @_epoch_rerouted
     async def list(self, prefix: str = "") -> list[TensorInfo]:
@@ -526,12 +607,21 @@ class AsyncClient:
     async def delete(self, name: str) -> None:
         """Delete a tensor from every daemon; raises TensorNotFound if none had it."""
         validate_name(name)
-        key = tensor_key(name)
-        self._meta.pop(name, None)
+        cached = self._meta.pop(name, None)
+        key = cached.key if cached is not None else tensor_key(name)
+        if not await self._delete_at(key, name):
+            found = await self._find(name)  # renamed to this name, or at a salted key
+            if found is None or not await self._delete_at(found.key, name):
+                raise TensorNotFound(f"no tensor named {name!r}")
+            key = found.key
+        self._router.forget(key)
+
+    async def _delete_at(self, key: int, name: str) -> bool:
+        """Delete tensor ``name`` at ``key`` from every daemon; whether any had it."""
 
         async def delete_on(node: Node) -> bool:
             try:
-                await self._request(node, Delete(key).frame())
+                await self._request(node, *_delete_frame(key, name))
             except TensorNotFound:
                 return False
             except DaemonUnavailable:
@@ -540,10 +630,64 @@ class AsyncClient:
                 return False  # it learns of the delete from a replica when it is back
             return True
 
-        found = await self._gather(partial(delete_on, n) for n in self.config.nodes)
-        self._router.forget(key)
-        if not any(found):
-            raise TensorNotFound(f"no tensor named {name!r}")
+        return any(await self._gather(partial(delete_on, n) for n in self.config.nodes))
+
+    @_epoch_rerouted
+    async def rename(self, old: str, new: str, *, replace: bool = False) -> TensorInfo:
+        """Give tensor ``old`` the name ``new``; its bytes do not move.
+
+        A metadata step on the daemons: the tensor keeps the key its shards
+        are placed by, so a rename costs a round trip, not a copy. Raises
+        TensorNotFound if ``old`` does not exist, TensorExists if ``new``
+        does (unless ``replace``: then ``new``'s old tensor is deleted once
+        the name is ``old``'s, so a reader of ``new`` finds the one or the
+        other, whole). Readers still holding ``old`` are told it is stale
+        (``StaleLayout``, then TensorNotFound), as after a delete.
+        """
+        validate_name(old)
+        validate_name(new)
+        src = await self._find(old)
+        if src is None:
+            raise TensorNotFound(f"no tensor named {old!r}")
+        if new == old:
+            return await self.stat(old)
+        dst = await self._find(new)
+        if dst is not None and not replace:
+            raise TensorExists(f"tensor {new!r} exists (pass replace=True to replace it)")
+        body = encode_json({"from": old, "to": new})
+        holders = self._nodes_holding(src)
+        records: list[dict[str, Any]] = []
+        failed: list[Exception] = []
+
+        async def rename_on(node: Node) -> None:
+            try:
+                reply = await self._request(node, Rename(src.key).frame(len(body)), [body])
+            except TensorNotFound:
+                return
+            except DaemonUnavailable as exc:
+                if not self.replicated and node in holders:
+                    failed.append(exc)
+                return  # with replicas it catches up from one (the rename bumps versions)
+            except Exception as exc:
+                failed.append(exc)
+                return
+            records.append(decode_json(reply.data))
+
+        await self._gather(partial(rename_on, n) for n in self.config.nodes)
+        self._meta.pop(old, None)
+        self._meta.pop(new, None)
+        if failed:
+            # Some daemons have the new name and some the old: renaming again
+            # once they answer finishes it (each daemon renames what it holds).
+            raise failed[0]
+        if not records:
+            raise TensorNotFound(f"no tensor named {old!r}")
+        if dst is not None:
+            await self._delete_at(dst.key, new)
+            self._router.forget(dst.key)
+        meta = TensorMeta.from_dict(records[0]["meta"])
+        self._meta[new] = meta
+        return self._info_from(records, meta)
 
     async def _meta_for(self, name: str) -> TensorMeta:
         meta = self._meta.get(name)
@@ -554,14 +698,31 @@ class AsyncClient:
     # -- data ---------------------------------------------------------------
 
     async def _with_fresh_meta(self, name: str, fn: Callable[[TensorMeta], Any]) -> Any:
-        """Run ``fn(meta)``; if the cached layout was stale, refresh it and run once more."""
+        """Run ``fn(meta)``; if the cached layout was stale, refresh it and run again.
+
+        Again for as long as each refresh finds another tensor under the name
+        (saved over by a rename while this was reading: the next one may be
+        read whole), within the client timeout. And a few times when it finds
+        the same: a rename reaches the daemons one by one, so a reader may learn
+        the new layout from one a moment before another has it.
+        """
         meta = await self._meta_for(name)
-        try:
-            return await fn(meta)
-        except (StaleLayout, TensorNotFound):
-            self._meta.pop(name, None)
-            fresh = (await self.stat(name)).meta
-            return await fn(fresh)
+        deadline = self._router.now() + self.timeout
+        same = 0
+        while True:
+            try:
+                return await fn(meta)
+            except (StaleLayout, TensorNotFound):
+                self._meta.pop(name, None)
+                fresh = (await self.stat(name)).meta
+                if (fresh.key, fresh.layout) == (meta.key, meta.layout):
+                    same += 1
+                    if same > STALE_RETRIES:
+                        raise
+                    await self._router.sleep(STALE_PAUSE * same)
+                elif self._router.now() > deadline:
+                    raise
+                meta = fresh
 
     async def _move(
         self,
@@ -695,7 +856,10 @@ class AsyncClient:
         if len(pieces) == 1:  # most small requests: no fan-out to set up
             served = [await one(pieces[0])]
         else:
-            served = await self._gather(partial(one, p) for p in pieces)
+            served = await self._gather(partial(_refusal_kept, one, p) for p in pieces)
+            refused = [s for s in served if isinstance(s, DaemonError)]
+            if refused:
+                raise refused[0]
         if stamp:
             # Read-your-writes for the whole write, and the floor for reads of
             # kept copies of older writes (with one replica too).
@@ -1105,6 +1269,22 @@ class AsyncClient:
         await self._batches.run(Op.ACCUMULATE_BATCH, items, alpha, worker, step, wire=code)
 
 
+async def _refusal_kept(one: Callable[[Piece], Awaitable[Served]], p: Piece) -> Any:
+    """``one(p)``, or the daemon's refusal of it as a value: a refused piece (a stale
+    layout, say) must not cancel its siblings, whose connections (shared with
+    the client's other calls) a cancelled request would have to drop."""
+    try:
+        return await one(p)
+    except DaemonError as exc:
+        return exc
+
+
+def _delete_frame(key: int, name: str) -> tuple[Header, list[bytes]]:
+    """A DELETE of tensor ``name`` at ``key`` (not of another renamed to it since)."""
+    raw = name.encode()
+    return Delete(key).frame(len(raw)), [raw]
+
+
 def _merged_version(records: list[dict[str, Any]]) -> int:
     """A tensor's version: the sum over its shards of the newest replica's version."""
     shards: dict[str, int] = {}
@@ -1330,6 +1510,10 @@ class Client:
     def delete(self, name: str) -> None:
         """See AsyncClient.delete."""
         return self._call(self._client.delete, name)
+
+    def rename(self, old: str, new: str, *, replace: bool = False) -> TensorInfo:
+        """See AsyncClient.rename."""
+        return self._call(self._client.rename, old, new, replace=replace)
 
     def read_into(self, outs: Mapping[str, np.ndarray]) -> None:
         """See AsyncClient.read_into."""

@@ -77,6 +77,15 @@ class TensorExists(DaemonError):
     status = Status.EXISTS
 
 
+class TensorMoved(TensorExists):
+    """A create met its name held under another key, or its key under another
+    name (a tensor was renamed). ``AsyncClient.create`` handles it (finds the
+    tensor by name, or takes another key); it reaches a caller only when no
+    free key was found."""
+
+    status = Status.MOVED
+
+
 class DtypeMismatch(DaemonError, TypeError):
     status = Status.DTYPE_MISMATCH
 
@@ -201,6 +210,7 @@ _BY_STATUS: dict[int, type[DaemonError]] = {
     Status.BAD_ARGUMENT: BadRequest,
     Status.NOT_FOUND: TensorNotFound,
     Status.EXISTS: TensorExists,
+    Status.MOVED: TensorMoved,
     Status.DTYPE_MISMATCH: DtypeMismatch,
     Status.SHAPE_MISMATCH: ShapeMismatch,
     Status.OUT_OF_RANGE: OutOfRange,

@@ -27,7 +27,7 @@ from .client import AsyncClient
 from .cluster import Address, ClusterConfig, Node
 from .errors import IrdmaError
 from .etcd import EtcdError
-from .protocol import tensor_key
+from .protocol import TensorMeta
 from .registry import ClusterState, Registry
 from .supervisor import FAILED, RESTARTING, STOPPED, DaemonRecord
 
@@ -157,14 +157,14 @@ def replica_skew(
     the daemon's version is lower than the highest any daemon reported, or
     when placement gives the daemon a copy it does not have.
     """
-    newest: dict[tuple[str, int], int] = {}
-    held: dict[str, dict[tuple[str, int], int]] = {}
+    newest: dict[tuple[int, int], int] = {}
+    held: dict[str, dict[tuple[int, int], int]] = {}
     for node, records in holdings.items():
         mine = held[node] = {}
         for rec in records:
-            name = rec["meta"]["name"]
+            key = TensorMeta.key_of(rec["meta"])  # a renamed tensor's is not its name's
             for index, version in rec["shards"].items():
-                shard = (name, int(index))
+                shard = (key, int(index))
                 mine[shard] = version
                 if version > newest.get(shard, -1):
                     newest[shard] = version
@@ -174,7 +174,7 @@ def replica_skew(
         for shard, version in newest.items():
             have = mine.get(shard)
             if have is None:
-                behind += config.holds(node, tensor_key(shard[0]), shard[1])
+                behind += config.holds(node, shard[0], shard[1])
             else:
                 behind += have < version
         out[node] = behind

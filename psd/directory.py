@@ -69,6 +69,13 @@ class Directory:
         if slot >= 0:
             self.table[slot, SEQ] += 1
 
+    def relabel(self, slot: int, layout: int) -> None:
+        """The slot's shard has another layout fingerprint now (its tensor was
+        renamed); call between ``begin`` and ``publish``."""
+        if slot >= 0:
+            assert self.table[slot, SEQ] & 1, "relabel outside begin/publish"
+            self.table[slot, LAYOUT] = layout
+
     def settle(self, slot: int) -> None:
         """End a change begun with ``begin`` that did not happen (seq even again)."""
         if slot >= 0 and self.table[slot, SEQ] & 1:

@@ -6,11 +6,29 @@ from __future__ import annotations
 import logging
 
 from irdma.cluster import ClusterConfig, Node
-from irdma.protocol import MAX_META_PAYLOAD, MAX_NAME_BYTES, Header, Status, TensorMeta, encode_json
-from irdma.protocol.messages import Auth, Create, Delete, Hello, ListTensors, RdmaConnect, Stat
+from irdma.protocol import (
+    MAX_META_PAYLOAD,
+    MAX_NAME_BYTES,
+    RENAME_KEYS,
+    Header,
+    Status,
+    TensorMeta,
+    encode_json,
+    validate_name,
+)
+from irdma.protocol.messages import (
+    Auth,
+    Create,
+    Delete,
+    Hello,
+    ListTensors,
+    RdmaConnect,
+    Rename,
+    Stat,
+)
 from irdma.transport.verbs import VerbsError
 
-from .conn import Conn, Replies, no_payload, payload_json
+from .conn import Conn, Replies, payload_json
 from .membership import Membership
 from .rdma import ConnectRequest, RdmaService
 from .state import StateReader
@@ -63,7 +81,13 @@ class MetaOps:
         except ValueError as exc:
             raise StoreError(Status.BAD_ARGUMENT, f"bad tensor metadata: {exc}") from None
         if meta.key != msg.key:
-            raise StoreError(Status.BAD_ARGUMENT, "header key does not match the tensor name")
+            raise StoreError(Status.BAD_ARGUMENT, "header key does not match the tensor's key")
+        # Every daemon is asked, so one holding the name under another key
+        # (renamed to it) says so even where it holds none of this key's shards.
+        self.store.check_moved(meta)
+        if not self.store.owns_any(meta):
+            await self.replies.reply(conn, header, [encode_json({"placed": False})])
+            return
         if msg.check:
             self.store.check_create(meta, replace=msg.replace, exclusive=msg.exclusive)
             await self.replies.reply(conn, header, [encode_json({"fits": True})])
@@ -73,13 +97,27 @@ class MetaOps:
         await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)
 
     async def delete(self, conn: Conn, header: Header, msg: Delete) -> None:
-        no_payload(conn, msg)
-        self.store.delete(msg.key)
+        name = await _payload_name(conn) if conn.payload.left else None
+        self.store.delete(msg.key, name)
         await self.replies.reply(conn, header, [])
 
     async def stat(self, conn: Conn, header: Header, msg: Stat) -> None:
-        no_payload(conn, msg)
-        tensor = self.store.get(msg.key)
+        if conn.payload.left:
+            tensor = self.store.named(await _payload_name(conn))
+        else:
+            tensor = self.store.get(msg.key)
+        info = self.store.info(tensor) | {"node": self.node.name}
+        await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)
+
+    async def rename(self, conn: Conn, header: Header, msg: Rename) -> None:
+        body = await payload_json(conn)
+        if not isinstance(body, dict) or set(body) != set(RENAME_KEYS):
+            raise StoreError(Status.BAD_ARGUMENT, f"rename takes JSON keys {list(RENAME_KEYS)}")
+        try:
+            old, new = (validate_name(body[k]) for k in RENAME_KEYS)
+        except ValueError as exc:
+            raise StoreError(Status.BAD_ARGUMENT, f"rename: {exc}") from None
+        tensor = self.store.rename(msg.key, old, new)
         info = self.store.info(tensor) | {"node": self.node.name}
         await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)
 
@@ -125,3 +163,14 @@ class MetaOps:
         raise StoreError(Status.AUTH_FAILED, "this connection is authenticated already")
 
     # One handler per message kind (irdma.protocol.messages).
+
+
+async def _payload_name(conn: Conn) -> str:
+    """A request's payload that is a tensor name (UTF-8)."""
+    if conn.payload.left > MAX_NAME_BYTES:
+        raise StoreError(Status.BAD_ARGUMENT, "tensor name is too long")
+    raw = await conn.payload.read_bytes(conn.payload.left)
+    try:
+        return validate_name(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise StoreError(Status.BAD_ARGUMENT, f"bad tensor name: {exc}") from None

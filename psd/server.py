@@ -50,6 +50,7 @@ from irdma.protocol.messages import (
     Read,
     ReadBatch,
     Release,
+    Rename,
     ReplicaUpdate,
     ShardCopy,
     Stat,
@@ -151,6 +152,7 @@ class Server:
             Delete: meta.delete,
             ListTensors: meta.list,
             Stat: meta.stat,
+            Rename: meta.rename,
             RdmaConnect: meta.rdma_connect,
             Read: data.read,
             Update: data.update,
@@ -341,7 +343,9 @@ class Server:
 
 
 # Client requests routed by placement: with etcd they must carry the daemon's epoch.
-_ROUTED = frozenset({Read, Update, ReadBatch, UpdateBatch, Stat, Create, Delete, ListTensors})
+_ROUTED = frozenset(
+    {Read, Update, ReadBatch, UpdateBatch, Stat, Create, Delete, Rename, ListTensors}
+)
 
 
 def _peer_name(peer: object) -> str:

@@ -231,6 +231,8 @@ class Store:
         self.owns = owns
         self.clock = clock
         self.tensors: dict[int, Tensor] = {}
+        # Each tensor's key by its name (a renamed tensor's key is not its name's).
+        self.keys: dict[str, int] = {}
         # With replicas, every update applied here as a primary is recorded
         # for the replicator, which forwards it to the backups in this order.
         self.replicated = replicated
@@ -348,7 +350,57 @@ class Store:
         coord = None if mode.kind == "async" else Coordinator(meta.name, mode, list(shards))
         tensor = Tensor(meta, shards, coord=coord)
         self.tensors[key] = tensor
+        self.keys[meta.name] = key
         return tensor, True
+
+    def check_moved(self, meta: TensorMeta) -> None:
+        """Refuse (MOVED) a client's create of ``meta`` where its name is held here
+        under another key, or its key under another name: the client then finds
+        the tensor by name and creates at the key it has (or at a free one)."""
+        elsewhere = self.keys.get(meta.name)
+        if elsewhere is not None and elsewhere != meta.key:
+            raise StoreError(
+                Status.MOVED, f"tensor {meta.name!r} is placed by key {elsewhere:#018x} here"
+            )
+        there = self.tensors.get(meta.key)
+        if there is not None and there.meta.name != meta.name:
+            raise StoreError(
+                Status.MOVED,
+                f"key {meta.key:#018x} of {meta.name!r} holds tensor {there.meta.name!r} here",
+            )
+
+    def owns_any(self, meta: TensorMeta) -> bool:
+        """Whether this daemon is placed to hold some shard of ``meta``."""
+        return any(self.owns(meta.key, i) for i in range(meta.num_shards))
+
+    def rename(self, key: int, old: str, new: str) -> Tensor:
+        """Give the tensor at ``key`` called ``old`` the name ``new``; its shards stay.
+
+        Each local shard's version goes up by one, so a replica that missed
+        the rename (down meanwhile) is behind and gets the shard whole, with
+        the new name, when it catches up. The layout fingerprint covers the
+        name, so a reader still holding the old name's layout (one-sided,
+        through the directory, or asking) is told it is stale.
+        """
+        tensor = self.tensors.get(key)
+        if tensor is None or tensor.meta.name != old:
+            raise StoreError(Status.NOT_FOUND, f"no tensor {old!r} at key {key:#018x} here")
+        if new == old:
+            return tensor
+        was = tensor.meta
+        meta = TensorMeta(new, was.dtype, was.shape, was.shard_size, was.options, place=key)
+        tensor.meta = meta
+        if tensor.coord is not None:
+            tensor.coord.name = new
+        if self.keys.get(old) == key:
+            del self.keys[old]
+        self.keys[new] = key
+        for shard in tensor.shards.values():
+            self.directory.begin(shard.slot)
+            self.directory.relabel(shard.slot, meta.layout)
+            shard.version += 1
+            self.publish(shard)
+        return tensor
 
     def check_create(
         self, meta: TensorMeta, *, replace: bool = False, exclusive: bool = False
@@ -379,8 +431,8 @@ class Store:
             return mode, None, False
         if old.meta.name != meta.name:
             raise StoreError(
-                Status.EXISTS,
-                f"tensor key of {meta.name!r} collides with {old.meta.name!r}; rename one",
+                Status.MOVED,
+                f"key {meta.key:#018x} of {meta.name!r} holds tensor {old.meta.name!r} here",
             )
         if exclusive:
             raise StoreError(Status.EXISTS, f"tensor {meta.name!r} exists")
@@ -427,10 +479,15 @@ class Store:
             raise
         return shards
 
-    def delete(self, key: int) -> TensorMeta:
-        tensor = self.tensors.pop(key, None)
-        if tensor is None:
-            raise StoreError(Status.NOT_FOUND, f"no tensor with key {key:#018x} here")
+    def delete(self, key: int, name: str | None = None) -> TensorMeta:
+        """Delete the tensor at ``key`` (only if it is called ``name``, when given)."""
+        tensor = self.tensors.get(key)
+        if tensor is None or (name is not None and tensor.meta.name != name):
+            what = f"tensor {name!r}" if name is not None else "tensor"
+            raise StoreError(Status.NOT_FOUND, f"no {what} with key {key:#018x} here")
+        del self.tensors[key]
+        if self.keys.get(tensor.meta.name) == key:
+            del self.keys[tensor.meta.name]
         self._drop(tensor)
         return tensor.meta
 
@@ -460,6 +517,14 @@ class Store:
                 f"tensor {tensor.meta.name!r} was redefined: now {tensor.meta.dtype} "
                 f"{tensor.meta.shape}",
             )
+        return tensor
+
+    def named(self, name: str) -> Tensor:
+        """The tensor called ``name`` here, whatever its key."""
+        key = self.keys.get(name)
+        tensor = self.tensors.get(key) if key is not None else None
+        if tensor is None or tensor.meta.name != name:
+            raise StoreError(Status.NOT_FOUND, f"no tensor {name!r} here")
         return tensor
 
     def info(self, tensor: Tensor) -> dict[str, Any]:
@@ -834,7 +899,11 @@ class Store:
                 f"got {data.nbytes}",
             )
         tensor = self.tensors.get(meta.key)
-        if tensor is None or not tensor.meta.same_layout(meta) or tensor.meta.name != meta.name:
+        if tensor is not None and tensor.meta.name != meta.name:
+            # Renamed while this copy was away: the primary's is the tensor now.
+            self.delete(meta.key)
+            tensor = None
+        if tensor is None or not tensor.meta.same_layout(meta):
             tensor, _ = self.create(meta, replace=True)
         shard = tensor.shards.get(index)
         if shard is None:  # placed here since the tensor was (a move): make room for it

@@ -30,7 +30,7 @@ import trio
 from irdma import Client
 from irdma.client import AsyncClient
 from irdma.errors import IrdmaError
-from irdma.protocol import Header, Op, tensor_key
+from irdma.protocol import Header, Op
 from irdma.sinks import IntoSink
 
 
@@ -68,7 +68,7 @@ async def _replicas(args: argparse.Namespace) -> dict[str, dict[str, list]]:
     async with AsyncClient(args.config) as client:
         info = await client.stat(args.tensor)
         meta = info.meta
-        key = tensor_key(args.tensor)
+        key = meta.key  # not the name's own once renamed
         for index in range(meta.num_shards):
             _, nbytes = meta.shard_span(index)
             copies: dict[str, list] = {}
@@ -210,6 +210,25 @@ def write(args: argparse.Namespace) -> None:
     print(json.dumps({"ok": True}))
 
 
+async def _holdings(args: argparse.Namespace) -> dict[str, list[str]]:
+    async with AsyncClient(args.config) as client:
+        return {
+            node.name: sorted(r["meta"]["name"] for r in await client.holdings(node, args.prefix))
+            for node in client.config.nodes
+        }
+
+
+def holdings(args: argparse.Namespace) -> None:
+    """The names of the tensors each daemon holds shards of, under a prefix."""
+    print(json.dumps(trio.run(_holdings, args)))
+
+
+def rename(args: argparse.Namespace) -> None:
+    with Client(args.config) as client:
+        client.rename(args.tensor, args.to, replace=True)
+    print(json.dumps({"ok": True}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -251,10 +270,19 @@ def main() -> None:
     wr.add_argument("--tensor", required=True)
     wr.add_argument("--count", type=int, required=True)
     wr.add_argument("--value", type=float, required=True)
+    hd = sub.add_parser("holdings")
+    hd.add_argument("--config", required=True)
+    hd.add_argument("--prefix", default="")
+    rn = sub.add_parser("rename")
+    rn.add_argument("--config", required=True)
+    rn.add_argument("--tensor", required=True)
+    rn.add_argument("--to", required=True)
     args = parser.parse_args()
     commands = {
         "accumulate": accumulate,
         "replicas": replicas,
+        "rename": rename,
+        "holdings": holdings,
         "training": training,
         "wait-ready": wait_ready,
         "wait-quorum": wait_quorum,

@@ -307,3 +307,26 @@ def test_previous_copies_give_their_room_back_when_the_arena_needs_it(store: Sto
     with pytest.raises(StoreError):
         store.copy_for(shard, UNSTAMPED)
     assert store.copy_for(shard, 0xA0)[0] is shard.block
+
+
+# -- rename ------------------------------------------------------------------
+
+
+def test_a_rename_relabels_the_slots_so_a_reader_of_the_old_name_is_refused(
+    store: Store,
+) -> None:
+    old = meta("d/a", 2 * SHARD // 4)
+    store.create(old)
+    data = np.arange(SHARD // 4, dtype=np.float32)
+    version = apply(store, old, 0, data)
+    out = np.empty(SHARD, dtype=np.uint8)
+    assert reader(store).read(old.key, old.layout, 0, 0, out) is not None
+    renamed = store.rename(old.key, "d/a", "d/b").meta
+    assert renamed.key == old.key and renamed.layout != old.layout
+    # The old name's layout finds nothing; the new one finds the same bytes, one
+    # version on (a replica that missed the rename is behind).
+    assert reader(store).read(old.key, old.layout, 0, 0, out) is None
+    got = reader(store).read(renamed.key, renamed.layout, 0, 0, out)
+    assert got is not None and got[0] == version + 1
+    assert np.array_equal(out.view(np.float32), data)
+    assert store.directory.table[store.tensors[old.key].shards[0].slot, SEQ] % 2 == 0

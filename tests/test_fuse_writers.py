@@ -6,12 +6,14 @@ import errno
 import io
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 from numpy.lib import format as npformat
 
+import irdma
 from irdma import Client
 
 from .conftest import Cluster
@@ -100,6 +102,72 @@ def test_rename_of_a_stored_file_with_unsaved_changes(cluster: Cluster, mount: P
     x[5] = -1
     assert np.array_equal(np.load(d / "b.npy"), x)
     assert sorted(os.listdir(d)) == ["b.npy"]
+
+
+@pytest.mark.parametrize("name", ["w.npy", "ckpt.pt"], ids=["npy", "raw"])
+def test_rename_of_a_stored_file_moves_no_bytes(cluster: Cluster, mount: Path, name: str) -> None:
+    """``mv`` of a stored file is a rename on the daemons: the same tensor (created
+    when it was, each shard one version on), not a copy under the new name."""
+    d = mount / f"ren-stored-{name}"
+    d.mkdir()
+    x = np.random.default_rng(3).random(3 << 18, dtype=np.float32)  # 3 MiB: 48 shards
+    if name.endswith(".npy"):
+        np.save(d / name, x)
+    else:
+        (d / name).write_bytes(x.tobytes())
+    tensor = f"{d.name}/{name.removesuffix('.npy')}"
+    with Client(cluster.config_path) as c:
+        before = c.stat(tensor)
+        os.rename(d / name, d / f"moved-{name}")
+        after = c.stat(f"{d.name}/moved-{name.removesuffix('.npy')}")
+        assert after.ctime == before.ctime
+        assert after.version == before.version + before.num_shards
+        with pytest.raises(irdma.TensorNotFound):
+            c.stat(tensor)
+    assert sorted(os.listdir(d)) == [f"moved-{name}"]
+    if name.endswith(".npy"):
+        assert np.array_equal(np.load(d / f"moved-{name}"), x)
+    else:
+        assert (d / f"moved-{name}").read_bytes() == x.tobytes()
+
+
+def test_a_client_reading_the_target_of_atomic_saves_sees_each_save_whole(
+    cluster: Cluster, mount: Path
+) -> None:
+    """Saves through the mount (write a temporary, rename it over the target) while
+    a client elsewhere reads the target: every read is one save, whole."""
+    d = mount / "ren-client-race"
+    d.mkdir()
+    # 12 MiB: the temporary is pushed while written, so the rename is the daemons'.
+    n = 3 << 20
+    np.save(d / "w.npy", np.zeros(n, np.float32))
+    seen: list[float] = []
+    failures: list[str] = []
+    done = threading.Event()
+
+    def read_until_done() -> None:
+        with Client(cluster.config_path) as reader:
+            while not done.is_set() and len(seen) < 10_000:
+                try:
+                    got = reader.read(f"{d.name}/w")
+                except Exception as exc:  # reported below
+                    failures.append(f"read {len(seen)}: {type(exc).__name__}: {exc}")
+                    return
+                if not (got == got[0]).all():
+                    failures.append(f"a mix of {sorted(set(got.tolist()))[:4]}")
+                seen.append(float(got[0]))
+
+    thread = threading.Thread(target=read_until_done)
+    thread.start()
+    try:
+        for k in range(1, 11):
+            atomic_save(d / "w.npy", npy_bytes(np.full(n, k, np.float32)))
+    finally:
+        done.set()
+        thread.join(60)
+    assert not failures, failures[:3]
+    assert len(set(seen)) >= 3, sorted(set(seen))  # the race happened
+    assert np.array_equal(np.load(d / "w.npy"), np.full(n, 10, np.float32))
 
 
 def test_reader_of_the_target_sees_old_or_new_whole(mount: Path) -> None:

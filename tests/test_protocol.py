@@ -502,9 +502,12 @@ def test_layout_changes_with_each_field() -> None:
     assert len(layouts) == 1 + len(variants)
     for v in variants:
         assert not base.same_layout(v)
-    # Name and options are not part of the layout.
-    same = TensorMeta("other/name", "float32", (4, 6), 16, {"x": 1})
-    assert same.layout == base.layout
+    # Options are not part of the layout. The name is (a reader holding a
+    # renamed tensor's old name must be told it is stale), yet the same dtype,
+    # shape and shard size under another name is the same layout to a create.
+    assert TensorMeta("t", "float32", (4, 6), 16, {"x": 1}).layout == base.layout
+    same = TensorMeta("other/name", "float32", (4, 6), 16, {"x": 1}, place=base.key)
+    assert same.layout != base.layout and same.key == base.key
     assert base.same_layout(same)
 
 
@@ -519,7 +522,7 @@ def test_layout_does_not_confuse_shapes() -> None:
 def test_layout_never_zero(m: TensorMeta) -> None:
     assert m.layout != 0
     assert 0 < m.layout < 2**64
-    assert m.layout == TensorMeta("u", m.dtype, m.shape, m.shard_size).layout
+    assert m.layout == TensorMeta(m.name, m.dtype, m.shape, m.shard_size).layout
 
 
 # -- dtype codes -------------------------------------------------------------

@@ -382,6 +382,29 @@ def test_corrupt_snapshot_is_refused_and_replaced_from_a_replica(
     assert_copies(c.copies("s5/t"), 7.0, live=set(HOSTS))
 
 
+@pytest.mark.timeout(180)
+def test_a_replica_down_during_a_rename_comes_back_with_the_new_name(
+    netcluster: NetCluster,
+) -> None:
+    """The rename replaces "b" while a daemon holding both is stopped; back with its
+    snapshot of "a" and the old "b", it catches up to the renamed tensor and drops
+    the replaced one."""
+    c = netcluster
+    c.worker("write", "--tensor", "s7/a", "--count", str(SHAPE[0]), "--value", "3")
+    c.worker("write", "--tensor", "s7/b", "--count", str(SHAPE[0]), "--value", "1")
+    victim = c.primary("s7/a")
+    assert "s7/b" in c.worker("holdings", "--prefix", "s7/")[victim]
+    c.stop(victim)
+    c.worker("rename", "--tensor", "s7/a", "--to", "s7/b")
+    c.start(victim)
+    c.wait_ready()
+    assert re.search(rf"{victim}: loaded snapshot \d+ ", c.log(victim)), c.log(victim)
+    assert_copies(c.copies("s7/b"), 3.0, live=set(HOSTS))
+    held = c.worker("holdings", "--prefix", "s7/")
+    assert all(names in ([], ["s7/b"]) for names in held.values()), held
+    assert held[victim] == ["s7/b"]
+
+
 @pytest.fixture
 def lossy_cluster(tmp_path: Path) -> Iterator[NetCluster]:
     # 100 ms each way on every host link: 400 ms host-to-host round trips,

@@ -334,11 +334,12 @@ def test_create_key_collision(arena: Arena) -> None:
     a = TensorMeta("a", "uint8", (10,), 4096)
     b = TensorMeta("b", "uint8", (10,), 4096)
     store.create(a)
-    # Simulate a 64-bit key collision: "a" is stored under "b"'s key.
+    # Simulate a 64-bit key collision: "a" is stored under "b"'s key. The
+    # create is refused as MOVED (the client then places "b" by a salted key).
     store.tensors[b.key] = store.tensors.pop(a.key)
-    with pytest.raises(StoreError, match="collides") as ei:
+    with pytest.raises(StoreError, match="holds tensor 'a'") as ei:
         store.create(b)
-    assert ei.value.status == Status.EXISTS
+    assert ei.value.status == Status.MOVED
 
 
 # -- delete, get, list, info -------------------------------------------------
@@ -927,3 +928,83 @@ def test_copy_on_write_without_space(cow: tuple[Store, TensorMeta], case: str, l
     assert all_bytes(store) == before
     store.unpin(block)
     assert arena.used == used  # the shard's block is live, not freed
+
+
+# -- rename ------------------------------------------------------------------
+
+
+def test_rename_keeps_key_bytes_and_ctime_and_moves_the_name(arena: Arena) -> None:
+    store = Store(arena, everything)
+    a = TensorMeta("m/a", "uint8", (3 * 4096,), 4096)
+    tensor, _ = store.create(a)
+    for i in range(3):
+        write(store, a.key, i, 0, rand_bytes(4096, i))
+    before, was = all_bytes(store), versions(store)
+    used, ctime = arena.used, tensor.ctime
+    renamed = store.rename(a.key, "m/a", "m/b")
+    assert renamed is tensor and renamed.meta.name == "m/b" and renamed.meta.key == a.key
+    assert renamed.meta.place == a.key and renamed.ctime == ctime
+    assert all_bytes(store) == before and arena.used == used  # nothing copied
+    assert versions(store) == {k: v + 1 for k, v in was.items()}
+    assert store.named("m/b") is tensor
+    with pytest.raises(StoreError) as ei:
+        store.named("m/a")
+    assert ei.value.status == Status.NOT_FOUND
+    # Renamed back to its own name, it is an ordinary tensor again.
+    assert store.rename(a.key, "m/b", "m/a").meta == a
+
+
+def test_rename_of_a_name_not_at_that_key_is_not_found(arena: Arena) -> None:
+    store = Store(arena, everything)
+    a = TensorMeta("m/a", "uint8", (10,), 4096)
+    store.create(a)
+    for key, old in [(a.key, "m/other"), (tensor_key("m/other"), "m/a")]:
+        with pytest.raises(StoreError) as ei:
+            store.rename(key, old, "m/b")
+        assert ei.value.status == Status.NOT_FOUND
+    assert store.named("m/a").meta == a
+
+
+def test_a_create_meeting_a_renamed_tensor_is_refused_as_moved(arena: Arena) -> None:
+    store = Store(arena, everything)
+    a = TensorMeta("m/a", "uint8", (10,), 4096)
+    store.create(a)
+    store.rename(a.key, "m/a", "m/b")
+    # "m/a" again: its own key is held by "m/b".
+    with pytest.raises(StoreError, match="holds tensor 'm/b'") as ei:
+        store.check_moved(TensorMeta("m/a", "uint8", (10,), 4096))
+    assert ei.value.status == Status.MOVED
+    # "m/b" at its own key: the name is held under "m/a"'s key.
+    with pytest.raises(StoreError, match="placed by key") as ei:
+        store.check_moved(TensorMeta("m/b", "uint8", (10,), 4096))
+    assert ei.value.status == Status.MOVED
+    # At a salted key, "m/a" is a tensor of its own beside "m/b".
+    salted = TensorMeta("m/a", "uint8", (10,), 4096, place=tensor_key("m/a", 1))
+    store.check_moved(salted)
+    store.create(salted)
+    assert store.named("m/a").meta == salted and store.named("m/b").meta.key == a.key
+
+
+def test_delete_by_name_spares_a_tensor_renamed_to_the_key(arena: Arena) -> None:
+    store = Store(arena, everything)
+    a = TensorMeta("m/a", "uint8", (10,), 4096)
+    store.create(a)
+    store.rename(a.key, "m/a", "m/b")
+    with pytest.raises(StoreError) as ei:
+        store.delete(a.key, "m/a")
+    assert ei.value.status == Status.NOT_FOUND
+    assert store.delete(a.key, "m/b").name == "m/b"
+    assert store.tensors == {} and store.keys == {}
+
+
+def test_install_of_a_renamed_copy_replaces_the_copy_under_the_old_name(arena: Arena) -> None:
+    """A replica down during a rename catches up: the primary's copy carries the new name."""
+    store = Store(arena, everything)
+    a = TensorMeta("m/a", "uint8", (4096,), 4096)
+    store.create(a)
+    write(store, a.key, 0, 0, rand_bytes(4096, 1))
+    b = TensorMeta("m/b", "uint8", (4096,), 4096, place=a.key)
+    data = as_u8(rand_bytes(4096, 2))
+    store.install_shard(b, 0, 7, data, {})
+    assert store.named("m/b").meta == b and "m/a" not in store.keys
+    assert shard_bytes(store, a.key, 0) == data.tobytes()

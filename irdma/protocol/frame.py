@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 MAGIC = b"IRDM"
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 
 # magic, protocol version, op, flags, status, dtype, shard (or entry count),
 # request id, tensor key, offset, size (bytes of tensor data the op covers),
@@ -113,6 +113,11 @@ class Op(enum.IntEnum):
     # RDMA READs the bytes from the registered arena) and writes may be
     # STAGED (the client has RDMA WRITten them into its staging area).
     RDMA_CONNECT = 19
+    # Client to daemon: give the tensor at ``key`` another name (RENAME_KEYS,
+    # JSON). Its shards stay where they are: the key is where a tensor is
+    # placed, the name only how it is found. Answer: this daemon's stat record
+    # of it (JSON), or NOT_FOUND if it holds no tensor of that old name there.
+    RENAME = 20
 
 
 # The payload of a MAPPED answer or a STAGED request: one byte offset.
@@ -123,6 +128,8 @@ LOCATION = struct.Struct("<Q")
 # shard directory sits in it: "directory": [byte offset, slots]
 # (``protocol/directory.py``).
 ATTACH_KEYS = ("node", "host", "arena_size")
+# RENAME request: the tensor's name now and the name it takes.
+RENAME_KEYS = ("from", "to")
 # RDMA_CONNECT request: the client's queue pair {"qpn", "psn", "gid"} (gid:
 # a RoCE v2 IPv4-mapped GID), its MTU in bytes, and the staging size it wants.
 RDMA_CONNECT_KEYS = ("qp", "mtu", "staging")
@@ -251,6 +258,10 @@ class Status(enum.IntEnum):
     # joined or left): the payload is the daemon's epoch record (JSON,
     # ``irdma.epochs.Epoch``); route again with it.
     STALE_EPOCH = 25
+    # CREATE: the name is held under another key (a tensor renamed to it), or
+    # the key under another name (a tensor renamed from it): find the tensor
+    # by its name, then create at its key, or at another key for the name.
+    MOVED = 26
 
 
 # Stored dtypes. Always little-endian on the wire and in the arena.
@@ -309,9 +320,15 @@ def dtype_from_code(code: int) -> np.dtype:
         raise ValueError(f"unknown dtype code {code}") from None
 
 
-def tensor_key(name: str) -> int:
-    """The 64-bit key of a tensor name, the same in every process."""
-    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+def tensor_key(name: str, salt: int = 0) -> int:
+    """The 64-bit key a tensor of that name is placed by, the same in every process.
+
+    Salt 0 is the name's own key. A tensor renamed keeps the key it had, so
+    a new tensor of the old name finds that key taken and takes the first
+    free salted key instead (``TensorMeta.place``).
+    """
+    raw = name.encode() if not salt else f"{name}\0{salt}".encode()
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
 
 
 def validate_name(name: str) -> str:
@@ -577,6 +594,10 @@ class TensorMeta:
     shape: tuple[int, ...]
     shard_size: int
     options: dict[str, Any] = field(default_factory=dict)
+    # The key the tensor is placed by when it is not its name's own (0): it was
+    # renamed (and kept its shards where they were) or created while another
+    # tensor held its name's key (see ``tensor_key``).
+    place: int = 0
     # Derived once (hashing on every request showed up in profiles).
     key: int = field(init=False, repr=False, compare=False)
     layout: int = field(init=False, repr=False, compare=False)
@@ -605,10 +626,19 @@ class TensorMeta:
                 f"shard size {self.shard_size} must be a positive multiple of the "
                 f"item size {itemsize}"
             )
-        object.__setattr__(self, "key", tensor_key(self.name))
-        # Fingerprint of dtype, shape and shard size: requests carry it so a
-        # daemon can tell a client whose cached layout is stale. Never 0.
-        text = f"{self.dtype}|{','.join(map(str, self.shape))}|{self.shard_size}"
+        if not isinstance(self.place, int) or isinstance(self.place, bool):
+            raise ValueError(f"place {self.place!r} must be an integer key")
+        if not 0 <= self.place < 1 << 64:
+            raise ValueError(f"place {self.place} is not a 64-bit key")
+        own = tensor_key(self.name)
+        if self.place == own:
+            object.__setattr__(self, "place", 0)
+        object.__setattr__(self, "key", self.place or own)
+        # Fingerprint of name, dtype, shape and shard size: requests carry it so
+        # a daemon can tell a client whose cached layout is stale (redefined, or
+        # renamed: a reader of the old name must not read on). Never 0.
+        shape = ",".join(map(str, self.shape))
+        text = f"{self.dtype}|{shape}|{self.shard_size}|{self.name}"
         object.__setattr__(self, "layout", tensor_key(text) | 1)
         dt = np.dtype(self.dtype).newbyteorder("<")
         nbytes = dt.itemsize
@@ -644,13 +674,22 @@ class TensorMeta:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "dtype": self.dtype,
             "shape": list(self.shape),
             "shard_size": self.shard_size,
             "options": self.options,
         }
+        if self.place:
+            out["place"] = self.place
+        return out
+
+    @staticmethod
+    def key_of(d: dict[str, Any]) -> int:
+        """The key a stat record's ``meta`` places its tensor by (without checking
+        the rest of it, as ``from_dict`` does)."""
+        return int(d.get("place") or tensor_key(d["name"]))
 
     @classmethod
     def from_dict(cls, d: Any) -> TensorMeta:
@@ -670,6 +709,7 @@ class TensorMeta:
                 shape=tuple(shape),
                 shard_size=d["shard_size"],
                 options=options,
+                place=d.get("place", 0),
             )
         except KeyError as exc:
             raise ValueError(f"tensor metadata lacks {exc.args[0]!r}") from None

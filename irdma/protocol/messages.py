@@ -98,6 +98,9 @@ class Create:
 
 @dataclass(frozen=True, slots=True)
 class Delete:
+    """Delete the tensor at ``key``; a payload (a name, UTF-8) deletes it only if it
+    still has that name (a tensor renamed meanwhile is another file)."""
+
     key: int
     request_id: int = 0
     op: ClassVar[Op] = Op.DELETE
@@ -112,6 +115,9 @@ class Delete:
 
 @dataclass(frozen=True, slots=True)
 class Stat:
+    """The stat record of the tensor at ``key``; with a payload (a name, UTF-8), of
+    the tensor of that name whatever its key (one renamed, or at a salted key)."""
+
     key: int
     request_id: int = 0
     op: ClassVar[Op] = Op.STAT
@@ -121,6 +127,22 @@ class Stat:
 
     @classmethod
     def decode(cls, h: Header) -> Stat:
+        return cls(h.key, h.request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Rename:
+    """Give the tensor at ``key`` another name; the payload is JSON RENAME_KEYS."""
+
+    key: int
+    request_id: int = 0
+    op: ClassVar[Op] = Op.RENAME
+
+    def frame(self, length: int = 0) -> Header:
+        return Header(op=Op.RENAME, request_id=self.request_id, key=self.key, length=length)
+
+    @classmethod
+    def decode(cls, h: Header) -> Rename:
         return cls(h.key, h.request_id)
 
 
@@ -566,6 +588,7 @@ Request = (
     | Create
     | Delete
     | Stat
+    | Rename
     | ListTensors
     | Read
     | Update
@@ -587,6 +610,7 @@ _DECODERS = {
     Op.CREATE: Create.decode,
     Op.DELETE: Delete.decode,
     Op.STAT: Stat.decode,
+    Op.RENAME: Rename.decode,
     Op.LIST: ListTensors.decode,
     Op.READ: Read.decode,
     Op.READ_BATCH: ReadBatch.decode,
