@@ -242,7 +242,9 @@ class IrdmaOperations(pyfuse3.Operations):
 
     async def _stat(self, name: str) -> TensorInfo | None:
         try:
-            return await self._c.stat(name)
+            # Lookups often find nothing (a new file, the other candidate name):
+            # one round trip to every daemon either way.
+            return await self._c.stat(name, everywhere=True)
         except TensorNotFound:
             return None
         except ValueError:  # not a valid tensor name: nothing can be there
@@ -281,11 +283,27 @@ class IrdmaOperations(pyfuse3.Operations):
             if info is not None and (t.kind != Kind.SHARD or t.index < info.num_shards):
                 return Resolved(path, t, info)
         else:  # a plain path: a typed tensor, a raw file or a directory
-            for cand in paths.file_candidates(path):
-                info = await self._stat(cand.name)
+            # Asked all at once: a name that is not a tensor costs a round trip
+            # to every daemon (a tensor renamed to it may be anywhere), so the
+            # directory is not left for a third round after two such answers.
+            cands = paths.file_candidates(path)
+            infos: list[TensorInfo | None] = [None] * len(cands)
+            is_dir = [False]
+
+            async def stat_into(i: int, name: str) -> None:
+                infos[i] = await self._stat(name)
+
+            async def dir_into() -> None:
+                is_dir[0] = await self._dir_exists(t.name)
+
+            async with trio.open_nursery() as nursery:
+                for i, cand in enumerate(cands):
+                    nursery.start_soon(stat_into, i, cand.name)
+                nursery.start_soon(dir_into)
+            for cand, info in zip(cands, infos, strict=True):
                 if info is not None and is_raw(info) != cand.typed:
                     return Resolved(path, cand, info)
-            if await self._dir_exists(t.name):
+            if is_dir[0]:
                 return Resolved(path, t)
         raise pyfuse3.FUSEError(errno.ENOENT)
 

@@ -511,14 +511,31 @@ class AsyncClient:
         )
 
     @_epoch_rerouted
-    async def stat(self, name: str) -> TensorInfo:
-        """Metadata and version of a tensor; raises TensorNotFound."""
+    async def stat(self, name: str, *, everywhere: bool = False) -> TensorInfo:
+        """Metadata and version of a tensor; raises TensorNotFound.
+
+        ``everywhere``: ask every daemon at once, by name: one round trip
+        whether the tensor exists or not, one message per daemon (a lookup
+        that often finds nothing, as a filesystem's). Otherwise the daemons
+        where the name's own key places it are asked first, and the others
+        only if it is not there (renamed to the name) or to add their shards.
+        """
         validate_name(name)
         try:
-            rec = await self._locate(name)
+            if everywhere:
+                records = await self._stat_everywhere(name)
+            else:
+                records = await self._stat_placed(name)
         except TensorNotFound:
             self._meta.pop(name, None)
             raise TensorNotFound(f"no tensor named {name!r}") from None
+        meta = TensorMeta.from_dict(records[0]["meta"])
+        self._meta[name] = meta
+        return self._info_from(records, meta)
+
+    async def _stat_placed(self, name: str) -> list[dict[str, Any]]:
+        """``stat``'s records: found by ``_locate``, then every other holder's."""
+        rec = await self._locate(name)
         meta = TensorMeta.from_dict(rec["meta"])
         others = [n for n in self._nodes_holding(meta) if n.name != rec.get("node")]
 
@@ -538,9 +555,33 @@ class AsyncClient:
             return got if got["meta"]["name"] == name else {}
 
         records = [rec, *await self._gather(partial(stat_on, n) for n in others)]
-        records = [r for r in records if r]
-        self._meta[name] = meta
-        return self._info_from(records, meta)
+        return [r for r in records if r]
+
+    async def _stat_everywhere(self, name: str) -> list[dict[str, Any]]:
+        """``stat``'s records from every daemon asked by name at once (of the tensor
+        the first answer describes: two exist for a moment during a rename)."""
+        raw = name.encode()
+        down: dict[str, DaemonUnavailable] = {}
+
+        async def find_on(node: Node) -> dict[str, Any]:
+            try:
+                r = await self._request(node, Stat(0).frame(len(raw)), [raw])
+            except TensorNotFound:
+                return {}
+            except DaemonUnavailable as exc:
+                down[node.name] = exc
+                return {}
+            return decode_json(r.data)
+
+        found = [r for r in await self._gather(partial(find_on, n) for n in self.config.nodes) if r]
+        if not found:
+            # As the placed stat says: unknown if the name's own place did not answer.
+            homes = [n.name for n in self.config.replicas_for(tensor_key(name), 0)]
+            if all(h in down for h in homes):
+                raise down[homes[0]]
+            raise TensorNotFound(f"no tensor named {name!r}")
+        first = found[0]["meta"]
+        return [r for r in found if r["meta"] == first]
 
     async def _locate(self, name: str) -> dict[str, Any]:
         """One daemon's stat record of the tensor called ``name``; TensorNotFound.
@@ -1499,9 +1540,9 @@ class Client:
         """See AsyncClient.accumulate."""
         return self._call(self._client.accumulate, name, delta, alpha, **kwargs)
 
-    def stat(self, name: str) -> TensorInfo:
+    def stat(self, name: str, *, everywhere: bool = False) -> TensorInfo:
         """See AsyncClient.stat."""
-        return self._call(self._client.stat, name)
+        return self._call(self._client.stat, name, everywhere=everywhere)
 
     def list(self, prefix: str = "") -> list[TensorInfo]:
         """See AsyncClient.list."""

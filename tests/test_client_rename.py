@@ -8,10 +8,10 @@ import threading
 import numpy as np
 import pytest
 
-from irdma import Client, TensorExists, TensorNotFound
+from irdma import Client, DaemonUnavailable, TensorExists, TensorNotFound
 from irdma.protocol import tensor_key
 
-from .conftest import Cluster
+from .conftest import Cluster, name_on
 
 TRANSPORTS = ["tcp", "shm"]
 N = 300_000  # float32: 19 shards of 64 KiB over the three daemons
@@ -155,3 +155,29 @@ def test_readers_of_a_target_renamed_over_again_and_again_never_see_a_mix(
     assert not failures, failures[:3]
     # The race happened: reads met several saves.
     assert len(set(seen)) >= 3, sorted(set(seen))
+
+
+def test_a_lookup_everywhere_finds_renamed_tensors_and_says_when_it_cannot_know(
+    fresh_cluster: Cluster,
+) -> None:
+    c = fresh_cluster
+    with Client(c.config_path) as client:
+        client.write("look/a", np.arange(N, dtype=np.float32))
+        client.rename("look/a", "look/b")
+        with Client(c.config_path) as other:
+            info = other.stat("look/b", everywhere=True)
+            assert info.place == tensor_key("look/a") and info.num_shards == 19
+            assert info.version == client.stat("look/b").version  # every holder's shards
+            with pytest.raises(TensorNotFound):
+                other.stat("look/a", everywhere=True)
+        # One copy of each shard: a name whose own place is on a stopped daemon
+        # may be there (unavailable); one placed elsewhere is not found.
+        down = c.names[0]
+        c.stop(down)
+        there = name_on(c.config, down, "look/missing-on-")
+        elsewhere = name_on(c.config, c.names[1], "look/missing-on-")
+        with Client(c.config_path) as other:
+            with pytest.raises(DaemonUnavailable):
+                other.stat(there, everywhere=True)
+            with pytest.raises(TensorNotFound):
+                other.stat(elsewhere, everywhere=True)
