@@ -560,6 +560,21 @@ class AsyncClient:
     async def _stat_everywhere(self, name: str) -> list[dict[str, Any]]:
         """``stat``'s records from every daemon asked by name at once (of the tensor
         the first answer describes: two exist for a moment during a rename)."""
+        found, down = await self._ask_by_name(name)
+        if not found:
+            # As the placed stat says: unknown if the name's own place did not answer.
+            homes = [n.name for n in self.config.replicas_for(tensor_key(name), 0)]
+            if all(h in down for h in homes):
+                raise down[homes[0]]
+            raise TensorNotFound(f"no tensor named {name!r}")
+        first = found[0]["meta"]
+        return [r for r in found if r["meta"] == first]
+
+    async def _ask_by_name(
+        self, name: str
+    ) -> tuple[list[dict[str, Any]], dict[str, DaemonUnavailable]]:
+        """Every daemon's stat record of the tensor called ``name`` (those that hold
+        it), and the daemons that did not answer."""
         raw = name.encode()
         down: dict[str, DaemonUnavailable] = {}
 
@@ -573,15 +588,8 @@ class AsyncClient:
                 return {}
             return decode_json(r.data)
 
-        found = [r for r in await self._gather(partial(find_on, n) for n in self.config.nodes) if r]
-        if not found:
-            # As the placed stat says: unknown if the name's own place did not answer.
-            homes = [n.name for n in self.config.replicas_for(tensor_key(name), 0)]
-            if all(h in down for h in homes):
-                raise down[homes[0]]
-            raise TensorNotFound(f"no tensor named {name!r}")
-        first = found[0]["meta"]
-        return [r for r in found if r["meta"] == first]
+        records = await self._gather(partial(find_on, n) for n in self.config.nodes)
+        return [r for r in records if r], down
 
     async def _locate(self, name: str) -> dict[str, Any]:
         """One daemon's stat record of the tensor called ``name``; TensorNotFound.
@@ -599,16 +607,9 @@ class AsyncClient:
             rec = decode_json(reply.data)
             if rec["meta"]["name"] == name:
                 return rec
-        raw = name.encode()
-
-        async def find_on(node: Node) -> dict[str, Any]:
-            try:
-                r = await self._request(node, Stat(0).frame(len(raw)), [raw])
-            except (TensorNotFound, DaemonUnavailable):
-                return {}  # a daemon that is down holds nothing it alone could tell
-            return decode_json(r.data)
-
-        found = [r for r in await self._gather(partial(find_on, n) for n in self.config.nodes) if r]
+        # Renamed to the name: on any daemon (one that is down is not waited for:
+        # the name's own place answered).
+        found, _ = await self._ask_by_name(name)
         if not found:
             raise TensorNotFound(f"no tensor named {name!r}")
         return found[0]

@@ -27,7 +27,7 @@ from irdma_psd.snapshot import (
 from irdma_psd.store import Store
 
 from irdma.modes import Mode
-from irdma.protocol import Op, TensorMeta
+from irdma.protocol import Op, TensorMeta, tensor_key
 
 # -- helpers -----------------------------------------------------------------
 
@@ -186,6 +186,24 @@ async def test_round_trip(stores: Callable[..., Store], tmp_path: Path) -> None:
     assert dst.tensors[metas[10].key].coord.mode == Mode.sync(2)
     assert dst.arena.used == used
     assert path.exists()  # loading keeps the snapshot
+
+
+async def test_a_renamed_tensor_comes_back_under_its_name_and_key(
+    stores: Callable[..., Store], tmp_path: Path
+) -> None:
+    src = stores()
+    a = TensorMeta("r/a", "float32", (3000,), 4096)  # 3 shards
+    populate(src, [a])
+    renamed = src.rename(a.key, "r/a", "r/b")
+    # "r/a" again, at the salted key a create meeting the renamed tensor takes.
+    again = TensorMeta("r/a", "int8", (10,), 4096, place=tensor_key("r/a", 1))
+    src.create(again)
+    await write_snapshot(src, tmp_path)
+    dst = stores()
+    load_snapshot(dst, tmp_path)
+    assert dst.named("r/b").meta == renamed.meta and dst.named("r/b").meta.key == a.key
+    assert dst.named("r/a").meta == again
+    assert all_bytes(dst) == all_bytes(src) and shard_state(dst) == shard_state(src)
 
 
 async def test_the_txn_window_survives_a_restart(
