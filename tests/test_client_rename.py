@@ -3,8 +3,6 @@ either name see one tensor whole; names freed by a rename can be used again."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -12,6 +10,7 @@ from irdma import Client, DaemonUnavailable, TensorExists, TensorNotFound
 from irdma.protocol import tensor_key
 
 from .conftest import Cluster, name_on
+from .whole_reads import WholeReads
 
 TRANSPORTS = ["tcp", "shm"]
 N = 300_000  # float32: 19 shards of 64 KiB over the three daemons
@@ -127,34 +126,13 @@ def test_readers_of_a_target_renamed_over_again_and_again_never_see_a_mix(
     saves = 30
     with Client(cluster.config_path) as writer:
         writer.write("ren-race/target", np.zeros(N, np.float32))
-        seen: list[float] = []
-        failures: list[str] = []
-        done = threading.Event()
-
-        def read_until_done() -> None:
-            with Client(cluster.config_path) as reader:
-                while not done.is_set() and len(seen) < 10_000:
-                    try:
-                        got = reader.read("ren-race/target")
-                    except Exception as exc:  # reported below, with the history
-                        failures.append(f"read {len(seen)}: {type(exc).__name__}: {exc}")
-                        return
-                    if not (got == got[0]).all():
-                        failures.append(f"a mix of {sorted(set(got.tolist()))[:4]}")
-                    seen.append(float(got[0]))
-
-        thread = threading.Thread(target=read_until_done)
-        thread.start()
-        try:
+        with WholeReads(cluster.config_path, "ren-race/target") as reads:
             for k in range(1, saves + 1):
                 writer.write("ren-race/tmp", np.full(N, k, np.float32))
                 writer.rename("ren-race/tmp", "ren-race/target", replace=True)
-        finally:
-            done.set()
-            thread.join(60)
-    assert not failures, failures[:3]
+    assert not reads.failures, reads.failures[:3]
     # The race happened: reads met several saves.
-    assert len(set(seen)) >= 3, sorted(set(seen))
+    assert len(set(reads.seen)) >= 3, sorted(set(reads.seen))
 
 
 def test_a_lookup_everywhere_finds_renamed_tensors_and_says_when_it_cannot_know(

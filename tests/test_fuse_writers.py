@@ -6,7 +6,6 @@ import errno
 import io
 import os
 import subprocess
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ import irdma
 from irdma import Client
 
 from .conftest import Cluster
+from .whole_reads import WholeReads
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -141,32 +141,11 @@ def test_a_client_reading_the_target_of_atomic_saves_sees_each_save_whole(
     # 12 MiB: the temporary is pushed while written, so the rename is the daemons'.
     n = 3 << 20
     np.save(d / "w.npy", np.zeros(n, np.float32))
-    seen: list[float] = []
-    failures: list[str] = []
-    done = threading.Event()
-
-    def read_until_done() -> None:
-        with Client(cluster.config_path) as reader:
-            while not done.is_set() and len(seen) < 10_000:
-                try:
-                    got = reader.read(f"{d.name}/w")
-                except Exception as exc:  # reported below
-                    failures.append(f"read {len(seen)}: {type(exc).__name__}: {exc}")
-                    return
-                if not (got == got[0]).all():
-                    failures.append(f"a mix of {sorted(set(got.tolist()))[:4]}")
-                seen.append(float(got[0]))
-
-    thread = threading.Thread(target=read_until_done)
-    thread.start()
-    try:
+    with WholeReads(cluster.config_path, f"{d.name}/w") as reads:
         for k in range(1, 11):
             atomic_save(d / "w.npy", npy_bytes(np.full(n, k, np.float32)))
-    finally:
-        done.set()
-        thread.join(60)
-    assert not failures, failures[:3]
-    assert len(set(seen)) >= 3, sorted(set(seen))  # the race happened
+    assert not reads.failures, reads.failures[:3]
+    assert len(set(reads.seen)) >= 3, sorted(set(reads.seen))  # the race happened
     assert np.array_equal(np.load(d / "w.npy"), np.full(n, 10, np.float32))
 
 
