@@ -287,23 +287,15 @@ class IrdmaOperations(pyfuse3.Operations):
             # to every daemon (a tensor renamed to it may be anywhere), so the
             # directory is not left for a third round after two such answers.
             cands = paths.file_candidates(path)
-            infos: list[TensorInfo | None] = [None] * len(cands)
-            is_dir = [False]
-
-            async def stat_into(i: int, name: str) -> None:
-                infos[i] = await self._stat(name)
-
-            async def dir_into() -> None:
-                is_dir[0] = await self._dir_exists(t.name)
-
-            async with trio.open_nursery() as nursery:
-                for i, cand in enumerate(cands):
-                    nursery.start_soon(stat_into, i, cand.name)
-                nursery.start_soon(dir_into)
+            asks: list[Callable[[], Awaitable[Any]]] = [
+                *(functools.partial(self._stat, c.name) for c in cands),
+                functools.partial(self._dir_exists, t.name),
+            ]
+            *infos, is_dir = await _all_at_once(asks)
             for cand, info in zip(cands, infos, strict=True):
                 if info is not None and is_raw(info) != cand.typed:
                     return Resolved(path, cand, info)
-            if is_dir[0]:
+            if is_dir:
                 return Resolved(path, t)
         raise pyfuse3.FUSEError(errno.ENOENT)
 
@@ -993,3 +985,24 @@ class IrdmaOperations(pyfuse3.Operations):
         s.f_files = s.f_ffree = s.f_favail = 1 << 20
         s.f_namemax = 255
         return s
+
+
+async def _all_at_once(calls: list[Callable[[], Awaitable[Any]]]) -> list[Any]:
+    """Each call's result, the calls run together; the first one's error is raised as
+    it is (not in an exception group) once all have ended, so none is cut short."""
+    results: list[Any] = [None] * len(calls)
+    errors: list[BaseException | None] = [None] * len(calls)
+
+    async def run(i: int) -> None:
+        try:
+            results[i] = await calls[i]()
+        except Exception as exc:
+            errors[i] = exc
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(calls)):
+            nursery.start_soon(run, i)
+    for exc in errors:
+        if exc is not None:
+            raise exc
+    return results

@@ -85,6 +85,7 @@ class MetaOps:
         # Every daemon is asked, so one holding the name under another key
         # (renamed to it) says so even where it holds none of this key's shards.
         self.store.check_moved(meta)
+        self.store.mode_of(meta)  # refused alike by every daemon, placed or not
         if not self.store.owns_any(meta):
             await self.replies.reply(conn, header, [encode_json({"placed": False})])
             return

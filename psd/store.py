@@ -369,6 +369,14 @@ class Store:
                 f"key {meta.key:#018x} of {meta.name!r} holds tensor {there.meta.name!r} here",
             )
 
+    @staticmethod
+    def mode_of(meta: TensorMeta) -> Mode:
+        """The training mode ``meta``'s options name; BAD_ARGUMENT if they name none."""
+        try:
+            return Mode.from_options(meta.options)
+        except ValueError as exc:
+            raise StoreError(Status.BAD_ARGUMENT, f"tensor {meta.name!r}: {exc}") from None
+
     def owns_any(self, meta: TensorMeta) -> bool:
         """Whether this daemon is placed to hold some shard of ``meta``."""
         return any(self.owns(meta.key, i) for i in range(meta.num_shards))
@@ -422,10 +430,7 @@ class Store:
     ) -> tuple[Mode, Tensor | None, bool]:
         """Check ``meta`` against what exists under its key: (its mode, the tensor
         there or None, whether that tensor is kept as it is: the same layout)."""
-        try:
-            mode = Mode.from_options(meta.options)
-        except ValueError as exc:
-            raise StoreError(Status.BAD_ARGUMENT, f"tensor {meta.name!r}: {exc}") from None
+        mode = self.mode_of(meta)
         old = self.tensors.get(meta.key)
         if old is None:
             return mode, None, False
