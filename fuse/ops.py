@@ -884,9 +884,8 @@ class IrdmaOperations(pyfuse3.Operations):
         old_prefix = src.target.name + "/"
         for info in await self._c.list(old_prefix):
             name = t.name + "/" + info.name[len(old_prefix) :]
-            data = await self._c.read(info.name)
-            await self._c.write(name, data, replace=True, options=info.options)
-            await self._c.delete(info.name)
+            await self._quiesce(info.name)  # this mount's readers have it whole
+            await self._c.rename(info.name, name, replace=True)
         for h in inside:
             h.path = new + h.path[len(src.path) :]
             h.target = paths.moved_target(h.target, h.path)

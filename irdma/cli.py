@@ -214,6 +214,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--replace", action="store_true", help="redefine targets that have another dtype or shape"
     )
 
+    s = command(
+        "mv",
+        "rename tensors",
+        "Rename tensor SRC to DEST (DEST/ keeps the name's last part), or with -r every\n"
+        "tensor under SRC/ to the same names under DEST/. A pattern moves its matches under\n"
+        "DEST/. The daemons rename in place: no bytes are copied.",
+    )
+    s.add_argument("source", metavar="SRC", help="a tensor, a group with -r, or a pattern")
+    s.add_argument("dest", metavar="DEST", help="the new name, or a group ending in /")
+    s.add_argument("-r", "--recursive", action="store_true", help="move every tensor under SRC/")
+    s.add_argument("--replace", action="store_true", help="replace targets that exist")
+
     # -h is "human-readable sizes" here, as in ls(1); --help still prints help.
     s = command(
         "ls",

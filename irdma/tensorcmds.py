@@ -224,12 +224,16 @@ async def cmd_get(client: AsyncClient, args: argparse.Namespace) -> int:
 # -- cp ------------------------------------------------------------------------
 
 
-async def cmd_cp(client: AsyncClient, args: argparse.Namespace) -> int:
+async def _to_new_names(
+    client: AsyncClient, args: argparse.Namespace, verb: str
+) -> list[tuple[TensorInfo, str]]:
+    """What ``cp`` and ``mv`` take (SRC, a group with -r, or a pattern's matches) and
+    the name each goes to under DEST."""
     source, dest = args.source, args.dest
     sel = await select(client, source, internal=True)
     if not sel.single and not args.recursive and not is_pattern(source):
         raise IrdmaError(
-            f"{source!r} is a group of {len(sel.infos)} tensors; add -r to copy all of them"
+            f"{source!r} is a group of {len(sel.infos)} tensors; add -r to {verb} all of them"
         )
     if sel.single:
         targets = [dest + base_name(source) if dest.endswith("/") else dest]
@@ -239,10 +243,21 @@ async def cmd_cp(client: AsyncClient, args: argparse.Namespace) -> int:
     for info, target in zip(sel.infos, targets, strict=True):
         if target == info.name:
             raise IrdmaError(f"{info.name!r} and {target!r} are the same tensor")
+    return list(zip(sel.infos, targets, strict=True))
+
+
+async def cmd_cp(client: AsyncClient, args: argparse.Namespace) -> int:
+    for info, target in await _to_new_names(client, args, "copy"):
         data = await client.read(info.name)
         await write_checked(
             client, target, data, source=info.name, replace=args.replace, options=info.options
         )
+    return 0
+
+
+async def cmd_mv(client: AsyncClient, args: argparse.Namespace) -> int:
+    for info, target in await _to_new_names(client, args, "move"):
+        await client.rename(info.name, target, replace=args.replace)
     return 0
 
 
@@ -343,6 +358,7 @@ COMMANDS = {
     "put": cmd_put,
     "get": cmd_get,
     "cp": cmd_cp,
+    "mv": cmd_mv,
     "ls": cmd_ls,
     "stat": cmd_stat,
     "rm": cmd_rm,

@@ -35,7 +35,7 @@ def test_version_and_python_m() -> None:
 
 @pytest.mark.parametrize(
     "command",
-    ["local", "put", "get", "cp", "ls", "stat", "rm", "status", "doctor", "bench", "mount"],
+    ["local", "put", "get", "cp", "mv", "ls", "stat", "rm", "status", "doctor", "bench", "mount"],
 )
 def test_every_subcommand_has_a_description_and_every_option_help(command: str) -> None:
     from irdma.cli import build_parser

@@ -202,6 +202,28 @@ def test_cp_between_names(cluster: Cluster) -> None:
         assert np.array_equal(c.read("cpall/w"), np.arange(6.0))
 
 
+def test_mv_renames_without_copying(cluster: Cluster) -> None:
+    with Client(cluster.config_path) as c:
+        c.write("mvsrc/w", np.arange(6.0))
+        c.write("mvsrc/sub/b", np.ones(2, np.int16))
+        c.write("mvdst/taken", np.zeros(1))
+        created = c.stat("mvsrc/w").ctime
+    irdma(cluster, "mv", "mvsrc/w", "mvdst/w2")
+    proc = irdma(cluster, "mv", "mvdst/w2", "mvdst/taken", check=False)
+    assert proc.returncode == 1 and "replace" in proc.stderr
+    proc = irdma(cluster, "mv", "mvsrc", "mvall", check=False)
+    assert proc.returncode == 1 and "add -r to move" in proc.stderr
+    irdma(cluster, "mv", "-r", "mvsrc", "mvall")
+    with Client(cluster.config_path) as c:
+        assert np.array_equal(c.read("mvdst/w2"), np.arange(6.0))
+        assert c.stat("mvdst/w2").ctime == created  # the same tensor, renamed
+        assert [i.name for i in c.list("mvall/")] == ["mvall/sub/b"]
+        assert c.list("mvsrc/") == []
+    irdma(cluster, "mv", "--replace", "mvdst/w2", "mvdst/taken")
+    with Client(cluster.config_path) as c:
+        assert np.array_equal(c.read("mvdst/taken"), np.arange(6.0))
+
+
 def test_directory_markers_are_hidden_from_ls(cluster: Cluster) -> None:
     with Client(cluster.config_path) as c:
         c.create(f"marked/{DIR_MARKER}", (0,), np.uint8)
