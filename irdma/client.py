@@ -694,6 +694,8 @@ class AsyncClient:
         if new == old:
             return await self.stat(old)
         dst = await self._find(new)
+        if dst is not None and dst.key == src.key:
+            dst = None  # this rename, begun before (on the daemons that answered then)
         if dst is not None and not replace:
             raise TensorExists(f"tensor {new!r} exists (pass replace=True to replace it)")
         body = encode_json({"from": old, "to": new})

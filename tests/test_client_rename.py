@@ -159,3 +159,27 @@ def test_a_lookup_everywhere_finds_renamed_tensors_and_says_when_it_cannot_know(
                 other.stat(there, everywhere=True)
             with pytest.raises(TensorNotFound):
                 other.stat(elsewhere, everywhere=True)
+
+
+def test_a_rename_some_daemons_missed_is_finished_by_renaming_again(
+    fresh_cluster: Cluster,
+) -> None:
+    """One copy per shard: a rename while a daemon holding shards is stopped fails
+    naming it, and renaming again once it is back finishes the job."""
+    c = fresh_cluster
+    x = np.arange(N, dtype=np.float32)
+    with Client(c.config_path) as client:
+        client.write("half/a", x)
+        # Down: a daemon holding shards, but where neither name's own key places
+        # shard 0 (so the lookups answer and the rename reaches the others).
+        homes = {c.config.primary_for(tensor_key(n), 0).name for n in ("half/a", "half/b")}
+        down = next(n for n in c.names if n not in homes)
+        c.stop(down)
+        with pytest.raises(DaemonUnavailable, match=down):
+            client.rename("half/a", "half/b")
+        c.start(down)
+        client.rename("half/a", "half/b")
+        assert np.array_equal(client.read("half/b"), x)
+        with pytest.raises(TensorNotFound):
+            client.stat("half/a")
+        assert [i.name for i in client.list("half/")] == ["half/b"]
