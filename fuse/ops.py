@@ -283,16 +283,20 @@ class IrdmaOperations(pyfuse3.Operations):
             if info is not None and (t.kind != Kind.SHARD or t.index < info.num_shards):
                 return Resolved(path, t, info)
         else:  # a plain path: a typed tensor, a raw file or a directory
-            # Asked all at once: a name that is not a tensor costs a round trip
-            # to every daemon (a tensor renamed to it may be anywhere), so the
-            # directory is not left for a third round after two such answers.
-            cands = paths.file_candidates(path)
+            # The most specific name first (what an existing file usually is:
+            # one message per daemon). A name that is not a tensor costs a round
+            # trip to every daemon (a tensor renamed to it may be anywhere), so
+            # the other candidates and the directory are then asked together.
+            first, *rest = paths.file_candidates(path)
+            info = await self._stat(first.name)
+            if info is not None and is_raw(info) != first.typed:
+                return Resolved(path, first, info)
             asks: list[Callable[[], Awaitable[Any]]] = [
-                *(functools.partial(self._stat, c.name) for c in cands),
+                *(functools.partial(self._stat, c.name) for c in rest),
                 functools.partial(self._dir_exists, t.name),
             ]
             *infos, is_dir = await _all_at_once(asks)
-            for cand, info in zip(cands, infos, strict=True):
+            for cand, info in zip(rest, infos, strict=True):
                 if info is not None and is_raw(info) != cand.typed:
                     return Resolved(path, cand, info)
             if is_dir:
