@@ -123,13 +123,7 @@ class MetaOps:
         await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)
 
     async def list(self, conn: Conn, header: Header, msg: ListTensors) -> None:
-        if conn.payload.left > MAX_NAME_BYTES:
-            raise StoreError(Status.BAD_ARGUMENT, "list prefix is too long")
-        raw = await conn.payload.read_bytes(conn.payload.left)
-        try:
-            prefix = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise StoreError(Status.BAD_ARGUMENT, "list prefix is not UTF-8") from None
+        prefix = await _payload_text(conn, "list prefix")
         data = encode_json(self.store.list(prefix))
         if len(data) > MAX_META_PAYLOAD:
             raise StoreError(Status.TOO_LARGE, "listing is too large; use a longer prefix")
@@ -166,12 +160,20 @@ class MetaOps:
     # One handler per message kind (irdma.protocol.messages).
 
 
-async def _payload_name(conn: Conn) -> str:
-    """A request's payload that is a tensor name (UTF-8)."""
+async def _payload_text(conn: Conn, what: str) -> str:
+    """A request's payload that is a name or a prefix (UTF-8, at most a name's size)."""
     if conn.payload.left > MAX_NAME_BYTES:
-        raise StoreError(Status.BAD_ARGUMENT, "tensor name is too long")
+        raise StoreError(Status.BAD_ARGUMENT, f"{what} is too long")
     raw = await conn.payload.read_bytes(conn.payload.left)
     try:
-        return validate_name(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise StoreError(Status.BAD_ARGUMENT, f"{what} is not UTF-8") from None
+
+
+async def _payload_name(conn: Conn) -> str:
+    """A request's payload that is a tensor name."""
+    try:
+        return validate_name(await _payload_text(conn, "tensor name"))
+    except ValueError as exc:
         raise StoreError(Status.BAD_ARGUMENT, f"bad tensor name: {exc}") from None

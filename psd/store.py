@@ -27,6 +27,7 @@ allocation finds none, the older copies are freed, then the previous ones.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import zlib
@@ -395,9 +396,7 @@ class Store:
             raise StoreError(Status.NOT_FOUND, f"no tensor {old!r} at key {key:#018x} here")
         if new == old:
             return tensor
-        was = tensor.meta
-        meta = TensorMeta(new, was.dtype, was.shape, was.shard_size, was.options, place=key)
-        tensor.meta = meta
+        meta = tensor.meta = dataclasses.replace(tensor.meta, name=new, place=key)
         if tensor.coord is not None:
             tensor.coord.name = new
         if self.keys.get(old) == key:
