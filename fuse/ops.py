@@ -51,6 +51,12 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 XATTR_PREFIX = "user.irdma."
 WORKER_DIR_TIMEOUT = 300.0
+# How long the kernel may use the attributes a lookup or getattr returned
+# before asking again. A path is looked up afresh on every access
+# (entry_timeout 0), so this only spares the getattr the kernel sends right
+# after a lookup (a stat, a permission check) and bounds how old an fstat()
+# of an open file may be.
+ATTR_TIMEOUT = 0.05
 # How old a getattr answer for a file held open only for reading may be.
 OPEN_ATTR_REUSE = 0.5
 # How long a lookup that failed because a daemon did not answer is answered
@@ -201,8 +207,8 @@ class IrdmaOperations(pyfuse3.Operations):
         a = pyfuse3.EntryAttributes()
         a.st_ino = self._ino(res.path)
         a.generation = 0
-        a.entry_timeout = 0
-        a.attr_timeout = 0
+        a.entry_timeout = 0  # every path lookup asks: close-to-open
+        a.attr_timeout = ATTR_TIMEOUT
         a.st_uid, a.st_gid = self.uid, self.gid
         a.st_blksize = 1 << 20
         t = res.target
@@ -943,7 +949,12 @@ class IrdmaOperations(pyfuse3.Operations):
 
     @fuse_errors
     async def getxattr(self, inode, name, ctx):
-        value = (await self._xattrs(inode)).get(os.fsdecode(name))
+        name = os.fsdecode(name)
+        if not name.startswith(XATTR_PREFIX):
+            # The kernel asks for security.capability before every write to
+            # a file (to clear it): answered here, not by asking the daemons.
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        value = (await self._xattrs(inode)).get(name)
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return value

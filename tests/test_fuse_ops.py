@@ -145,6 +145,42 @@ def test_xattrs(cluster: Cluster, mount: Path) -> None:
     assert res.returncode != 0 and "not permitted" in res.stderr.lower()
 
 
+def test_stat_right_after_a_stat_sees_another_clients_change(cluster: Cluster, mount: Path) -> None:
+    # The kernel may keep attributes a little while (ATTR_TIMEOUT), but every
+    # path lookup asks the mount: a stat by path is never an old answer.
+    (mount / "fresh").mkdir()
+    np.save(mount / "fresh" / "a.npy", np.zeros(10, np.float32))
+    with Client(cluster.config_path) as client:
+        for n in (20, 30, 40):
+            assert os.stat(mount / "fresh" / "a.npy").st_size == 128 + 4 * (n - 10)
+            client.write("fresh/a", np.zeros(n, np.float32), replace=True)
+            assert os.stat(mount / "fresh" / "a.npy").st_size == 128 + 4 * n
+
+
+def test_other_xattrs_are_answered_without_the_daemons(tmp_path: Path) -> None:
+    # The kernel asks for security.capability before every write to a file
+    # opened without direct I/O; that must not cost a round trip to the daemons.
+    from .conftest import make_cluster
+
+    c = make_cluster(tmp_path / "c", nodes=1, timeout=2.0)
+    try:
+        m = start_mount(c, tmp_path / "mnt")
+        try:
+            np.save(m.path / "x.npy", np.zeros(10))
+            fd = os.open(m.path / "x.npy", os.O_RDONLY)
+            try:
+                assert os.getxattr(fd, "user.irdma.dtype") == b"float64"
+                c.kill("n1")
+                assert errno_of(lambda: os.getxattr(fd, "security.capability")) == errno.ENODATA
+                assert errno_of(lambda: os.getxattr(fd, "user.irdma.dtype")) == errno.EIO
+            finally:
+                os.close(fd)
+        finally:
+            m.unmount()
+    finally:
+        c.close()
+
+
 def test_shard_files(cluster: Cluster, mount: Path) -> None:
     (mount / "sh").mkdir()
     x = np.arange(50_000, dtype=np.float32)  # 200 KB: 4 shards of 64 KiB
