@@ -190,6 +190,15 @@ def test_list_and_delete(client: Client) -> None:
     # Listed versions sum over every shard on every daemon, as stat does.
     assert infos["ls/m/t3"].version == client.stat("ls/m/t3").version == 5  # 5 shards
     assert infos["ls/m/t3"].num_shards == 5
+    # The first ones by name: whole records, though each daemon sends only
+    # its own first ones.
+    firsts = client.list("ls/", limit=2)
+    assert [i.name for i in firsts] == ["ls/m/t0", "ls/m/t1"]
+    assert [i.version for i in firsts] == [infos["ls/m/t0"].version, infos["ls/m/t1"].version]
+    assert [i.name for i in client.list("ls/m/t4", limit=3)] == ["ls/m/t4"]
+    assert client.list("ls/none/", limit=1) == []
+    with pytest.raises(ValueError, match="limit"):
+        client.list("ls/", limit=-1)
     client.delete("ls/m/t3")
     assert "ls/m/t3" not in [i.name for i in client.list("ls/")]
     with pytest.raises(irdma.TensorNotFound):
@@ -393,24 +402,30 @@ def test_daemon_killed_mid_transfer(fresh_cluster: Cluster) -> None:
     client = fresh_cluster.client()
     x = np.arange(8 << 20, dtype=np.float32)  # 32 MiB: long enough to kill during it
     client.write("mid/x", x)
-    done = threading.Event()
+    reading, done = threading.Event(), threading.Event()
     outcome: list[BaseException | None] = []
 
     def reader() -> None:
+        # Reads until one fails (bounded): the kill below comes while it reads,
+        # whatever the machine's speed (a fixed number of reads could all end
+        # before it).
         try:
-            for _ in range(50):
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
                 client.read("mid/x")
+                reading.set()
             outcome.append(None)
         except BaseException as exc:  # recorded for the assertion below
             outcome.append(exc)
         finally:
+            reading.set()
             done.set()
 
     t = threading.Thread(target=reader)
     t.start()
-    time.sleep(0.3)
+    assert reading.wait(20), "the first read did not end"
     fresh_cluster.kill("n3")
-    assert done.wait(20), "reader hung after the daemon died"
+    assert done.wait(30), "reader hung after the daemon died"
     t.join()
     assert isinstance(outcome[0], irdma.DaemonUnavailable)
 
