@@ -259,7 +259,9 @@ class IrdmaOperations(pyfuse3.Operations):
     async def _dir_exists(self, prefix: str) -> bool:
         if not prefix:
             return True
-        return bool(await self._c.list(prefix + "/"))
+        # One record at most: a directory's size must not make every path
+        # through it cost a listing of all it holds.
+        return bool(await self._c.list(prefix + "/", limit=1))
 
     async def resolve(self, path: str) -> Resolved:
         """What ``path`` is now; raises FUSEError(ENOENT) if nothing."""

@@ -622,14 +622,17 @@ class AsyncClient:
             return None
 
     @_epoch_rerouted
-    async def list(self, prefix: str = "") -> list[TensorInfo]:
-        """Every tensor whose name starts with ``prefix``, sorted by name."""
+    async def list(self, prefix: str = "", *, limit: int = 0) -> list[TensorInfo]:
+        """Every tensor whose name starts with ``prefix``, sorted by name; only the
+        first ``limit`` of them if it is not 0 (``limit=1``: is there any?)."""
         raw = prefix.encode()
         if len(raw) > MAX_NAME_BYTES:
             raise ValueError("prefix is too long")
+        if not 0 <= limit < 1 << 63:
+            raise ValueError(f"limit must be 0 (none) or a positive count, not {limit}")
 
         async def list_on(node: Node) -> list[dict[str, Any]]:
-            hdr = ListTensors().frame(len(raw))
+            hdr = ListTensors(limit).frame(len(raw))
             try:
                 r = await self._request(node, hdr, [raw])
             except DaemonUnavailable:
@@ -643,7 +646,8 @@ class AsyncClient:
         for records in per_node:
             for rec in records:
                 by_name[rec["meta"]["name"]].append(rec)
-        return [self._info_from(recs) for _, recs in sorted(by_name.items())]
+        names = sorted(by_name)[:limit] if limit else sorted(by_name)
+        return [self._info_from(by_name[name]) for name in names]
 
     @_epoch_rerouted
     async def delete(self, name: str) -> None:
@@ -1547,9 +1551,9 @@ class Client:
         """See AsyncClient.stat."""
         return self._call(self._client.stat, name, everywhere=everywhere)
 
-    def list(self, prefix: str = "") -> list[TensorInfo]:
+    def list(self, prefix: str = "", *, limit: int = 0) -> list[TensorInfo]:
         """See AsyncClient.list."""
-        return self._call(self._client.list, prefix)
+        return self._call(self._client.list, prefix, limit=limit)
 
     def delete(self, name: str) -> None:
         """See AsyncClient.delete."""

@@ -124,7 +124,7 @@ class MetaOps:
 
     async def list(self, conn: Conn, header: Header, msg: ListTensors) -> None:
         prefix = await _payload_text(conn, "list prefix")
-        data = encode_json(self.store.list(prefix))
+        data = encode_json(self.store.list(prefix, msg.limit))
         if len(data) > MAX_META_PAYLOAD:
             raise StoreError(Status.TOO_LARGE, "listing is too large; use a longer prefix")
         await self.replies.reply(conn, header, [data])

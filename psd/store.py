@@ -28,12 +28,14 @@ allocation finds none, the older copies are freed, then the previous ones.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 import time
 import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -544,18 +546,20 @@ class Store:
             out["evicted"] = sorted(tensor.coord.evicted)
         return out
 
-    def list(self, prefix: str = "") -> list[dict[str, Any]]:
-        """Stat records of the tensors this daemon holds shards of, by name.
+    def list(self, prefix: str = "", limit: int = 0) -> list[dict[str, Any]]:
+        """Stat records of the tensors this daemon holds shards of, by name; only
+        the first ``limit`` of them if it is not 0.
 
         The client merges the records of every daemon, so a tensor's listed
-        version is the sum over all its shards, as ``stat`` reports it.
+        version is the sum over all its shards, as ``stat`` reports it. (A
+        tensor among the first ``limit`` of all daemons together is among the
+        first ``limit`` of each daemon holding it, so a merged limited listing
+        is whole.)
         """
-        out = [
-            self.info(t)
-            for t in self.tensors.values()
-            if t.shards and t.meta.name.startswith(prefix)
-        ]
-        return sorted(out, key=lambda d: d["meta"]["name"])
+        held = [t for t in self.tensors.values() if t.shards and t.meta.name.startswith(prefix)]
+        by_name = attrgetter("meta.name")
+        chosen = heapq.nsmallest(limit, held, key=by_name) if limit else sorted(held, key=by_name)
+        return [self.info(t) for t in chosen]
 
     # -- data ops -----------------------------------------------------------
 

@@ -404,6 +404,10 @@ def test_list_and_info(arena: Arena) -> None:
     assert [d["meta"]["name"] for d in store.list("a/")] == ["a/w", "a/x"]
     assert [d["meta"]["name"] for d in store.list()] == ["a/w", "a/x", "b/z"]
     assert store.list("c/") == []
+    # A limit gives the first by name (of those this daemon holds shards of).
+    assert [d["meta"]["name"] for d in store.list("", limit=2)] == ["a/w", "a/x"]
+    assert [d["meta"]["name"] for d in store.list("a/", limit=1)] == ["a/w"]
+    assert [d["meta"]["name"] for d in store.list("b/", limit=5)] == ["b/z"]
     key = tensor_key("a/x")
     write(store, key, 0, 0, b"x")
     write(store, key, 0, 1, b"y")

@@ -147,10 +147,24 @@ class Rename:
 
 
 @dataclass(frozen=True, slots=True)
-class ListTensors(_Bare):
-    """The tensors under a prefix; the payload is the prefix (UTF-8)."""
+class ListTensors:
+    """The tensors under a prefix; the payload is the prefix (UTF-8).
 
+    ``limit`` (in the header's size field; 0: no limit) asks for only the
+    first that many by name: whether a directory exists is one record, not
+    a listing of everything in it.
+    """
+
+    limit: int = 0
+    request_id: int = 0
     op: ClassVar[Op] = Op.LIST
+
+    def frame(self, length: int = 0) -> Header:
+        return Header(op=self.op, request_id=self.request_id, size=self.limit, length=length)
+
+    @classmethod
+    def decode(cls, h: Header) -> ListTensors:
+        return cls(h.size, h.request_id)
 
 
 # -- data -------------------------------------------------------------------------------
