@@ -489,7 +489,8 @@ class IrdmaOperations(pyfuse3.Operations):
         res = await self.resolve(path)
         if res.target.kind != Kind.DIR:
             raise pyfuse3.FUSEError(errno.ENOTDIR if not res.target.is_dir else errno.EPERM)
-        inside = await self._c.list(res.target.name + "/")
+        # Two records tell: the directory's marker and anything else.
+        inside = await self._c.list(res.target.name + "/", limit=2)
         marker = paths.join(res.target.name, DIR_MARKER)
         if any(i.name != marker for i in inside):
             raise pyfuse3.FUSEError(errno.ENOTEMPTY)
@@ -885,7 +886,7 @@ class IrdmaOperations(pyfuse3.Operations):
             if not dst.target.is_dir:
                 raise pyfuse3.FUSEError(errno.ENOTDIR)
             marker = paths.join(dst.target.name, DIR_MARKER)
-            if any(i.name != marker for i in await self._c.list(dst.target.name + "/")):
+            if any(i.name != marker for i in await self._c.list(dst.target.name + "/", limit=2)):
                 raise pyfuse3.FUSEError(errno.ENOTEMPTY)
         if (new + "/").startswith(src.path + "/"):
             raise pyfuse3.FUSEError(errno.EINVAL)  # into itself

@@ -320,6 +320,13 @@ def test_mkdir_rmdir_rename(mount: Path) -> None:
     np.save(mount / "d1" / "v.npy", np.zeros(2))
     os.rename(mount / "d1" / "u.npy", mount / "d1" / "v.npy")
     assert np.array_equal(np.load(mount / "d1" / "v.npy"), np.arange(4))
+    # A directory replaces an empty one (its marker alone), not one with files.
+    (mount / "full").mkdir()
+    np.save(mount / "full" / "a.npy", np.zeros(1))
+    assert errno_of(lambda: os.rename(mount / "d1", mount / "full")) == errno.ENOTEMPTY
+    (mount / "empty").mkdir()
+    os.rename(mount / "full", mount / "empty")
+    assert np.array_equal(np.load(mount / "empty" / "a.npy"), np.zeros(1))
     # Directories move with their tensors.
     run("mv", str(mount / "d1"), str(mount / "d2"))
     assert np.array_equal(np.load(mount / "d2" / "v.npy"), np.arange(4))
