@@ -215,6 +215,12 @@ class IrdmaOperations(pyfuse3.Operations):
         if t.kind == Kind.WORKER_DIR:
             # Virtual directories that never change: let the kernel keep them.
             a.entry_timeout = a.attr_timeout = WORKER_DIR_TIMEOUT
+        elif t.is_dir:
+            # Every path walks through its directories: a burst of opens in one
+            # asks whether it exists once per ATTR_TIMEOUT, not once per open.
+            # (One removed elsewhere is seen that much later; files in it are
+            # looked up afresh all the same.)
+            a.entry_timeout = ATTR_TIMEOUT
         if t.is_dir:
             a.st_mode = stat.S_IFDIR | self._modes.get(res.path, 0o755)
             a.st_nlink = 2
@@ -291,14 +297,19 @@ class IrdmaOperations(pyfuse3.Operations):
             if info is not None and (t.kind != Kind.SHARD or t.index < info.num_shards):
                 return Resolved(path, t, info)
         else:  # a plain path: a typed tensor, a raw file or a directory
-            # The most specific name first (what an existing file usually is:
-            # one message per daemon). A name that is not a tensor costs a round
-            # trip to every daemon (a tensor renamed to it may be anywhere), so
-            # the other candidates and the directory are then asked together.
-            first, *rest = paths.file_candidates(path)
-            info = await self._stat(first.name)
-            if info is not None and is_raw(info) != first.typed:
-                return Resolved(path, first, info)
+            # A .npy name is most likely its typed tensor: asked alone first
+            # (one message per daemon). A name that is not a tensor costs a
+            # round trip to every daemon (a tensor renamed to it may be
+            # anywhere), so the other candidates and the directory are then
+            # asked together. A name without .npy is a raw file or, far more
+            # often (every path walks through its directories), a directory:
+            # both are asked at once.
+            rest = paths.file_candidates(path)
+            if rest[0].typed:
+                first, *rest = rest
+                info = await self._stat(first.name)
+                if info is not None and is_raw(info) != first.typed:
+                    return Resolved(path, first, info)
             asks: list[Callable[[], Awaitable[Any]]] = [
                 *(functools.partial(self._stat, c.name) for c in rest),
                 functools.partial(self._dir_exists, t.name),

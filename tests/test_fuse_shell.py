@@ -74,13 +74,15 @@ def test_put_of_a_name_ending_in_npy_shows_once_in_the_mount(
 def test_a_paused_daemon_costs_a_lookup_one_timeout(fresh_cluster: Cluster, tmp_path: Path) -> None:
     m = start_mount(fresh_cluster, tmp_path / "mnt")
     try:
-        (m.path / "slow").mkdir()
-        np.save(m.path / "slow" / "w.npy", np.zeros(3))
+        # A file at the root: the kernel keeps a directory's entry and
+        # attributes a little while (ATTR_TIMEOUT), and the walk through one
+        # would ask a getattr or nothing, depending on how long ago it asked.
+        np.save(m.path / "slow.npy", np.zeros(3))
         fresh_cluster.signal("n1", signal.SIGSTOP)
         try:
             before = m.log().count("lookup: daemon n1")
             try:
-                os.stat(m.path / "slow")  # its entry is cached: revalidated, then looked up
+                os.stat(m.path / "slow.npy")  # its entry is cached: revalidated, then looked up
                 raise AssertionError("stat answered while a daemon is paused")
             except OSError as exc:
                 assert exc.errno == errno.EIO
