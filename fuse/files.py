@@ -402,21 +402,32 @@ async def _push_ranges(
 async def _push_npy(client: AsyncClient, handle: Handle, data: memoryview) -> None:
     layout = parse_header(data)  # BadNpy if the header is not valid
     info = handle.info
-    same = (
+    same_layout = (
         info is not None
-        and not handle.redefine
+        and not is_raw(info)
         and np.dtype(info.dtype) == layout.dtype.newbyteorder("<")
         and info.shape == layout.shape
         and layout.dtype.byteorder != ">"
         and layout.header_len == len(header_for(info.dtype, info.shape))
     )
-    if same:
+    name = handle.target.name
+    if same_layout and not handle.redefine:
         try:
-            await _push_ranges(client, handle.target.name, data, handle.dirty, layout.header_len, 0)
+            await _push_ranges(client, name, data, handle.dirty, layout.header_len, 0)
             return
         except TensorNotFound:
             pass  # deleted meanwhile: store the whole file as a new tensor
-    await client.write(handle.target.name, parse_npy(data, zero_fill=True), replace=True)
+    arr = parse_npy(data, zero_fill=True)
+    if same_layout:
+        # Rewritten whole (np.save over the file) with the layout it had: a
+        # whole-tensor write in place, as a replace of the same layout would
+        # do, without defining the tensor again on every daemon.
+        try:
+            await client.write(name, arr)
+            return
+        except LAYOUT_CHANGED:
+            pass  # redefined or deleted meanwhile: replace it
+    await client.write(name, arr, replace=True)
 
 
 async def _push_raw(client: AsyncClient, handle: Handle, data: memoryview) -> None:

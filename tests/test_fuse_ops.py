@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from irdma import Client
+from irdma.modes import Mode
 
 from .conftest import Cluster, mount_command, start_mount
 
@@ -245,6 +246,20 @@ def test_changed_header_redefines_the_tensor(cluster: Cluster, mount: Path) -> N
     with Client(cluster.config_path) as c:
         info = c.stat("re/w")
     assert info.dtype == "int64" and info.shape == (7,)
+
+
+def test_a_rewrite_of_the_same_layout_keeps_the_tensor(cluster: Cluster, mount: Path) -> None:
+    # np.save over a file with the layout it has writes the tensor in place:
+    # same tensor (creation time, training mode), new bytes, a new version.
+    with Client(cluster.config_path) as c:
+        c.write("same/w", np.zeros(1000, np.float32), mode=Mode.ssp(3, 2))
+        before = c.stat("same/w")
+        np.save(mount / "same" / "w.npy", np.arange(1000, dtype=np.float32))
+        after = c.stat("same/w")
+        assert np.array_equal(c.read("same/w"), np.arange(1000, dtype=np.float32))
+    assert after.ctime == before.ctime and after.options == before.options
+    assert after.version > before.version
+    assert os.getxattr(mount / "same" / "w.npy", "user.irdma.mode").decode().startswith("ssp")
 
 
 def test_partial_write_updates_only_those_bytes(cluster: Cluster, mount: Path) -> None:
