@@ -19,6 +19,7 @@ import numpy as np
 from irdma import AsyncClient, TensorInfo
 from irdma.errors import DtypeMismatch, OutOfRange, ShapeMismatch, StaleLayout, TensorNotFound
 
+from .buffers import BufferPool
 from .npyfile import BadNpy, NpyLayout, check_start, header_for, parse_header, parse_npy
 from .outflow import Outflow, merged
 from .paths import RAW_OPTION, Kind, Target
@@ -33,6 +34,11 @@ SNAPSHOT_RETRIES = 8
 # at once; numpy's headers are 128 bytes for ordinary shapes, a few KiB at most.
 HEADER_CHECK_LIMIT = 1 << 16
 GROW_MIN = 16 << 20
+
+
+def take(pool: BufferPool | None, size: int) -> np.ndarray:
+    """``size`` bytes of uninitialised memory, from ``pool`` if there is one."""
+    return pool.take(size) if pool is not None else np.empty(size, dtype=np.uint8)
 
 
 def identity(info: TensorInfo) -> tuple:
@@ -63,19 +69,23 @@ def _extent(target: Target, info: TensorInfo) -> tuple[bytes, int, int]:
 
 
 async def load(
-    client: AsyncClient, target: Target, known: TensorInfo | None = None
+    client: AsyncClient,
+    target: Target,
+    known: TensorInfo | None = None,
+    pool: BufferPool | None = None,
 ) -> tuple[TensorInfo, np.ndarray]:
     """A consistent copy of a file's bytes: every byte from the same tensor version.
 
     ``known`` is a stat the caller just made; it stands for the first "before"
-    reading instead of asking the daemons again.
+    reading instead of asking the daemons again. The memory comes from ``pool``
+    if given.
     """
     if target.kind == Kind.STEP:
-        return await _pull(client, target, known)
+        return await _pull(client, target, known, pool)
     for _ in range(SNAPSHOT_RETRIES):
         info = known if known is not None else await client.stat(target.name)
         known = None
-        data, body, start = file_buffer(target, info)
+        data, body, start = file_buffer(target, info, pool)
         await client.read_bytes(target.name, start, len(body), out=body)
         after = await client.stat(target.name)
         if identity(after) == identity(info):
@@ -84,17 +94,19 @@ async def load(
     return info, data
 
 
-def file_buffer(target: Target, info: TensorInfo) -> tuple[np.ndarray, np.ndarray, int]:
+def file_buffer(
+    target: Target, info: TensorInfo, pool: BufferPool | None = None
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Memory for a file's bytes with its header filled in: (whole file, the
     tensor bytes part of it, first tensor byte)."""
     header, start, length = _extent(target, info)
-    data = np.empty(len(header) + length, dtype=np.uint8)
+    data = take(pool, len(header) + length)
     data[: len(header)] = np.frombuffer(header, dtype=np.uint8)
     return data, data[len(header) :], start
 
 
 async def _pull(
-    client: AsyncClient, target: Target, known: TensorInfo | None
+    client: AsyncClient, target: Target, known: TensorInfo | None, pool: BufferPool | None
 ) -> tuple[TensorInfo, np.ndarray]:
     """A training worker's pull of a tensor for a step, as a .npy file.
 
@@ -103,14 +115,16 @@ async def _pull(
     """
     info = known if known is not None else await client.stat(target.name)
     try:
-        return info, await _pull_as(client, target, info)
+        return info, await _pull_as(client, target, info, pool)
     except (ShapeMismatch, DtypeMismatch):  # ``known`` is out of date: redefined since
         info = await client.stat(target.name)
-        return info, await _pull_as(client, target, info)
+        return info, await _pull_as(client, target, info, pool)
 
 
-async def _pull_as(client: AsyncClient, target: Target, info: TensorInfo) -> np.ndarray:
-    data, body, _ = file_buffer(target, info)
+async def _pull_as(
+    client: AsyncClient, target: Target, info: TensorInfo, pool: BufferPool | None
+) -> np.ndarray:
+    data, body, _ = file_buffer(target, info, pool)
     out = body.view(info.meta.np_dtype).reshape(info.shape)
     await client.read(target.name, out, worker=target.worker, step=target.step)
     return data
@@ -124,22 +138,27 @@ class FileBuffer:
     """
 
     def __init__(
-        self, initial: bytes | bytearray | memoryview | np.ndarray = b"", capacity: int = 0
+        self,
+        initial: bytes | bytearray | memoryview | np.ndarray = b"",
+        capacity: int = 0,
+        pool: BufferPool | None = None,
     ) -> None:
         """``capacity``: the size the file will likely reach (a rewrite of a
-        file of that size), so a sequential write never regrows and copies."""
+        file of that size), so a sequential write never regrows and copies.
+        The memory comes from ``pool`` if given."""
         src = np.frombuffer(initial, dtype=np.uint8) if len(initial) else None
         self.length = 0 if src is None else len(src)
-        self._a = np.empty(max(self.length, capacity, 1 << 16), dtype=np.uint8)
+        self._pool = pool
+        self._a = take(pool, max(self.length, capacity, 1 << 16))
         if src is not None:
             self._a[: self.length] = src
 
     @classmethod
-    def holding(cls, data: np.ndarray) -> FileBuffer:
+    def holding(cls, data: np.ndarray, pool: BufferPool | None = None) -> FileBuffer:
         """A buffer whose content is ``data`` itself (uint8; not copied: the caller
         gives it up), for a file loaded whole just before."""
         buf = cls.__new__(cls)
-        buf._a, buf.length = data, len(data)
+        buf._a, buf.length, buf._pool = data, len(data), pool
         return buf
 
     def __len__(self) -> int:
@@ -150,7 +169,7 @@ class FileBuffer:
             # Grown 4-fold, to 16 MiB at least: a file of unknown size written
             # sequentially is copied a third of its size in all, not all of it
             # (untouched memory costs nothing until written).
-            grown = np.empty(max(size, 4 * len(self._a), GROW_MIN), dtype=np.uint8)
+            grown = take(self._pool, max(size, 4 * len(self._a), GROW_MIN))
             grown[: self.length] = self._a[: self.length]
             self._a = grown
 

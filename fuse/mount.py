@@ -136,8 +136,16 @@ async def serve(
                         kb = await trio.to_thread.run_sync(raise_read_ahead, mountpoint)
                         log.info("read-ahead %s KiB", kb)
 
+                    async def trim_buffers() -> None:
+                        # Free buffers unused for a while go back to the system
+                        # even when no new file is opened.
+                        while True:
+                            await trio.sleep(ops.buffers.idle)
+                            ops.buffers.trim()
+
                     nursery.start_soon(on_signals)
                     nursery.start_soon(tune)
+                    nursery.start_soon(trim_buffers)
                     await pyfuse3.main()
                     nursery.cancel_scope.cancel()
             finally:

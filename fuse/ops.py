@@ -40,6 +40,7 @@ from irdma.errors import (
 )
 
 from . import paths
+from .buffers import BufferPool
 from .files import FileBuffer, Handle, file_size, identity, is_raw, load, plan_outflow, push
 from .mover import Mover
 from .npyfile import BadNpy
@@ -134,6 +135,8 @@ class IrdmaOperations(pyfuse3.Operations):
         self.nursery: trio.Nursery | None = None
         # Moves streamed reads' and background pushes' bytes in its own thread.
         self.mover: Mover | None = None
+        # Memory for large files' bytes, reused once nothing uses it.
+        self.buffers = BufferPool()
         self.direct_io = direct_io
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
@@ -547,16 +550,16 @@ class IrdmaOperations(pyfuse3.Operations):
         if t.kind == Kind.ACCUMULATE:
             if not writable:
                 raise pyfuse3.FUSEError(errno.EACCES)
-            handle.buf = FileBuffer()
+            handle.buf = FileBuffer(pool=self.buffers)
             handle.checks_header = True
             return handle
         if t.kind == Kind.STEP:
             if writable:  # a push: the gradient for this step, written whole
-                handle.buf = FileBuffer()
+                handle.buf = FileBuffer(pool=self.buffers)
                 handle.checks_header = True
                 return handle
             # A pull: waits for the step, then is this open's own content.
-            info, data = await load(self._c, t, res.info)
+            info, data = await load(self._c, t, res.info, self.buffers)
             self._step_infos[t.name] = info
             handle.info = info
             handle.snapshot = Snapshot.of(data, info, refs=1)
@@ -565,14 +568,14 @@ class IrdmaOperations(pyfuse3.Operations):
             if truncate or res.info is None:
                 # Rewriting a file mostly keeps its size: room for that up front.
                 expected = file_size(t, res.info) if res.info is not None else 0
-                handle.buf = FileBuffer(capacity=expected)
+                handle.buf = FileBuffer(capacity=expected, pool=self.buffers)
                 handle.redefine = t.kind != Kind.SHARD
                 handle.dirty.append((0, 0))
                 handle.checks_header = t.typed and t.kind == Kind.TENSOR
             else:
-                info, data = await load(self._c, t, res.info)
+                info, data = await load(self._c, t, res.info, self.buffers)
                 handle.info = info
-                handle.buf = FileBuffer.holding(data)  # loaded for this writer alone
+                handle.buf = FileBuffer.holding(data, self.buffers)  # loaded for this writer alone
             return handle
         info = res.info if res.info is not None else await self._c.stat(t.name)
         snap = self._snapshots.get(path)
@@ -646,7 +649,7 @@ class IrdmaOperations(pyfuse3.Operations):
             # (close-to-open), not at a first read that may come after an update;
             # reads are answered as the chunks they need arrive. Opens the page
             # cache already serves start only if a read reaches us.
-            snap.start(self._n, self._c, handle.target, handle.info, self.mover)
+            snap.start(self._n, self._c, handle.target, handle.info, self.mover, self.buffers)
         return fi
 
     @fuse_errors
@@ -666,7 +669,12 @@ class IrdmaOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         target = paths.file_candidates(path)[0]  # .npy: typed; anything else: raw bytes
         handle = Handle(
-            path, target, True, buf=FileBuffer(), redefine=True, checks_header=target.typed
+            path,
+            target,
+            True,
+            buf=FileBuffer(pool=self.buffers),
+            redefine=True,
+            checks_header=target.typed,
         )
         self._pending[path] = handle
         self._modes[path] = stat.S_IMODE(mode)
@@ -682,7 +690,7 @@ class IrdmaOperations(pyfuse3.Operations):
                 # The page cache was to serve this open and lost pages: the
                 # version now, whole (if it changed since the open: the newer).
                 info = await self._c.stat(handle.target.name)
-                snap.start(self._n, self._c, handle.target, info, self.mover)
+                snap.start(self._n, self._c, handle.target, info, self.mover, self.buffers)
             await snap.wait(off, size)
         return handle.read(off, size)
 
@@ -846,7 +854,7 @@ class IrdmaOperations(pyfuse3.Operations):
             # whole file goes to the new name), and the old name is deleted.
             stored = await self._stop_outflow(writer) or stored
         else:
-            _, loaded = await load(self._c, src.target, src.info)
+            _, loaded = await load(self._c, src.target, src.info, self.buffers)
             data = FileBuffer.holding(loaded)
         moved = Handle(src.path, target, True, buf=data, redefine=True)
         await push(self._c, moved)
@@ -882,7 +890,7 @@ class IrdmaOperations(pyfuse3.Operations):
             return
         for h in replaced:
             if h.snapshot is not None and not h.snapshot.started and h.info is not None:
-                h.snapshot.start(self._n, self._c, h.target, h.info, self.mover)
+                h.snapshot.start(self._n, self._c, h.target, h.info, self.mover, self.buffers)
         await self._quiesce(dst.target.name)
         orphan = f"{dst.path}\0replaced-{self._next_fh}"
         self._next_fh += 1

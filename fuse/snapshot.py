@@ -28,6 +28,7 @@ import trio
 
 from irdma import AsyncClient, TensorInfo
 
+from .buffers import BufferPool
 from .files import file_buffer, identity
 from .mover import Mover
 from .paths import Target
@@ -70,13 +71,15 @@ class Snapshot:
         target: Target,
         info: TensorInfo,
         mover: Mover | None = None,
+        pool: BufferPool | None = None,
     ) -> None:
         """Begin filling from the daemons in the background (once); the chunks are
-        read by ``mover`` (in its own thread) if given, else by ``client``."""
+        read by ``mover`` (in its own thread) if given, else by ``client``. The
+        memory comes from ``pool`` if given."""
         if self.data is not None:
             return
         self.target_name = target.name
-        data, body, start = file_buffer(target, info)
+        data, body, start = file_buffer(target, info, pool)
         self.data = data
         self._header = len(data) - len(body)
         shard = max(1, info.shard_size)
