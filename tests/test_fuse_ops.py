@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import multiprocessing as mp
@@ -10,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,7 @@ import pytest
 from irdma import Client
 from irdma.modes import Mode
 
-from .conftest import Cluster, mount_command, start_mount
+from .conftest import Cluster, Mount, mount_command, start_mount
 
 
 def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -158,28 +160,35 @@ def test_stat_right_after_a_stat_sees_another_clients_change(cluster: Cluster, m
             assert os.stat(mount / "fresh" / "a.npy").st_size == 128 + 4 * n
 
 
-def test_other_xattrs_are_answered_without_the_daemons(tmp_path: Path) -> None:
-    # The kernel asks for security.capability before every write to a file
-    # opened without direct I/O; that must not cost a round trip to the daemons.
+@contextlib.contextmanager
+def lone_daemon_mount(tmp_path: Path) -> Iterator[tuple[Cluster, Mount]]:
+    """A mount of a one-daemon cluster (2 s client timeout), for tests that stop it."""
     from .conftest import make_cluster
 
     c = make_cluster(tmp_path / "c", nodes=1, timeout=2.0)
     try:
         m = start_mount(c, tmp_path / "mnt")
         try:
-            np.save(m.path / "x.npy", np.zeros(10))
-            fd = os.open(m.path / "x.npy", os.O_RDONLY)
-            try:
-                assert os.getxattr(fd, "user.irdma.dtype") == b"float64"
-                c.kill("n1")
-                assert errno_of(lambda: os.getxattr(fd, "security.capability")) == errno.ENODATA
-                assert errno_of(lambda: os.getxattr(fd, "user.irdma.dtype")) == errno.EIO
-            finally:
-                os.close(fd)
+            yield c, m
         finally:
             m.unmount()
     finally:
         c.close()
+
+
+def test_other_xattrs_are_answered_without_the_daemons(tmp_path: Path) -> None:
+    # The kernel asks for security.capability before every write to a file
+    # opened without direct I/O; that must not cost a round trip to the daemons.
+    with lone_daemon_mount(tmp_path) as (c, m):
+        np.save(m.path / "x.npy", np.zeros(10))
+        fd = os.open(m.path / "x.npy", os.O_RDONLY)
+        try:
+            assert os.getxattr(fd, "user.irdma.dtype") == b"float64"
+            c.kill("n1")
+            assert errno_of(lambda: os.getxattr(fd, "security.capability")) == errno.ENODATA
+            assert errno_of(lambda: os.getxattr(fd, "user.irdma.dtype")) == errno.EIO
+        finally:
+            os.close(fd)
 
 
 def test_shard_files(cluster: Cluster, mount: Path) -> None:
@@ -414,20 +423,11 @@ def test_enospc_when_the_arena_is_full(tmp_path: Path) -> None:
 
 
 def test_eio_when_daemons_are_gone(tmp_path: Path) -> None:
-    from .conftest import make_cluster
-
-    c = make_cluster(tmp_path / "c", nodes=1, timeout=2.0)
-    try:
-        m = start_mount(c, tmp_path / "mnt")
-        try:
-            np.save(m.path / "x.npy", np.zeros(10))
-            c.kill("n1")
-            assert errno_of(lambda: np.load(m.path / "x.npy")) == errno.EIO
-            assert "unavailable" in m.log()
-        finally:
-            m.unmount()
-    finally:
-        c.close()
+    with lone_daemon_mount(tmp_path) as (c, m):
+        np.save(m.path / "x.npy", np.zeros(10))
+        c.kill("n1")
+        assert errno_of(lambda: np.load(m.path / "x.npy")) == errno.EIO
+        assert "unavailable" in m.log()
 
 
 def test_unmount_with_a_file_open_pushes_the_data(cluster: Cluster, tmp_path: Path) -> None:
