@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -161,11 +162,12 @@ def test_stat_right_after_a_stat_sees_another_clients_change(cluster: Cluster, m
 
 
 @contextlib.contextmanager
-def lone_daemon_mount(tmp_path: Path) -> Iterator[tuple[Cluster, Mount]]:
-    """A mount of a one-daemon cluster (2 s client timeout), for tests that stop it."""
+def lone_daemon_mount(tmp_path: Path, **cluster: Any) -> Iterator[tuple[Cluster, Mount]]:
+    """A mount of a one-daemon cluster of its own (``make_cluster`` options), for
+    tests that stop the daemon or fill its arena."""
     from .conftest import make_cluster
 
-    c = make_cluster(tmp_path / "c", nodes=1, timeout=2.0)
+    c = make_cluster(tmp_path / "c", nodes=1, **cluster)
     try:
         m = start_mount(c, tmp_path / "mnt")
         try:
@@ -179,7 +181,7 @@ def lone_daemon_mount(tmp_path: Path) -> Iterator[tuple[Cluster, Mount]]:
 def test_other_xattrs_are_answered_without_the_daemons(tmp_path: Path) -> None:
     # The kernel asks for security.capability before every write to a file
     # opened without direct I/O; that must not cost a round trip to the daemons.
-    with lone_daemon_mount(tmp_path) as (c, m):
+    with lone_daemon_mount(tmp_path, timeout=2.0) as (c, m):
         np.save(m.path / "x.npy", np.zeros(10))
         fd = os.open(m.path / "x.npy", os.O_RDONLY)
         try:
@@ -405,25 +407,16 @@ def test_errnos(mount: Path) -> None:
 
 
 def test_enospc_when_the_arena_is_full(tmp_path: Path) -> None:
-    from .conftest import make_cluster
-
-    small = make_cluster(tmp_path / "c", nodes=1, arena_size=2 << 20)
-    try:
-        m = start_mount(small, tmp_path / "mnt")
-        try:
-            with pytest.raises(OSError) as ei:
-                np.save(m.path / "big.npy", np.zeros(4 << 20, np.uint8))
-            assert ei.value.errno == errno.ENOSPC
-            st = os.statvfs(m.path)
-            assert st.f_blocks * st.f_frsize == 2 << 20
-        finally:
-            m.unmount()
-    finally:
-        small.close()
+    with lone_daemon_mount(tmp_path, arena_size=2 << 20) as (_, m):
+        with pytest.raises(OSError) as ei:
+            np.save(m.path / "big.npy", np.zeros(4 << 20, np.uint8))
+        assert ei.value.errno == errno.ENOSPC
+        st = os.statvfs(m.path)
+        assert st.f_blocks * st.f_frsize == 2 << 20
 
 
 def test_eio_when_daemons_are_gone(tmp_path: Path) -> None:
-    with lone_daemon_mount(tmp_path) as (c, m):
+    with lone_daemon_mount(tmp_path, timeout=2.0) as (c, m):
         np.save(m.path / "x.npy", np.zeros(10))
         c.kill("n1")
         assert errno_of(lambda: np.load(m.path / "x.npy")) == errno.EIO
