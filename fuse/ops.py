@@ -358,16 +358,16 @@ class IrdmaOperations(pyfuse3.Operations):
         if path in self._orphans:
             return self._orphans[path]
         await self._settled(path)
-        # The kernel asks before every read() of a cached file (attributes
-        # time out at once, for close-to-open); while the file is open only
-        # for reading, an answer up to OPEN_ATTR_REUSE old serves. open()
-        # itself always asks the daemons.
         writer = self._pending.get(path) or self._writer(path)
         if writer is not None:
             # What this mount's writer holds is the file (its size, now as
             # its time): nothing to ask the daemons. The kernel asks before
             # each write to a file opened with O_TRUNC.
             return self._attrs(Resolved(path, writer.target))
+        # The kernel asks before read()s of a cached file once the attributes
+        # are ATTR_TIMEOUT old; while the file is open only for reading, an
+        # answer up to OPEN_ATTR_REUSE old serves. open() itself always asks
+        # the daemons.
         now = time.monotonic()
         cached = self._open_attrs.get(path)
         fresh = cached is not None and now - cached[0] < OPEN_ATTR_REUSE
