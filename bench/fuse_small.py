@@ -27,7 +27,6 @@ import signal
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,18 +37,13 @@ from irdma import Client
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from link import start_local
 
-from fuse import irdma_mount, stop  # bench/fuse.py
+from fuse import irdma_mount, stop, timed  # bench/fuse.py
 
 SMALL = np.arange(1024, dtype=np.float32)  # 4 KiB of data, a 4224-byte file
 
 
 def median_ms(fn: Callable[[], object], calls: int) -> float:
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+    return statistics.median(timed(fn) for _ in range(calls)) * 1e3
 
 
 def operations(root: Path) -> dict[str, Callable[[], object]]:

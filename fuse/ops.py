@@ -587,6 +587,10 @@ class IrdmaOperations(pyfuse3.Operations):
         handle.info = info
         return handle
 
+    def _stream_in(self, snap: Snapshot, target: Target, info: TensorInfo) -> None:
+        """Begin streaming ``snap`` in from the daemons (by the mover, into pooled memory)."""
+        snap.start(self._n, self._c, target, info, self.mover, self.buffers)
+
     def _open_handles(self, path: str) -> list[Handle]:
         return [h for h in self._handles.values() if h.path == path]
 
@@ -649,7 +653,7 @@ class IrdmaOperations(pyfuse3.Operations):
             # (close-to-open), not at a first read that may come after an update;
             # reads are answered as the chunks they need arrive. Opens the page
             # cache already serves start only if a read reaches us.
-            snap.start(self._n, self._c, handle.target, handle.info, self.mover, self.buffers)
+            self._stream_in(snap, handle.target, handle.info)
         return fi
 
     @fuse_errors
@@ -690,7 +694,7 @@ class IrdmaOperations(pyfuse3.Operations):
                 # The page cache was to serve this open and lost pages: the
                 # version now, whole (if it changed since the open: the newer).
                 info = await self._c.stat(handle.target.name)
-                snap.start(self._n, self._c, handle.target, info, self.mover, self.buffers)
+                self._stream_in(snap, handle.target, info)
             await snap.wait(off, size)
         return handle.read(off, size)
 
@@ -855,7 +859,7 @@ class IrdmaOperations(pyfuse3.Operations):
             stored = await self._stop_outflow(writer) or stored
         else:
             _, loaded = await load(self._c, src.target, src.info, self.buffers)
-            data = FileBuffer.holding(loaded)
+            data = FileBuffer.holding(loaded, self.buffers)
         moved = Handle(src.path, target, True, buf=data, redefine=True)
         await push(self._c, moved)
         if stored and target.name != src.target.name:
@@ -890,7 +894,7 @@ class IrdmaOperations(pyfuse3.Operations):
             return
         for h in replaced:
             if h.snapshot is not None and not h.snapshot.started and h.info is not None:
-                h.snapshot.start(self._n, self._c, h.target, h.info, self.mover, self.buffers)
+                self._stream_in(h.snapshot, h.target, h.info)
         await self._quiesce(dst.target.name)
         orphan = f"{dst.path}\0replaced-{self._next_fh}"
         self._next_fh += 1

@@ -646,8 +646,7 @@ class AsyncClient:
         for records in per_node:
             for rec in records:
                 by_name[rec["meta"]["name"]].append(rec)
-        names = sorted(by_name)[:limit] if limit else sorted(by_name)
-        return [self._info_from(by_name[name]) for name in names]
+        return [self._info_from(by_name[name]) for name in sorted(by_name)[: limit or None]]
 
     @_epoch_rerouted
     async def delete(self, name: str) -> None:
