@@ -6,7 +6,7 @@ create, read, write and accumulate tensors held by ``psd`` daemons.
 
 from . import mounts
 from .client import AsyncClient, Client, TensorInfo
-from .cluster import ClusterConfig, load_config
+from .cluster import ClusterConfig, load_config, parse_size
 from .errors import (
     ArenaFull,
     AuthFailed,
@@ -26,6 +26,7 @@ from .errors import (
 from .modes import Mode, describe_options
 from .names import DIR_MARKER
 from .sdnotify import Notifier
+from .transport.shared import SharedMemoryFull, SharedRegion
 
 __version__ = "0.1.0"
 
@@ -47,6 +48,8 @@ __all__ = [
     "Notifier",
     "OutOfRange",
     "ShapeMismatch",
+    "SharedMemoryFull",
+    "SharedRegion",
     "TensorExists",
     "TensorInfo",
     "TensorNotFound",
@@ -54,4 +57,5 @@ __all__ = [
     "describe_options",
     "load_config",
     "mounts",
+    "parse_size",
 ]

@@ -25,10 +25,11 @@ from . import narrowing
 from .agreement import Runner, Served, agree, settle_at
 from .auth import cluster_secret
 from .batching import Batches
-from .cluster import ClusterConfig, Node, load_config
+from .cluster import ClusterConfig, Node, load_config, parse_size
 from .epochs import Epoch, epoch_tag
 from .errors import (
     ClientClosed,
+    ConfigError,
     DaemonError,
     DaemonTimeout,
     DaemonUnavailable,
@@ -84,6 +85,7 @@ from .transport.base import (
 )
 from .transport.direct import Copier
 from .transport.select import forced_transport, may_use_rdma
+from .transport.shared import SharedRegion
 
 Progress = Callable[[int], None]
 T = TypeVar("T")
@@ -152,6 +154,17 @@ def as_stored_array(array: Any) -> np.ndarray:
     return arr if arr.flags.c_contiguous else arr.copy(order="C")
 
 
+def shared_region(value: int | str | SharedRegion | None) -> SharedRegion | None:
+    """A client's shared region: the one given, a new one of the size given, or none."""
+    if value is None or isinstance(value, SharedRegion):
+        return value
+    try:
+        size = parse_size(value)
+    except ValueError as exc:
+        raise ConfigError(f"shared_memory: {exc}") from None
+    return SharedRegion(size) if size else None
+
+
 def _byte_view(arr: np.ndarray) -> memoryview:
     return memoryview(arr.reshape(-1).view(np.uint8))
 
@@ -181,6 +194,10 @@ class AsyncClient:
     Reads from a daemon attached over shared memory (or RDMA) copy straight out
     of its arena after a version check, without a message to it (one-sided);
     ``IRDMA_ONE_SIDED=0`` makes every read ask the daemon.
+    ``shared_memory`` (a size such as ``"1GiB"``, or a SharedRegion to share
+    with another client) gives the client memory that same-host daemons read
+    directly: arrays from ``shared_empty`` are written without being copied
+    into staging first (``irdma.transport.shared``).
     """
 
     def __init__(
@@ -189,8 +206,10 @@ class AsyncClient:
         *,
         timeout: float | None = None,
         transport: str | None = None,
+        shared_memory: int | str | SharedRegion | None = None,
     ) -> None:
         self.config = config if isinstance(config, ClusterConfig) else load_config(config)
+        self.shared = shared_region(shared_memory)
         self.timeout = timeout if timeout is not None else self.config.timeout
         self.transport = forced_transport(transport)
         # One-sided reads from same-host arenas (``IRDMA_ONE_SIDED=0``: always ask the daemon).
@@ -265,6 +284,21 @@ class AsyncClient:
         if self._closed or self._shell is None:
             raise ClientClosed("client is closed (use it inside 'async with')")
         return await self._shell.connection(node)
+
+    def shared_empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> np.ndarray:
+        """An uninitialised array in this client's shared memory: same-host daemons
+        copy a write of it straight from there (no staging copy).
+
+        Do not change it while a write of it is under way. Its memory goes back
+        when nothing refers to it. Raises ConfigError if the client was made
+        without ``shared_memory``, SharedMemoryFull if no room is left.
+        """
+        if self.shared is None:
+            raise ConfigError("this client has no shared memory: make it with shared_memory=SIZE")
+        dt = np.dtype(dtype)
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        return self.shared.empty(nbytes)[:nbytes].view(dt).reshape(shape)
 
     def transport_of(self, node: Node) -> str | None:
         """How this client reaches ``node`` ("tcp", "shm" or "rdma"); None before it connects."""
@@ -1477,8 +1511,11 @@ class Client:
         *,
         timeout: float | None = None,
         transport: str | None = None,
+        shared_memory: int | str | SharedRegion | None = None,
     ) -> None:
-        self._client = AsyncClient(config, timeout=timeout, transport=transport)
+        self._client = AsyncClient(
+            config, timeout=timeout, transport=transport, shared_memory=shared_memory
+        )
         self.config = self._client.config
         if self._client.needs_epoch:
             self.config.adopt(trio.run(current_epoch, self.config.etcd, self._client.timeout))
@@ -1509,6 +1546,10 @@ class Client:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+    def shared_empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> np.ndarray:
+        """See AsyncClient.shared_empty."""
+        return self._client.shared_empty(shape, dtype)
 
     def create(
         self, name: str, shape: Sequence[int] | int, dtype: Any = np.float32, **kwargs: Any

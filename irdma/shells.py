@@ -111,6 +111,7 @@ class TrioShell:
                     secret=c._secret,
                     rdma_gid_index=c.config.rdma_gid_index,
                     rdma_mtu=c.config.rdma_mtu,
+                    shared=c.shared,
                 )
                 self.conns[node.name] = conn
             return conn
@@ -181,6 +182,7 @@ class BlockingShell:
             waits=self.waits,
             shard_size=c.config.shard_size,
             secret=c._secret,
+            shared=c.shared,
         )
         with self._lock:
             self._all = [k for k in self._all if not k.broken]

@@ -54,20 +54,35 @@ _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
 class ShmSession(StagedMemory):
-    """What the daemon keeps for one attached client: a read-only mapping of its staging memory."""
+    """What the daemon keeps for one attached client: read-only mappings of its staging
+    memory and, if it offered one, its shared region (STAGED offsets past the
+    staging area are in it)."""
 
     transport = "shm"
     mapped_min = ZERO_COPY_MIN
 
-    def __init__(self, staging_fd: int, staging_size: int, peer: str) -> None:
+    def __init__(
+        self,
+        staging_fd: int,
+        staging_size: int,
+        peer: str,
+        shared_fd: int = -1,
+        shared_size: int = 0,
+    ) -> None:
         self.peer = peer
         self._map, view = map_shared(staging_fd, staging_size, writable=False)
-        super().__init__(view)
+        self._shared_map = None
+        shared = None
+        if shared_fd >= 0:
+            self._shared_map, shared = map_shared(shared_fd, shared_size, writable=False)
+        super().__init__(view, shared)
 
     def close(self) -> None:
         self.view = None  # type: ignore[assignment]
-        with contextlib.suppress(BufferError):  # a view still alive keeps it mapped
-            self._map.close()
+        self.shared = None
+        for mapping in (self._map, self._shared_map):
+            with contextlib.suppress(BufferError, AttributeError):  # a live view keeps it mapped
+                mapping.close()
 
 
 def authorised(uid: int, gid: int) -> bool:
@@ -157,26 +172,25 @@ class ShmListener:
     ) -> ShmSession | None:
         header, body, fds = await recv_fds_frame(sock)
         staging_fd = fds[0] if fds else -1
-        for extra in fds[1:]:
+        shared_fd = fds[1] if len(fds) > 1 else -1
+        for extra in fds[2:]:
             os.close(extra)
         try:
             problem = self._check(header, body, staging_fd, uid, gid)
-        except BaseException:
-            if staging_fd >= 0:
-                os.close(staging_fd)
-            raise
-        if problem is not None:
-            if staging_fd >= 0:
-                os.close(staging_fd)
-            log.warning("%s: refused shm client %s: %s", self.server.node.name, peer, problem)
-            msg = problem.encode()
-            await sock.send(header.response(Status.BAD_ARGUMENT, length=len(msg)).pack() + msg)
-            return None
-        size = int(decode_json(body)["staging"])
-        try:
-            session = ShmSession(staging_fd, size, peer)
+            shared_size = self._shared_offer(body, shared_fd) if problem is None else 0
+            if problem is not None:
+                log.warning("%s: refused shm client %s: %s", self.server.node.name, peer, problem)
+                msg = problem.encode()
+                await sock.send(header.response(Status.BAD_ARGUMENT, length=len(msg)).pack() + msg)
+                return None
+            size = int(decode_json(body)["staging"])
+            session = ShmSession(
+                staging_fd, size, peer, shared_fd if shared_size else -1, shared_size
+            )
         finally:
-            os.close(staging_fd)  # the mapping keeps the memory
+            for fd in (staging_fd, shared_fd):  # the mappings keep the memory
+                if fd >= 0:
+                    os.close(fd)
         store = self.server.store
         answer = encode_json(
             {
@@ -186,6 +200,8 @@ class ShmListener:
                 "arena_size": store.arena.size,
                 "directory": [store.directory.offset, store.directory.slots],
             }
+            # The client's shared region is mapped: STAGED offsets may point into it.
+            | ({"shared": shared_size} if shared_size else {})
         )
         # A read-only open of the arena: the client can copy out, never write.
         arena_ro = os.open(f"/proc/self/fd/{store.arena.fd}", os.O_RDONLY | os.O_CLOEXEC)
@@ -198,6 +214,20 @@ class ShmListener:
         finally:
             os.close(arena_ro)
         return session
+
+    def _shared_offer(self, body: bytes, fd: int) -> int:
+        """The size of the shared region a client offered, if it can be mapped; else 0
+        (its writes then go through staging, as from a client without one)."""
+        size = decode_json(body).get("shared", 0)
+        if fd < 0 or not isinstance(size, int) or size <= 0:
+            return 0
+        problem = memfd_problem(fd, size, "shared region")
+        if problem is not None:
+            log.warning(
+                "%s: not mapping a client's shared region: %s", self.server.node.name, problem
+            )
+            return 0
+        return size
 
     @staticmethod
     def _check(header: Header, body: bytes, staging_fd: int, uid: int, gid: int) -> str | None:
@@ -215,14 +245,19 @@ class ShmListener:
             return "staging size must be a positive integer"
         if staging_fd < 0:
             return "no staging descriptor came with ATTACH"
-        try:
-            seals = fcntl.fcntl(staging_fd, fcntl.F_GET_SEALS)
-        except OSError:
-            seals = 0
-        if not seals & fcntl.F_SEAL_SHRINK:
-            # Cut shorter under our mapping, it would crash us (SIGBUS).
-            return "staging memory must be a memfd sealed against shrinking (F_SEAL_SHRINK)"
-        st = os.fstat(staging_fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size < size:
-            return f"staging descriptor is not a file of at least {size} bytes"
-        return None
+        return memfd_problem(staging_fd, size, "staging")
+
+
+def memfd_problem(fd: int, size: int, what: str) -> str | None:
+    """Why a client's memory descriptor cannot be mapped safely for ``size`` bytes, if not."""
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:
+        seals = 0
+    if not seals & fcntl.F_SEAL_SHRINK:
+        # Cut shorter under our mapping, it would crash us (SIGBUS).
+        return f"{what} memory must be a memfd sealed against shrinking (F_SEAL_SHRINK)"
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size < size:
+        return f"{what} descriptor is not a file of at least {size} bytes"
+    return None

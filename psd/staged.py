@@ -15,23 +15,28 @@ from .errors import StoreError
 
 
 class StagedMemory:
-    """A client's staging memory as the daemon sees it: ``view``."""
+    """A client's staging memory as the daemon sees it: ``view``, and after it (in
+    STAGED offsets) the client's shared region ``shared`` if it has one."""
 
     transport = "tcp"
     mapped_min = 0
 
-    def __init__(self, view: np.ndarray) -> None:
+    def __init__(self, view: np.ndarray, shared: np.ndarray | None = None) -> None:
         self.view = view
+        self.shared = shared
 
     def read_staged(self, offset: int, size: int, into: np.ndarray) -> None:
-        """Copy ``size`` staged bytes at ``offset`` into ``into``; OUT_OF_RANGE past the end."""
-        if offset + size > len(self.view):
+        """Copy ``size`` staged bytes at ``offset`` into ``into``; OUT_OF_RANGE past the end
+        of the staging area, or of the shared region for offsets past the staging area."""
+        memory, at, what = self.view, offset, "staging area"
+        if offset >= len(self.view) and self.shared is not None:
+            memory, at, what = self.shared, offset - len(self.view), "shared region"
+        if at + size > len(memory):
             raise StoreError(
                 Status.OUT_OF_RANGE,
-                f"staged data [{offset}, {offset + size}) is outside the "
-                f"{len(self.view)}-byte staging area",
+                f"staged data [{offset}, {offset + size}) is outside the {len(memory)}-byte {what}",
             )
-        np.copyto(into[:size], self.view[offset : offset + size])
+        np.copyto(into[:size], memory[at : at + size])
 
     def close(self) -> None:
         """Let go of the memory (when the connection ends)."""

@@ -40,6 +40,7 @@ from ..protocol import (
 from ..protocol.conversation import check_answer, owes_release, release_frame
 from .auth import prove_secret
 from .base import Buffer, Reply, Sink, StreamBroken, StreamClosed, StreamTimeout
+from .shared import SharedRegion
 from .shm import exchange_attach
 from .tcp import (
     SOCKET,
@@ -305,13 +306,22 @@ async def attach_shm(
     waits: BlockingWaits,
     secret: bytes | None,
     staging_size: int,
+    shared: SharedRegion | None = None,
 ) -> BlockingConnection:
     """Attach to a same-host daemon's shared memory (raises like ``shm.attach_connection``)."""
     sock = stdsocket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM)
     sock.setblocking(False)
     try:
         memory = await exchange_attach(
-            WaitingSocket(sock, waits), path, peer, node, secret, waits.timeout, staging_size, waits
+            WaitingSocket(sock, waits),
+            path,
+            peer,
+            node,
+            secret,
+            waits.timeout,
+            staging_size,
+            waits,
+            shared,
         )
     except BaseException:
         sock.close()

@@ -26,6 +26,7 @@ from ..sizes import rdma_staging_size, shm_staging_size
 from . import rdma
 from .base import Connection, StreamBroken
 from .blocking import BlockingConnection, BlockingWaits, attach_shm, open_tcp
+from .shared import SharedRegion
 from .shm import ShmUnavailable, attach_connection
 from .tcp import FramedConnection
 from .unix import socket_path
@@ -62,11 +63,13 @@ async def open_connection(
     secret: bytes | None = None,
     rdma_gid_index: int | None = None,
     rdma_mtu: int | None = None,
+    shared: SharedRegion | None = None,
 ) -> Connection:
     """A connection to ``node`` over the transport ``forced`` and its address call for.
 
     With ``secret`` (the cluster's, ``irdma.auth``) it authenticates before
     anything else; AuthFailed when that fails, whatever the transport.
+    ``shared`` is the client's shared region, offered to a same-host daemon.
     """
     choice = choice_for(node, forced)
     peer = f"{node.name} ({node.address})"
@@ -80,6 +83,7 @@ async def open_connection(
                 staging_size=shm_staging_size(shard_size),
                 node=node.name,
                 secret=secret,
+                shared=shared,
             )
         except ShmUnavailable as exc:
             if choice == "shm":
@@ -122,7 +126,13 @@ def may_use_rdma(nodes: list[Node], forced: str) -> bool:
 
 
 async def open_blocking_connection(
-    node: Node, *, forced: str, waits: BlockingWaits, shard_size: int, secret: bytes | None
+    node: Node,
+    *,
+    forced: str,
+    waits: BlockingWaits,
+    shard_size: int,
+    secret: bytes | None,
+    shared: SharedRegion | None = None,
 ) -> BlockingConnection:
     """A blocking client's connection to ``node``: shm or TCP by the same rules as above."""
     choice = choice_for(node, forced)
@@ -137,6 +147,7 @@ async def open_blocking_connection(
                 waits,
                 secret,
                 shm_staging_size(shard_size),
+                shared,
             )
         except ShmUnavailable as exc:
             if choice == "shm":
