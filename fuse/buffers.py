@@ -12,6 +12,12 @@ references are the only ones left (every slice, view and memoryview of it,
 in any thread, holds a reference to it), so a buffer still being read,
 pushed or served is never handed out twice. Free arrays beyond the budget,
 and those unused for ``IDLE`` seconds, are let go.
+
+With a shared region (``irdma.SharedRegion``), the arrays are taken from
+it: the same-host daemons map it, so a writer's buffer is pushed without
+a copy into staging (one copy of every byte less per write). An array a
+failed push may still be read from (``SharedRegion.in_doubt``) is never
+handed out again.
 """
 
 from __future__ import annotations
@@ -22,9 +28,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from irdma import SharedMemoryFull, SharedRegion
+
 MIN_SIZE = 4 << 20  # smaller buffers come from the allocator: cheap and quickly reused
 BUDGET = 1 << 30  # bytes of free arrays kept at most
 IDLE = 30.0  # seconds a free array is kept unused
+# The mount's shared region: address space only (pages are taken as buffers
+# are filled, and given back when they are let go); larger files than fit
+# take ordinary memory, pushed through staging.
+SHARED_SIZE = 16 << 30
 
 # References to an array the pool holds while it checks it: its list entry,
 # the loop's variable and getrefcount's own argument.
@@ -38,6 +50,7 @@ class BufferPool:
     budget: int = BUDGET
     min_size: int = MIN_SIZE
     idle: float = IDLE
+    shared: SharedRegion | None = None
     _arrays: list[np.ndarray] = field(default_factory=list)
     _used: dict[int, float] = field(default_factory=dict)  # id(array) -> last handed out
 
@@ -53,8 +66,11 @@ class BufferPool:
             fits = size <= len(a) <= 2 * size and (best is None or len(a) < len(best))
             if fits and sys.getrefcount(a) == _POOL_REFS:
                 best = a
+        if best is not None and self.shared is not None and self.shared.in_doubt(best):
+            self._drop(best)  # a daemon may still read it: never reused
+            best = None
         if best is None:
-            best = np.empty(size, dtype=np.uint8)
+            best = self._new(size)
             self._arrays.append(best)
         self._used[id(best)] = now
         return best[:size]
@@ -71,6 +87,18 @@ class BufferPool:
                 break
             total -= len(a)
             self._drop(a)
+
+    def holds_shared(self, array: np.ndarray) -> bool:
+        """Whether ``array`` lies in the shared region."""
+        return self.shared is not None and self.shared.offset_of(array) is not None
+
+    def _new(self, size: int) -> np.ndarray:
+        if self.shared is not None:
+            try:
+                return self.shared.empty(size)
+            except SharedMemoryFull:
+                pass  # ordinary memory: pushed through staging
+        return np.empty(size, dtype=np.uint8)
 
     def _drop(self, array: np.ndarray) -> None:
         self._arrays = [a for a in self._arrays if a is not array]

@@ -20,9 +20,18 @@ from pathlib import Path
 
 import trio
 
-from irdma import AsyncClient, ClusterConfig, Notifier, load_config, mounts
+from irdma import (
+    AsyncClient,
+    ClusterConfig,
+    Notifier,
+    SharedRegion,
+    load_config,
+    mounts,
+    parse_size,
+)
 from irdma.errors import ConfigError, IrdmaError
 
+from .buffers import SHARED_SIZE
 from .mover import Mover
 
 log = logging.getLogger("irdma.fuse")
@@ -92,13 +101,21 @@ async def serve(
     allow_other: bool,
     direct_io: bool,
     timeout: float | None = None,
+    shared_memory: int = SHARED_SIZE,
 ) -> None:
-    """Mount, serve until unmounted or signalled, push pending writes, unmount."""
+    """Mount, serve until unmounted or signalled, push pending writes, unmount.
+
+    ``shared_memory``: the address space of the region the mount's large
+    buffers come from (0: none; buffers are then pushed through staging).
+    """
     import pyfuse3
 
     from .ops import IrdmaOperations
 
-    ops = IrdmaOperations(direct_io=direct_io)
+    # The mount's large buffers live in memory the same-host daemons map: a
+    # writer's bytes are pushed from its buffer without a copy into staging.
+    shared = SharedRegion(shared_memory) if shared_memory else None
+    ops = IrdmaOperations(direct_io=direct_io, shared=shared)
     options = set(pyfuse3.default_options) | {"fsname=irdma", "subtype=irdma"}
     if allow_other:
         options.add("allow_other")
@@ -107,7 +124,7 @@ async def serve(
     # (status shows only records of live mounts).
     record = mounts.publish(mountpoint, config.path)
     try:
-        async with AsyncClient(config, timeout=timeout) as client:
+        async with AsyncClient(config, timeout=timeout, shared_memory=shared) as client:
             ops.client = client
             pyfuse3.init(ops, str(mountpoint), options)
             # Mounted: a process that opens a file now is served once main() runs.
@@ -116,7 +133,7 @@ async def serve(
             try:
                 async with trio.open_nursery() as nursery:
                     ops.nursery = nursery  # readers' snapshots stream in here
-                    mover = Mover(config, timeout)
+                    mover = Mover(config, timeout, shared)
                     await nursery.start(mover.run)
                     ops.mover = mover
 
@@ -193,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
                 allow_other=args.allow_other,
                 direct_io=args.direct_io,
                 timeout=args.timeout,
+                shared_memory=args.shared_memory,
             )
         )
     except RuntimeError as exc:  # pyfuse3.init failures (permissions, fusermount)
@@ -213,6 +231,7 @@ def _background(args: argparse.Namespace, mountpoint: Path) -> int:
         argv.append("--allow-other")
     if args.direct_io:
         argv.append("--direct-io")
+    argv += ["--shared-memory", str(args.shared_memory)]
     # The detached child must not hold our caller's stdout/stderr open (a
     # caller reading them would wait for the mount to end); it logs to a file,
     # or under systemd to the journal our own stderr goes to.
@@ -247,6 +266,14 @@ def _background(args: argparse.Namespace, mountpoint: Path) -> int:
     return 1
 
 
+def size_argument(value: str) -> int:
+    """A byte size on the command line ("16GiB", "0")."""
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``irdma mount`` to the irdma command (an ``irdma.commands`` entry point)."""
     p = subparsers.add_parser(
@@ -265,5 +292,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--direct-io",
         action="store_true",
         help="bypass the page cache (faster large reads; no shared mmap)",
+    )
+    p.add_argument(
+        "--shared-memory",
+        type=size_argument,
+        default=SHARED_SIZE,
+        metavar="SIZE",
+        help="address space for buffers the local daemons read directly (writes skip a "
+        "copy; pages are used only as files are written); 0 turns it off "
+        f"(default {SHARED_SIZE >> 30}GiB)",
     )
     p.set_defaults(run=run)

@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from irdma import AsyncClient, ClientClosed, ClusterConfig
+from irdma import AsyncClient, ClientClosed, ClusterConfig, SharedRegion
 
 
 @dataclass(eq=False)
@@ -36,6 +36,7 @@ class Mover:
 
     config: ClusterConfig
     timeout: float | None = None
+    shared: SharedRegion | None = None  # the mount's buffers: pushed from without a copy
     _main: trio.lowlevel.TrioToken | None = None
     _token: trio.lowlevel.TrioToken | None = None
     _send: trio.MemorySendChannel | None = None
@@ -64,7 +65,9 @@ class Mover:
         assert self._main is not None
         send, jobs = trio.open_memory_channel[_Job](math.inf)
         with self._stop:
-            async with AsyncClient(self.config, timeout=self.timeout) as client:
+            async with AsyncClient(
+                self.config, timeout=self.timeout, shared_memory=self.shared
+            ) as client:
                 self._send = send
                 self._token = trio.lowlevel.current_trio_token()
                 self._main.run_sync_soon(started.set)

@@ -23,7 +23,7 @@ import numpy as np
 import pyfuse3
 import trio
 
-from irdma import AsyncClient, TensorInfo, describe_options
+from irdma import AsyncClient, SharedRegion, TensorInfo, describe_options
 from irdma.errors import (
     ArenaFull,
     BadRequest,
@@ -127,7 +127,12 @@ class IrdmaOperations(pyfuse3.Operations):
     enable_writeback_cache = False
 
     def __init__(
-        self, *, direct_io: bool = False, uid: int | None = None, gid: int | None = None
+        self,
+        *,
+        direct_io: bool = False,
+        uid: int | None = None,
+        gid: int | None = None,
+        shared: SharedRegion | None = None,
     ) -> None:
         super().__init__()
         self.client: AsyncClient | None = None
@@ -135,8 +140,9 @@ class IrdmaOperations(pyfuse3.Operations):
         self.nursery: trio.Nursery | None = None
         # Moves streamed reads' and background pushes' bytes in its own thread.
         self.mover: Mover | None = None
-        # Memory for large files' bytes, reused once nothing uses it.
-        self.buffers = BufferPool()
+        # Memory for large files' bytes (in ``shared``, if given: the daemons copy
+        # pushes straight from it), reused once nothing uses it.
+        self.buffers = BufferPool(shared=shared)
         self.direct_io = direct_io
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 from irdma_fuse.buffers import BufferPool
+from irdma_fuse.files import FileBuffer
+
+from irdma import SharedRegion
 
 MIB = 1 << 20
 
@@ -60,3 +63,27 @@ def test_trim_lets_go_of_idle_buffers_and_keeps_to_the_budget() -> None:
     pool.trim(now=10**9)  # long after: the free one is idle
     assert pool.held == 8 * MIB
     assert len(kept) == 1  # the one in use stays
+
+
+def test_with_a_shared_region_buffers_come_from_it() -> None:
+    region = SharedRegion(32 * MIB)
+    pool = BufferPool(min_size=MIB, shared=region)
+    a = pool.take(8 * MIB)
+    assert pool.holds_shared(a) and region.offset_of(a) is not None
+    assert not pool.holds_shared(pool.take(MIB // 2))  # small ones: ordinary memory
+    b = pool.take(30 * MIB)  # no room left in the region: ordinary memory
+    assert not pool.holds_shared(b) and len(b) == 30 * MIB
+    buf = FileBuffer(capacity=8 * MIB, pool=pool)
+    assert buf.shared
+
+
+def test_a_shared_buffer_a_failed_push_may_read_is_not_reused() -> None:
+    region = SharedRegion(32 * MIB)
+    pool = BufferPool(min_size=MIB, shared=region)
+    a = pool.take(8 * MIB)
+    first = address(a)
+    region.doubt(region.offset_of(a) + 5)
+    del a
+    b = pool.take(8 * MIB)
+    assert address(b) != first
+    assert pool.held == 8 * MIB  # the one in doubt is let go, its room kept back

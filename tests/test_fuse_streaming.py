@@ -16,7 +16,7 @@ from irdma_fuse.npyfile import NpyLayout
 from irdma_fuse.outflow import CHUNK, IN_FLIGHT, Outflow
 from numpy.lib import format as npformat
 
-from irdma import AsyncClient, Client
+from irdma import AsyncClient, Client, TensorNotFound
 
 from .conftest import Cluster, make_cluster, start_mount
 
@@ -65,25 +65,52 @@ def test_an_open_reader_keeps_a_large_file_while_this_mount_rewrites_it(mount: P
     assert np.array_equal(np.load(d / "w.npy"), np.ones(N, np.float32))
 
 
-def test_sequential_write_is_pushed_before_close(cluster: Cluster, mount: Path) -> None:
-    d = mount / "big-push"
+def test_sequential_write_is_pushed_before_close(cluster: Cluster, tmp_path: Path) -> None:
+    """Without shared memory, complete chunks are pushed while the writer writes."""
+    m = start_mount(cluster, tmp_path / "mnt", "--shared-memory", "0")
+    try:
+        d = m.path / "big-push"
+        d.mkdir()
+        # A write returns once at most IN_FLIGHT chunk pushes are under way, so
+        # after IN_FLIGHT + 3 chunks the first ones are on the daemons, file still open.
+        x = np.random.default_rng(1).random((IN_FLIGHT + 3) * CHUNK // 4, dtype=np.float32)
+        data = npy_bytes(x)
+        fd = os.open(d / "x.npy", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            for off in range(0, len(data), MIB):
+                os.write(fd, data[off : off + MIB])
+            with Client(cluster.config_path) as c:
+                head = bytes(c.read_bytes("big-push/x", 0, 2 * CHUNK))
+            assert head == x.tobytes()[: 2 * CHUNK]
+        finally:
+            os.close(fd)
+        with Client(cluster.config_path) as c:
+            assert np.array_equal(c.read("big-push/x"), x)
+        os.unlink(d / "x.npy")  # the module's daemons have room for a few such files only
+    finally:
+        m.unmount()
+
+
+def test_with_shared_memory_a_sequential_write_is_pushed_at_close(
+    cluster: Cluster, mount: Path
+) -> None:
+    """From shared memory the daemons copy a push straight out of the writer's
+    buffer: the file goes whole at close, and nothing of it before."""
+    d = mount / "shared-push"
     d.mkdir()
-    # A write returns once at most IN_FLIGHT chunk pushes are under way, so
-    # after IN_FLIGHT + 3 chunks the first ones are on the daemons, file still open.
-    x = np.random.default_rng(1).random((IN_FLIGHT + 3) * CHUNK // 4, dtype=np.float32)
+    x = np.random.default_rng(6).random((IN_FLIGHT + 3) * CHUNK // 4, dtype=np.float32)
     data = npy_bytes(x)
     fd = os.open(d / "x.npy", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         for off in range(0, len(data), MIB):
             os.write(fd, data[off : off + MIB])
-        with Client(cluster.config_path) as c:
-            head = bytes(c.read_bytes("big-push/x", 0, 2 * CHUNK))
-        assert head == x.tobytes()[: 2 * CHUNK]
+        with Client(cluster.config_path) as c, pytest.raises(TensorNotFound):
+            c.stat("shared-push/x")
     finally:
         os.close(fd)
     with Client(cluster.config_path) as c:
-        assert np.array_equal(c.read("big-push/x"), x)
-    os.unlink(d / "x.npy")  # the module's daemons have room for a few such files only
+        assert np.array_equal(c.read("shared-push/x"), x)
+    os.unlink(d / "x.npy")
 
 
 @pytest.mark.parametrize("existing", [None, "same", "other"])
