@@ -177,6 +177,11 @@ def float_array(size: int, value: float | None = None) -> np.ndarray:
     return np.full(n, value, dtype=np.float32)
 
 
+def copy_into(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
+    np.copyto(dst, src)
+    return dst
+
+
 def error_text(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".strip().splitlines()
     return text[0][:200] if text else type(exc).__name__
@@ -193,10 +198,13 @@ def irdma_worker(args: argparse.Namespace) -> dict[str, Any]:
     results = []
     baseline = private_bytes()
     extra = 0  # the client's own memory beyond the two arrays it was given
-    with Client(Path(args.config), timeout=300) as client:
+    shared = args.shared_memory or None
+    with Client(Path(args.config), timeout=300, shared_memory=shared) as client:
         for size in args.sizes:
             name = f"_compare/{os.getpid()}/{size}"
             data, out = float_array(size), np.empty(size // 4, dtype=np.float32)
+            if shared:  # the data in the client's shared memory: writes skip staging
+                data = copy_into(client.shared_empty(len(data)), data)
             ops = {
                 "write": partial(client.write, name, data),  # the first write creates it
                 "read": partial(client.read, name, out=out),
@@ -613,6 +621,7 @@ def measure_irdma(
     memory: list[dict[str, Any]],
     system: str = "",
     one_sided: bool = True,
+    shared_memory: int = 0,
 ) -> list[Row]:
     system = system or f"irdma {transport}"
     env = transport_env(transport)
@@ -620,7 +629,7 @@ def measure_irdma(
         env["IRDMA_ONE_SIDED"] = "0"
     try:
         out = subprocess.run(
-            worker_cmd("irdma_worker", args, config=config),
+            worker_cmd("irdma_worker", args, config=config, shared_memory=shared_memory),
             env=env,
             capture_output=True,
             text=True,
@@ -770,6 +779,10 @@ def measure_all(args: argparse.Namespace, memory: list[dict[str, Any]]) -> list[
                     # Reads asking the daemon, as before one-sided reads: the difference.
                     system = "irdma shm via daemon"
                     rows += measure_irdma(config, transport, args, [], system, one_sided=False)
+                    # Writes of arrays in the client's shared memory: no staging copy.
+                    room = 2 * max(args.sizes) + (64 << 20)
+                    system = "irdma shm shared"
+                    rows += measure_irdma(config, transport, args, [], system, shared_memory=room)
         if "group" in args.only:
             for transport in args.transports:
                 rows += measure_group(config, tmp, transport, args)
@@ -998,7 +1011,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     kinds = ap.add_mutually_exclusive_group()
     for kind in WORKERS:
         kinds.add_argument(f"--{kind.replace('_', '-')}", action="store_true", help=hidden)
-    for name, typ in (("config", str), ("out", str), ("group-name", str), ("port", int)):
+    for name, typ in (
+        ("config", str),
+        ("out", str),
+        ("group-name", str),
+        ("port", int),
+        ("shared-memory", int),
+    ):
         ap.add_argument(f"--{name}", type=typ, help=hidden)
     ap.add_argument("--rank", type=int, default=0, help=hidden)
     ap.add_argument("--world", type=int, default=1, help=hidden)

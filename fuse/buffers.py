@@ -13,9 +13,9 @@ in any thread, holds a reference to it), so a buffer still being read,
 pushed or served is never handed out twice. Free arrays beyond the budget,
 and those unused for ``IDLE`` seconds, are let go.
 
-With a shared region (``irdma.SharedRegion``), the arrays are taken from
-it: the same-host daemons map it, so a writer's buffer is pushed without
-a copy into staging (one copy of every byte less per write). An array a
+With a shared region (``irdma.SharedRegion``), writers' arrays are taken
+from it: the same-host daemons map it, so a writer's buffer is pushed
+without a copy into staging (one copy of every byte less per write). An array a
 failed push may still be read from (``SharedRegion.in_doubt``) is never
 handed out again.
 """
@@ -54,23 +54,28 @@ class BufferPool:
     _arrays: list[np.ndarray] = field(default_factory=list)
     _used: dict[int, float] = field(default_factory=dict)  # id(array) -> last handed out
 
-    def take(self, size: int) -> np.ndarray:
-        """``size`` bytes of uninitialised memory (a view of a pooled array)."""
+    def take(self, size: int, shared: bool = False) -> np.ndarray:
+        """``size`` bytes of uninitialised memory (a view of a pooled array); with
+        ``shared``, from the shared region if there is one and it has room (a
+        writer's buffer, pushed from there without a copy). Readers' buffers
+        are ordinary memory: the region's pages are not huge pages, and
+        copies out of them to the kernel ran slower."""
         if size < self.min_size:
             return np.empty(size, dtype=np.uint8)
+        shared = shared and self.shared is not None
         now = time.monotonic()
         self.trim(now)
         best: np.ndarray | None = None
         for a in self._arrays:
             # An array twice the size would hold memory the caller never uses.
             fits = size <= len(a) <= 2 * size and (best is None or len(a) < len(best))
-            if fits and sys.getrefcount(a) == _POOL_REFS:
+            if fits and sys.getrefcount(a) == _POOL_REFS and self.holds_shared(a) == shared:
                 best = a
-        if best is not None and self.shared is not None and self.shared.in_doubt(best):
+        if best is not None and shared and self.shared.in_doubt(best):  # type: ignore[union-attr]
             self._drop(best)  # a daemon may still read it: never reused
             best = None
         if best is None:
-            best = self._new(size)
+            best = self._new(size, shared)
             self._arrays.append(best)
         self._used[id(best)] = now
         return best[:size]
@@ -92,8 +97,8 @@ class BufferPool:
         """Whether ``array`` lies in the shared region."""
         return self.shared is not None and self.shared.offset_of(array) is not None
 
-    def _new(self, size: int) -> np.ndarray:
-        if self.shared is not None:
+    def _new(self, size: int, shared: bool) -> np.ndarray:
+        if shared and self.shared is not None:
             try:
                 return self.shared.empty(size)
             except SharedMemoryFull:

@@ -36,9 +36,10 @@ HEADER_CHECK_LIMIT = 1 << 16
 GROW_MIN = 16 << 20
 
 
-def take(pool: BufferPool | None, size: int) -> np.ndarray:
-    """``size`` bytes of uninitialised memory, from ``pool`` if there is one."""
-    return pool.take(size) if pool is not None else np.empty(size, dtype=np.uint8)
+def take(pool: BufferPool | None, size: int, shared: bool = False) -> np.ndarray:
+    """``size`` bytes of uninitialised memory, from ``pool`` if there is one (from its
+    shared memory with ``shared``: memory that will be pushed)."""
+    return pool.take(size, shared) if pool is not None else np.empty(size, dtype=np.uint8)
 
 
 def identity(info: TensorInfo) -> tuple:
@@ -73,19 +74,20 @@ async def load(
     target: Target,
     known: TensorInfo | None = None,
     pool: BufferPool | None = None,
+    shared: bool = False,
 ) -> tuple[TensorInfo, np.ndarray]:
     """A consistent copy of a file's bytes: every byte from the same tensor version.
 
     ``known`` is a stat the caller just made; it stands for the first "before"
     reading instead of asking the daemons again. The memory comes from ``pool``
-    if given.
+    if given (from its shared memory with ``shared``: a writer's copy).
     """
     if target.kind == Kind.STEP:
         return await _pull(client, target, known, pool)
     for _ in range(SNAPSHOT_RETRIES):
         info = known if known is not None else await client.stat(target.name)
         known = None
-        data, body, start = file_buffer(target, info, pool)
+        data, body, start = file_buffer(target, info, pool, shared)
         await client.read_bytes(target.name, start, len(body), out=body)
         after = await client.stat(target.name)
         if identity(after) == identity(info):
@@ -95,12 +97,12 @@ async def load(
 
 
 def file_buffer(
-    target: Target, info: TensorInfo, pool: BufferPool | None = None
+    target: Target, info: TensorInfo, pool: BufferPool | None = None, shared: bool = False
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Memory for a file's bytes with its header filled in: (whole file, the
     tensor bytes part of it, first tensor byte)."""
     header, start, length = _extent(target, info)
-    data = take(pool, len(header) + length)
+    data = take(pool, len(header) + length, shared)
     data[: len(header)] = np.frombuffer(header, dtype=np.uint8)
     return data, data[len(header) :], start
 
@@ -149,7 +151,7 @@ class FileBuffer:
         src = np.frombuffer(initial, dtype=np.uint8) if len(initial) else None
         self.length = 0 if src is None else len(src)
         self._pool = pool
-        self._a = take(pool, max(self.length, capacity, 1 << 16))
+        self._a = take(pool, max(self.length, capacity, 1 << 16), shared=True)
         if src is not None:
             self._a[: self.length] = src
 
@@ -169,7 +171,7 @@ class FileBuffer:
             # Grown 4-fold, to 16 MiB at least: a file of unknown size written
             # sequentially is copied a third of its size in all, not all of it
             # (untouched memory costs nothing until written).
-            grown = take(self._pool, max(size, 4 * len(self._a), GROW_MIN))
+            grown = take(self._pool, max(size, 4 * len(self._a), GROW_MIN), shared=True)
             grown[: self.length] = self._a[: self.length]
             self._a = grown
 

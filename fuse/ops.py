@@ -579,7 +579,7 @@ class IrdmaOperations(pyfuse3.Operations):
                 handle.dirty.append((0, 0))
                 handle.checks_header = t.typed and t.kind == Kind.TENSOR
             else:
-                info, data = await load(self._c, t, res.info, self.buffers)
+                info, data = await load(self._c, t, res.info, self.buffers, shared=True)
                 handle.info = info
                 handle.buf = FileBuffer.holding(data, self.buffers)  # loaded for this writer alone
             return handle
@@ -864,7 +864,7 @@ class IrdmaOperations(pyfuse3.Operations):
             # whole file goes to the new name), and the old name is deleted.
             stored = await self._stop_outflow(writer) or stored
         else:
-            _, loaded = await load(self._c, src.target, src.info, self.buffers)
+            _, loaded = await load(self._c, src.target, src.info, self.buffers, shared=True)
             data = FileBuffer.holding(loaded, self.buffers)
         moved = Handle(src.path, target, True, buf=data, redefine=True)
         await push(self._c, moved)

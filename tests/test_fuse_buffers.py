@@ -65,25 +65,28 @@ def test_trim_lets_go_of_idle_buffers_and_keeps_to_the_budget() -> None:
     assert len(kept) == 1  # the one in use stays
 
 
-def test_with_a_shared_region_buffers_come_from_it() -> None:
+def test_with_a_shared_region_writers_buffers_come_from_it() -> None:
     region = SharedRegion(32 * MIB)
     pool = BufferPool(min_size=MIB, shared=region)
-    a = pool.take(8 * MIB)
+    a = pool.take(8 * MIB, shared=True)
     assert pool.holds_shared(a) and region.offset_of(a) is not None
-    assert not pool.holds_shared(pool.take(MIB // 2))  # small ones: ordinary memory
-    b = pool.take(30 * MIB)  # no room left in the region: ordinary memory
+    assert not pool.holds_shared(pool.take(8 * MIB))  # a reader's: ordinary memory
+    assert not pool.holds_shared(pool.take(MIB // 2, shared=True))  # small: ordinary memory
+    b = pool.take(30 * MIB, shared=True)  # no room left in the region: ordinary memory
     assert not pool.holds_shared(b) and len(b) == 30 * MIB
-    buf = FileBuffer(capacity=8 * MIB, pool=pool)
-    assert buf.shared
+    assert FileBuffer(capacity=8 * MIB, pool=pool).shared
+    del a
+    c = pool.take(8 * MIB)  # the free shared one is kept for writers
+    assert not pool.holds_shared(c)
 
 
 def test_a_shared_buffer_a_failed_push_may_read_is_not_reused() -> None:
     region = SharedRegion(32 * MIB)
     pool = BufferPool(min_size=MIB, shared=region)
-    a = pool.take(8 * MIB)
+    a = pool.take(8 * MIB, shared=True)
     first = address(a)
     region.doubt(region.offset_of(a) + 5)
     del a
-    b = pool.take(8 * MIB)
-    assert address(b) != first
+    b = pool.take(8 * MIB, shared=True)
+    assert address(b) != first and pool.holds_shared(b)
     assert pool.held == 8 * MIB  # the one in doubt is let go, its room kept back

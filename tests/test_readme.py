@@ -32,7 +32,8 @@ def section(text: str, heading: str) -> str:
 
 
 def test_readme_python_snippet_runs_as_written(tmp_path: Path) -> None:
-    [snippet] = fenced_blocks(section(README.read_text(), "From Python"), "python")
+    # The section's blocks, one after another, as a reader would run them.
+    snippet = "\n".join(fenced_blocks(section(README.read_text(), "From Python"), "python"))
     cluster = make_cluster(tmp_path / "cluster", arena_size=64 << 20)
     try:
         proc = subprocess.run(
