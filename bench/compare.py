@@ -307,9 +307,12 @@ def group_worker(args: argparse.Namespace) -> dict[str, Any]:
     from irdma.collectives import Group
 
     results = []
-    with Client(Path(args.config), timeout=300) as client:
+    shared = args.shared_memory or None
+    with Client(Path(args.config), timeout=300, shared_memory=shared) as client:
         for size in args.sizes:
             arr = float_array(size, args.rank + 1)
+            if shared:  # what each process sends, in its shared memory (as MPI_Alloc_mem)
+                arr = copy_into(client.shared_empty(arr.size), arr)
             # Results into arrays kept across calls, as MPI's receive buffers are.
             outs = {
                 "broadcast": np.empty_like(arr),
@@ -730,15 +733,28 @@ def measure_gloo(tmp: Path, args: argparse.Namespace) -> list[Row]:
     return rows
 
 
-def measure_group(config: Path, tmp: Path, transport: str, args: argparse.Namespace) -> list[Row]:
-    system = f"irdma group {transport}"
+def measure_group(
+    config: Path, tmp: Path, transport: str, args: argparse.Namespace, shared: bool = False
+) -> list[Row]:
+    """The collectives over ``transport``; with ``shared``, each process's input array
+    is in its client's shared memory (writes of it skip staging)."""
+    suffix = "-shared" if shared else ""
+    system = f"irdma group {transport}" + (" shared" if shared else "")
+    room = 2 * max(args.sizes) + (64 << 20) if shared else 0
     rows = []
     for n in args.procs:
-        out = tmp / f"group-{transport}-{n}"
-        name = f"compare-{os.getpid()}-{transport}-{n}"
+        out = tmp / f"group-{transport}-{n}{suffix}"
+        name = f"compare-{os.getpid()}-{transport}-{n}{suffix}"
         cmds = [
             worker_cmd(
-                "group_worker", args, config=config, rank=r, world=n, group_name=name, out=out
+                "group_worker",
+                args,
+                config=config,
+                rank=r,
+                world=n,
+                group_name=name,
+                out=out,
+                shared_memory=room,
             )
             for r in range(n)
         ]
@@ -786,6 +802,8 @@ def measure_all(args: argparse.Namespace, memory: list[dict[str, Any]]) -> list[
         if "group" in args.only:
             for transport in args.transports:
                 rows += measure_group(config, tmp, transport, args)
+                if transport == "shm":
+                    rows += measure_group(config, tmp, transport, args, shared=True)
         memory += daemon_memory(config)
         if "irdma" in args.only:
             rows += measure_replicated(stack, tmp, args)

@@ -36,7 +36,8 @@ Inception-v1 51 MB 189 ms, ResNet-50 121 MB 233 ms, Inception-ResNet-v2
 Flags:
   --models M,...        inception-v1, resnet-50, inception-resnet-v2, vgg16 or all (default)
   --workers N,...       worker counts (default 1,2,4)
-  --systems S,...       irdma-tcp, irdma-shm, mpi, gloo or all (default)
+  --systems S,...       irdma-tcp, irdma-shm, irdma-shm-shared, mpi, gloo or all
+                        (default; -shared: gradients in the workers' shared memory)
   --iterations K        measured iterations per run (default 3)
   --warmup K            iterations dropped first (default 1)
   --compute-scale F     paper compute time x F is slept (default 0.1)
@@ -81,6 +82,8 @@ DEFAULT_JSON = BENCH / "results" / "star.json"
 SYSTEMS = {
     "irdma-tcp": "irdma tcp",
     "irdma-shm": "irdma shm",
+    # The gradient in the worker's shared memory (Client.shared_empty): no staging copy.
+    "irdma-shm-shared": "irdma shm shared",
     "mpi": "MPI star",
     "gloo": "Gloo allreduce",
 }
@@ -190,8 +193,10 @@ def irdma_worker(args: argparse.Namespace, settings: Settings) -> int:
     from irdma.client import Client
     from irdma.collectives import Group
 
+    largest = max(settings.nbytes(k) for k in settings.models)
+    shared = 2 * largest if args.shared else None
     try:
-        with Client(args.config, timeout=CLIENT_TIMEOUT) as client:
+        with Client(args.config, timeout=CLIENT_TIMEOUT, shared_memory=shared) as client:
             group = Group(client, args.group, rank=args.rank, world_size=args.world)
             for key in settings.models:
                 irdma_model(client, group, args, settings, key)
@@ -210,6 +215,9 @@ def irdma_model(
     if args.rank == 0:
         client.write(name, np.zeros(nbytes // 4, dtype=np.float32), replace=True)
     buf, grad = touched(nbytes), grad_for(nbytes)
+    if args.shared:
+        grad = client.shared_empty(len(grad))
+        grad[:] = grad_for(nbytes)
     alpha = -settings.lr
     group.barrier()
 
@@ -452,12 +460,18 @@ def irdma_cluster(nodes: int, arena_bytes: int, directory: Path) -> Iterator[Pat
 
 
 def run_irdma(
-    transport: str, workers: list[int], settings: Settings, args: argparse.Namespace, tmp: Path
+    transport: str,
+    workers: list[int],
+    settings: Settings,
+    args: argparse.Namespace,
+    tmp: Path,
+    shared: bool = False,
 ) -> dict[int, Launch]:
     arena = ARENA_FACTOR * max(settings.nbytes(k) for k in settings.models)
     out: dict[int, Launch] = {}
     try:
-        with irdma_cluster(args.nodes, int(arena), tmp / f"cluster-{transport}") as config:
+        where = tmp / f"cluster-{transport}{'-shared' if shared else ''}"
+        with irdma_cluster(args.nodes, int(arena), where) as config:
             for n in workers:
                 group = f"star-{transport}-{n}-{uuid.uuid4().hex[:8]}"
                 cmds = [
@@ -466,6 +480,7 @@ def run_irdma(
                         settings,
                         *("--config", str(config), "--group", group),
                         *("--rank", str(r), "--world", str(n)),
+                        *(["--shared"] if shared else []),
                     )
                     for r in range(n)
                 ]
@@ -651,7 +666,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--json", type=Path, default=DEFAULT_JSON)
     # Internal: how the script starts its own worker processes.
-    for flag in ("--irdma-worker", "--mpi-worker", "--gloo-worker"):
+    for flag in ("--irdma-worker", "--mpi-worker", "--gloo-worker", "--shared"):
         ap.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     for flag in ("--rank", "--world", "--port"):
         ap.add_argument(flag, type=int, default=0, help=argparse.SUPPRESS)
@@ -682,7 +697,9 @@ def run_all(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     try:
         for system in systems:
             if system.startswith("irdma-"):
-                launches = run_irdma(system.removeprefix("irdma-"), workers, settings, args, tmp)
+                transport = system.removeprefix("irdma-").removesuffix("-shared")
+                shared = system.endswith("-shared")
+                launches = run_irdma(transport, workers, settings, args, tmp, shared)
             elif system == "mpi":
                 launches = run_mpi(workers, settings, args, tmp)
             else:

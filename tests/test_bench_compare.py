@@ -34,6 +34,9 @@ def test_compare_measures_both_transports_and_memory(tmp_path: Path) -> None:
             row = rows[(f"irdma {transport}", op, 8 << 20)]
             assert row["gbps"] > 0, row
     assert rows[("irdma shm", "read", 8 << 20)]["detail"] == "shm"
+    # Writes from the client's shared memory, measured beside the plain ones.
+    for op in ("read", "write", "accumulate"):
+        assert rows[("irdma shm shared", op, 8 << 20)]["gbps"] > 0
     # Small ops: single round trips, median and p99, on one copy and on two.
     for system in ("irdma tcp", "irdma shm", "irdma tcp R=2", "irdma shm R=2"):
         for op in ("read", "write", "accumulate"):
@@ -50,7 +53,7 @@ def test_star_runs_irdma_on_both_transports(tmp_path: Path) -> None:
         [
             *(sys.executable, str(BENCH / "star.py"), "--models", "resnet-50"),
             *("--size-scale", "0.02", "--workers", "2", "--iterations", "1"),
-            *("--systems", "irdma-tcp,irdma-shm", "--json", str(out)),
+            *("--systems", "irdma-tcp,irdma-shm,irdma-shm-shared", "--json", str(out)),
         ],
         capture_output=True,
         text=True,
@@ -59,4 +62,5 @@ def test_star_runs_irdma_on_both_transports(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-2000:]
     assert "n/a" not in run.stdout, run.stdout
     assert "irdma shm" in run.stdout and "irdma tcp" in run.stdout
+    assert "irdma shm shared" in run.stdout
     print(run.stdout)

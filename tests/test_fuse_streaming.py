@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +67,18 @@ def test_an_open_reader_keeps_a_large_file_while_this_mount_rewrites_it(mount: P
     assert np.array_equal(np.load(d / "w.npy"), np.ones(N, np.float32))
 
 
+@contextlib.contextmanager
+def written_and_open(path: Path, data: bytes) -> Iterator[None]:
+    """``data`` written to a new ``path`` in 1 MiB writes; closed on leaving."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for off in range(0, len(data), MIB):
+            os.write(fd, data[off : off + MIB])
+        yield
+    finally:
+        os.close(fd)
+
+
 def test_sequential_write_is_pushed_before_close(cluster: Cluster, tmp_path: Path) -> None:
     """Without shared memory, complete chunks are pushed while the writer writes."""
     m = start_mount(cluster, tmp_path / "mnt", "--shared-memory", "0")
@@ -74,16 +88,10 @@ def test_sequential_write_is_pushed_before_close(cluster: Cluster, tmp_path: Pat
         # A write returns once at most IN_FLIGHT chunk pushes are under way, so
         # after IN_FLIGHT + 3 chunks the first ones are on the daemons, file still open.
         x = np.random.default_rng(1).random((IN_FLIGHT + 3) * CHUNK // 4, dtype=np.float32)
-        data = npy_bytes(x)
-        fd = os.open(d / "x.npy", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        try:
-            for off in range(0, len(data), MIB):
-                os.write(fd, data[off : off + MIB])
+        with written_and_open(d / "x.npy", npy_bytes(x)):
             with Client(cluster.config_path) as c:
                 head = bytes(c.read_bytes("big-push/x", 0, 2 * CHUNK))
             assert head == x.tobytes()[: 2 * CHUNK]
-        finally:
-            os.close(fd)
         with Client(cluster.config_path) as c:
             assert np.array_equal(c.read("big-push/x"), x)
         os.unlink(d / "x.npy")  # the module's daemons have room for a few such files only
@@ -99,15 +107,12 @@ def test_with_shared_memory_a_sequential_write_is_pushed_at_close(
     d = mount / "shared-push"
     d.mkdir()
     x = np.random.default_rng(6).random((IN_FLIGHT + 3) * CHUNK // 4, dtype=np.float32)
-    data = npy_bytes(x)
-    fd = os.open(d / "x.npy", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        for off in range(0, len(data), MIB):
-            os.write(fd, data[off : off + MIB])
-        with Client(cluster.config_path) as c, pytest.raises(TensorNotFound):
-            c.stat("shared-push/x")
-    finally:
-        os.close(fd)
+    with (
+        written_and_open(d / "x.npy", npy_bytes(x)),
+        Client(cluster.config_path) as c,
+        pytest.raises(TensorNotFound),
+    ):
+        c.stat("shared-push/x")
     with Client(cluster.config_path) as c:
         assert np.array_equal(c.read("shared-push/x"), x)
     os.unlink(d / "x.npy")

@@ -11,8 +11,6 @@ from __future__ import annotations
 import gc
 import os
 import socket
-import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -21,25 +19,18 @@ import trio
 from irdma import Client, SharedMemoryFull, SharedRegion
 from irdma.client import AsyncClient
 from irdma.errors import ConfigError
-from irdma.protocol import LOCATION, Flag, Header, Op, Status, decode_json, encode_json, tensor_key
+from irdma.protocol import Header, Op, Status, decode_json, encode_json
 from irdma.transport.base import StreamBroken
 from irdma.transport.shm import SharedMemory, make_staging
 from irdma.transport.tcp import FramedConnection
 
-from .conftest import Cluster, make_cluster
-from .test_transport_shm import raw_unix, read_reply
+from . import test_transport_shm
+from .conftest import Cluster
+from .test_transport_shm import SHARD, raw_unix, read_reply
 
-SHARD = 1 << 20
 MIB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = make_cluster(tmp_path_factory.mktemp("shared"), 3, shard_size=SHARD, arena_size=128 << 20)
-    try:
-        yield c
-    finally:
-        c.close()
+# The same cluster fixture as the shm tests (3 daemons, 1 MiB shards), one per module.
+cluster = test_transport_shm.cluster
 
 
 def shm_memories(client: Client | AsyncClient) -> list[SharedMemory]:
@@ -170,40 +161,6 @@ def test_a_region_the_daemon_cannot_map_safely_is_not_used(cluster: Cluster) -> 
             os.close(fd)
 
 
-def test_staged_offsets_past_the_region_change_nothing(cluster: Cluster) -> None:
-    name = "shared/range"
-    x = np.arange(SHARD // 4, dtype=np.float32)
-    with Client(cluster.config_path, transport="shm") as c:
-        c.write(name, x)
-        meta = c.stat(name).meta
-        primary = c.config.replicas_for(tensor_key(name), 0)[0]
-
-    async def forge() -> tuple[int, bytes]:
-        async with AsyncClient(cluster.config_path, transport="shm", shared_memory=MIB) as ac:
-            conn = await ac._connection(primary)
-            memory = conn.bulk
-            assert isinstance(memory, SharedMemory) and memory.shared is not None
-            header = Header(
-                op=Op.WRITE,
-                key=meta.key,
-                shard=0,
-                size=SHARD,
-                length=LOCATION.size,
-                layout=meta.layout,
-                dtype=meta.dtype_code,
-                flags=Flag.STAGED,
-            )
-            # Starts in the region, ends past it: the framed exchange itself.
-            where = memory.shared_at + memory.shared.size - 4096
-            reply = await conn.exchange(header, [LOCATION.pack(where)])
-            return reply.header.status, reply.data
-
-    status, msg = trio.run(forge)
-    assert status == Status.OUT_OF_RANGE and b"shared region" in msg
-    with Client(cluster.config_path) as c:
-        assert np.array_equal(c.read(name), x)
-
-
 def test_a_write_that_fails_with_its_connection_leaves_its_room_in_doubt(
     cluster: Cluster, monkeypatch
 ) -> None:
@@ -226,27 +183,3 @@ def test_a_write_that_fails_with_its_connection_leaves_its_room_in_doubt(
             return c.shared.in_doubt(sent), c.shared.in_doubt(other)
 
     assert trio.run(run) == (True, False)
-
-
-def test_attaching_with_a_region_leaks_no_descriptors(cluster: Cluster) -> None:
-    pid = cluster.procs["n2"].pid
-    node = cluster.config.node("n2")
-    region = SharedRegion(4 * MIB)
-
-    def fds() -> int:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-
-    async def attach_many() -> None:
-        for _ in range(10):
-            async with AsyncClient(cluster.config_path, transport="shm", shared_memory=region) as c:
-                await c.hello(node)
-                assert c._conns[node.name].bulk.shared is region
-
-    trio.run(attach_many)
-    before = fds()
-    trio.run(attach_many)
-    # The daemon closes a connection when it notices the hang-up: allow it a moment.
-    deadline = time.monotonic() + 10
-    while (after := fds()) > before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert after <= before, f"daemon descriptors grew from {before} to {after}"

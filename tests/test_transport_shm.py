@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import trio
 
-from irdma import Client
+from irdma import Client, SharedRegion
 from irdma.client import AsyncClient
 from irdma.cluster import load_config
 from irdma.errors import ConfigError, DaemonUnavailable, IrdmaError
@@ -302,6 +302,20 @@ def test_attach_without_a_staging_descriptor_is_refused(cluster: Cluster) -> Non
         c.write("after/x", np.ones(10, dtype=np.float32))
 
 
+def staged_header(meta: Any) -> Header:
+    """A STAGED write of a whole first shard of the tensor ``meta`` describes."""
+    return Header(
+        op=Op.WRITE,
+        key=meta.key,
+        shard=0,
+        size=SHARD,
+        length=LOCATION.size,
+        layout=meta.layout,
+        dtype=meta.dtype_code,
+        flags=Flag.STAGED,
+    )
+
+
 def test_staged_data_out_of_range_or_over_tcp_changes_nothing(cluster: Cluster) -> None:
     name = "staged/x"
     x = np.arange(SHARD // 4, dtype=np.float32)
@@ -310,42 +324,45 @@ def test_staged_data_out_of_range_or_over_tcp_changes_nothing(cluster: Cluster) 
         meta = c.stat(name).meta
         primary = c.config.replicas_for(tensor_key(name), 0)[0]
 
-        async def forge(conn_kind: str) -> tuple[int, bytes]:
-            async with AsyncClient(cluster.config_path, transport=conn_kind) as ac:
+        async def forge(conn_kind: str, region: SharedRegion | None = None) -> tuple[int, bytes]:
+            async with AsyncClient(
+                cluster.config_path, transport=conn_kind, shared_memory=region
+            ) as ac:
                 conn = await ac._connection(primary)
-                header = Header(
-                    op=Op.WRITE,
-                    key=meta.key,
-                    shard=0,
-                    size=SHARD,
-                    length=LOCATION.size,
-                    layout=meta.layout,
-                    dtype=meta.dtype_code,
-                    flags=Flag.STAGED,
-                )
-                # Past the end of the 16 MiB staging area.
+                # Past the end of the 16 MiB staging area; with a region, from
+                # inside it past its end.
+                where = 1 << 40
+                if region is not None:
+                    assert conn.bulk.shared is region
+                    where = conn.bulk.shared_at + region.size - 4096
                 # The framed exchange itself: past the bulk path, which would stage.
-                reply = await conn.exchange(header, [LOCATION.pack(1 << 40)])
+                reply = await conn.exchange(staged_header(meta), [LOCATION.pack(where)])
                 return reply.header.status, reply.data
 
         status, msg = trio.run(forge, "shm")
         assert status == Status.OUT_OF_RANGE and b"staging area" in msg
+        status, msg = trio.run(forge, "shm", SharedRegion(1 << 20))
+        assert status == Status.OUT_OF_RANGE and b"shared region" in msg
         status, msg = trio.run(forge, "tcp")
         assert status == Status.BAD_FRAME and b"shm or rdma connection" in msg
         assert np.array_equal(c.read(name), x)
 
 
-def test_attach_and_detach_leak_no_descriptors(cluster: Cluster) -> None:
+@pytest.mark.parametrize("with_region", [False, True], ids=["staging", "shared-region"])
+def test_attach_and_detach_leak_no_descriptors(cluster: Cluster, with_region: bool) -> None:
     pid = cluster.procs["n1"].pid
     node = cluster.config.node("n1")
+    # With a shared region, its descriptor goes along and is mapped too.
+    region = SharedRegion(4 << 20) if with_region else None
 
     def fds() -> int:
         return len(os.listdir(f"/proc/{pid}/fd"))
 
     async def attach_many() -> None:
         for _ in range(20):
-            async with AsyncClient(cluster.config_path, transport="shm") as c:
+            async with AsyncClient(cluster.config_path, transport="shm", shared_memory=region) as c:
                 await c.hello(node)
+                assert c._conns[node.name].bulk.shared is region
 
     trio.run(attach_many)
     before = fds()
