@@ -51,6 +51,9 @@ RDMA_STAGING_MIN = 4 << 20
 RDMA_STAGING_ACCEPTED = (64 << 10, 256 << 20)
 # Alignment of each request's room in staging memory.
 STAGING_ALIGN = 64
+# A daemon applies an accumulate straight from the client's shared memory in
+# pieces of this many bytes: scaled in a scratch buffer that stays in cache.
+ACCUMULATE_PIECE = 256 << 10
 
 
 def shm_staging_size(shard_size: int) -> int:

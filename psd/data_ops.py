@@ -18,6 +18,7 @@ from irdma.protocol import (
     BatchEntry,
     Flag,
     Header,
+    Op,
     Status,
     pack_entries,
     unpack_entries,
@@ -249,7 +250,12 @@ class DataOps:
                 await conn.payload.read_into(landing)
             else:
                 assert conn.memory is not None
-                conn.memory.read_staged(location, len(landing), landing)
+                if msg.op == Op.ACCUMULATE and update.narrow is None:
+                    # Applied straight from the client's memory before the answer
+                    # (or copied first where it must be kept: store.materialize).
+                    update.source = conn.memory.staged(location, len(landing))
+                else:
+                    conn.memory.read_staged(location, len(landing), landing)
                 self.metrics.series(msg.op, conn.transport).received += len(landing)
             self.store.received(update)
         except BaseException:

@@ -26,8 +26,13 @@ class StagedMemory:
         self.shared = shared
 
     def read_staged(self, offset: int, size: int, into: np.ndarray) -> None:
-        """Copy ``size`` staged bytes at ``offset`` into ``into``; OUT_OF_RANGE past the end
-        of the staging area, or of the shared region for offsets past the staging area."""
+        """Copy ``size`` staged bytes at ``offset`` into ``into``; OUT_OF_RANGE as ``staged``."""
+        np.copyto(into[:size], self.staged(offset, size))
+
+    def staged(self, offset: int, size: int) -> np.ndarray:
+        """The ``size`` staged bytes at ``offset``, where they lie (read-only); OUT_OF_RANGE
+        past the end of the staging area, or of the shared region for offsets past
+        the staging area."""
         memory, at, what = self.view, offset, "staging area"
         if offset >= len(self.view) and self.shared is not None:
             memory, at, what = self.shared, offset - len(self.view), "shared region"
@@ -36,7 +41,7 @@ class StagedMemory:
                 Status.OUT_OF_RANGE,
                 f"staged data [{offset}, {offset + size}) is outside the {len(memory)}-byte {what}",
             )
-        np.copyto(into[:size], memory[at : at + size])
+        return memory[at : at + size]
 
     def close(self) -> None:
         """Let go of the memory (when the connection ends)."""

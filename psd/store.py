@@ -44,6 +44,7 @@ from irdma import narrowing
 from irdma.modes import Mode
 from irdma.protocol import DTYPE_ANY, DTYPE_NAMES, NO_WORKER, Op, Status, TensorMeta
 from irdma.protocol.messages import UNSTAMPED, wire_stamp
+from irdma.sizes import ACCUMULATE_PIECE
 
 from .arena import Arena, ArenaFullError, Block
 from .coordination import Coordinator
@@ -164,6 +165,10 @@ class Update:
     # and ``store.received`` widens it into ``buffer``.
     wire: int = 0
     narrow: np.ndarray | None = None
+    # An accumulate's payload where the client left it (its staged or shared
+    # memory, mapped here), not copied into ``buffer``: applied straight from
+    # there (``accumulate_from``) while the client waits for the answer.
+    source: np.ndarray | None = None
 
     @property
     def landing(self) -> np.ndarray:
@@ -180,6 +185,24 @@ def accumulate_into(target: np.ndarray, delta: np.ndarray, alpha: float) -> None
     _scale(delta, alpha)
     with np.errstate(over="ignore", invalid="ignore"):
         np.add(target, delta, out=target)
+
+
+def accumulate_from(target: np.ndarray, source: np.ndarray, alpha: float) -> None:
+    """``target += alpha * source`` in place, leaving ``source`` (read-only memory)
+    as it is: bit-identical to ``accumulate_into``, in pieces small enough to
+    stay in cache, so each byte of ``source`` and ``target`` crosses memory
+    once instead of being copied, scaled and added in three passes."""
+    if alpha == 1.0:
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.add(target, source, out=target)
+        return
+    step = max(1, ACCUMULATE_PIECE // max(1, source.itemsize))
+    scratch = np.empty(min(step, len(source)), dtype=source.dtype)
+    for lo in range(0, len(source), step):
+        hi = min(lo + step, len(source))
+        piece = scratch[: hi - lo]
+        np.copyto(piece, source[lo:hi])
+        accumulate_into(target[lo:hi], piece, alpha)
 
 
 def accumulate_copy(target: np.ndarray, delta: np.ndarray, alpha: float) -> None:
@@ -698,7 +721,16 @@ class Store:
         self.wire_holder(tensor, wire, offset, len(view))
         return narrowing.narrow(view.view(tensor.meta.np_dtype), wire).data
 
+    @staticmethod
+    def materialize(update: Update) -> None:
+        """Copy a payload still in the client's memory into the update's own buffer
+        (before anything keeps or changes it past the client's answer)."""
+        if update.source is not None:
+            np.copyto(update.buffer, update.source)
+            update.source = None
+
     def abort(self, update: Update) -> None:
+        update.source = None
         if update.staging is not None:
             self.arena.free(update.staging)
             update.staging = None
@@ -735,7 +767,11 @@ class Store:
             )
         # Backups apply the update as received (accumulate scales the delta
         # in place), so keep a copy of it for them first.
+        if self.replicated and update.replicate:
+            self.materialize(update)
         payload = update.buffer.copy() if self.replicated and update.replicate else None
+        if update.op == Op.WRITE:
+            self.materialize(update)  # only accumulates are applied from where they lie
         # Readers that pin nothing retry while the slot says "changing".
         self.directory.begin(shard.slot)
         try:
@@ -1063,6 +1099,12 @@ class Store:
     def _commit_accumulate(self, update: Update) -> None:
         shard = update.shard
         dt = update.tensor.meta.np_dtype
+        if update.source is not None and not shard.block.pins:
+            target = self.arena.view(shard.block, update.offset, update.size).view(dt)
+            accumulate_from(target, update.source.view(dt), update.alpha)
+            update.source = None
+            return
+        self.materialize(update)
         delta = update.buffer.view(dt)
         if not shard.block.pins:
             target = self.arena.view(shard.block, update.offset, update.size).view(dt)
@@ -1090,6 +1132,7 @@ class Store:
         coord = update.tensor.coord
         if coord is None or update.op == Op.WRITE:
             return self.commit(update)
+        self.materialize(update)  # it may be held for its step, past the client's answer
         mode = coord.mode
         name = update.tensor.meta.name
         if worker == NO_WORKER:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 
@@ -15,11 +16,13 @@ from irdma_psd.store import (
     Store,
     StoreError,
     accumulate_copy,
+    accumulate_from,
     accumulate_into,
     check_alpha,
 )
 
 from irdma.protocol import DTYPE_CODES, Op, Status, TensorMeta, tensor_key
+from irdma.sizes import ACCUMULATE_PIECE
 
 # -- helpers -----------------------------------------------------------------
 
@@ -76,11 +79,25 @@ def write(store: Store, key: int, index: int, offset: int, data: bytes | np.ndar
 
 
 def accumulate(
-    store: Store, key: int, index: int, offset: int, delta: np.ndarray, alpha: float = 1.0
+    store: Store,
+    key: int,
+    index: int,
+    offset: int,
+    delta: np.ndarray,
+    alpha: float = 1.0,
+    *,
+    from_source: bool = False,
 ) -> int:
+    """An accumulate whose payload is copied in, or (``from_source``) left where the
+    client put it, read-only, as a shm daemon leaves a staged one."""
     raw = as_u8(delta)
     u = store.begin_update(Op.ACCUMULATE, key, index, offset, raw.nbytes, alpha=alpha)
-    u.buffer[:] = raw
+    if from_source:
+        source = raw.copy()
+        source.flags.writeable = False
+        u.source = source
+    else:
+        u.buffer[:] = raw
     return store.commit(u)
 
 
@@ -685,6 +702,30 @@ def test_accumulate_into_and_copy_bit_identical(data: st.DataObject, alpha: floa
     assert t2.view(np.uint32).tolist() == target.view(np.uint32).tolist()
 
 
+@pytest.mark.parametrize("alpha", [1.0, 0.5, -3.0])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+def test_accumulate_from_leaves_its_source_and_matches_accumulate_into(
+    dtype: str, alpha: float
+) -> None:
+    """Applied from read-only memory in pieces: the same bits as a scaled copy added."""
+    dt = np.dtype(dtype)
+    n = 3 * ACCUMULATE_PIECE // dt.itemsize + 17  # several pieces and a short one
+    rng = np.random.default_rng(7)
+    # Arbitrary bit patterns (floats: normals, subnormals, infinities, NaNs).
+    bits = np.dtype(f"u{dt.itemsize}")
+    target = rng.integers(0, np.iinfo(bits).max, n, dtype=bits, endpoint=True).view(dt)
+    source = rng.integers(0, np.iinfo(bits).max, n, dtype=bits, endpoint=True).view(dt)
+    source.flags.writeable = False
+    kept = source.copy()
+    with np.errstate(all="ignore"):
+        t1 = target.copy()
+        accumulate_from(t1, source, alpha)
+        t2 = target.copy()
+        accumulate_into(t2, source.copy(), alpha)
+    assert t1.tobytes() == t2.tobytes()
+    assert source.tobytes() == kept.tobytes()
+
+
 def random_float32(n: int, seed: int) -> np.ndarray:
     """Arbitrary bit patterns: normals, subnormals, infinities and NaNs."""
     return np.random.default_rng(seed).integers(0, 2**32, n, dtype=np.uint32).view(np.float32)
@@ -703,20 +744,22 @@ def test_store_accumulate_paths_bit_identical(seed: int, alpha: float) -> None:
         store = Store(arena, everything)
         results = []
         with np.errstate(all="ignore"):
-            for name, pinned, split in (("a", False, False), ("b", True, False), ("c", True, True)):
-                meta = TensorMeta(name, "float32", (n,), PAGE)
+            cases = [("a", False, False), ("b", True, False), ("c", True, True)]
+            for (name, pinned, split), source in itertools.product(cases, (False, True)):
+                meta = TensorMeta(f"{name}{source}", "float32", (n,), PAGE)
                 tensor, _ = store.create(meta)
                 write(store, meta.key, 0, 0, init)
                 if pinned:
                     store.pin(tensor.shards[0].block)
                 if split:  # two halves: each is a partial (copy-on-write) update
-                    accumulate(store, meta.key, 0, 0, delta[: n // 2], alpha)
-                    accumulate(store, meta.key, 0, PAGE // 2, delta[n // 2 :], alpha)
+                    halves = ((0, delta[: n // 2]), (PAGE // 2, delta[n // 2 :]))
                 else:
-                    accumulate(store, meta.key, 0, 0, delta, alpha)
+                    halves = ((0, delta),)
+                for offset, part in halves:
+                    accumulate(store, meta.key, 0, offset, part, alpha, from_source=source)
                 results.append(shard_bytes(store, meta.key, 0))
             expected = (init + delta * np.float32(alpha)).tobytes()
-        assert results[0] == results[1] == results[2] == expected
+        assert results == [expected] * 6
     finally:
         arena.close()
 
