@@ -216,8 +216,9 @@ def irdma_model(
         client.write(name, np.zeros(nbytes // 4, dtype=np.float32), replace=True)
     buf, grad = touched(nbytes), grad_for(nbytes)
     if args.shared:
-        grad = client.shared_empty(len(grad))
-        grad[:] = grad_for(nbytes)
+        shared = client.shared_empty(len(grad))
+        shared[:] = grad
+        grad = shared
     alpha = -settings.lr
     group.barrier()
 

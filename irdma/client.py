@@ -298,7 +298,7 @@ class AsyncClient:
         dt = np.dtype(dtype)
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        return self.shared.empty(nbytes)[:nbytes].view(dt).reshape(shape)
+        return self.shared.empty(nbytes).view(dt).reshape(shape)
 
     def transport_of(self, node: Node) -> str | None:
         """How this client reaches ``node`` ("tcp", "shm" or "rdma"); None before it connects."""

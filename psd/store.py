@@ -767,9 +767,10 @@ class Store:
             )
         # Backups apply the update as received (accumulate scales the delta
         # in place), so keep a copy of it for them first.
+        payload: np.ndarray | None = None
         if self.replicated and update.replicate:
             self.materialize(update)
-        payload = update.buffer.copy() if self.replicated and update.replicate else None
+            payload = update.buffer.copy()
         if update.op == Op.WRITE:
             self.materialize(update)  # only accumulates are applied from where they lie
         # Readers that pin nothing retry while the slot says "changing".

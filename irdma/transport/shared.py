@@ -135,11 +135,9 @@ class SharedRegion:
         """A write of bytes at ``offset`` failed with its connection: keep its room
         from ever being handed out again."""
         with self._lock:
-            i = bisect.bisect_right(self._starts, offset) - 1
-            if i >= 0:
-                start = self._starts[i]
-                if offset < start + self._rooms[start]:
-                    self._doubt.add(start)
+            start = self._room_at(offset)
+            if start is not None:
+                self._doubt.add(start)
 
     def in_doubt(self, array: np.ndarray) -> bool:
         """Whether a failed write may still read ``array``'s room (do not reuse it)."""
@@ -147,8 +145,15 @@ class SharedRegion:
         if offset is None:
             return False
         with self._lock:
-            i = bisect.bisect_right(self._starts, offset) - 1
-            return i >= 0 and self._starts[i] in self._doubt
+            return self._room_at(offset) in self._doubt
+
+    def _room_at(self, offset: int) -> int | None:
+        """The start of the room handed out that holds ``offset``, if any (lock held)."""
+        i = bisect.bisect_right(self._starts, offset) - 1
+        if i < 0:
+            return None
+        start = self._starts[i]
+        return start if offset < start + self._rooms[start] else None
 
     def _give_back(self, offset: int) -> None:
         with self._lock:
