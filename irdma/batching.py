@@ -28,7 +28,7 @@ from .protocol import (
     pack_entries,
     unpack_entries,
 )
-from .protocol.messages import Read, ReadBatch, Update, UpdateBatch
+from .protocol.messages import Read, ReadBatch, Update, UpdateBatch, batch_entry_txn
 from .ranges import shard_pieces
 from .routing import Router, asks_primary, new_txn, worker_field
 from .sinks import BatchReadSink, IntoSink
@@ -191,7 +191,7 @@ class Batches:
                 wire=wire,
                 worker=wid,
                 step=step,
-                txn=(txn + index) % (1 << 64) if txn else 0,
+                txn=batch_entry_txn(txn, index),
             )
             await self.router.on_replicas(
                 e.key, e.shard, change, [view], length=e.length, update=True

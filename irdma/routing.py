@@ -12,7 +12,7 @@ One implementation for both shells: time and sleeps come from the client's.
 from __future__ import annotations
 
 import dataclasses
-import random
+import os
 from collections.abc import Awaitable, Callable, Sequence
 
 from .cluster import ClusterConfig, Node
@@ -44,14 +44,28 @@ def worker_field(worker: int | None, step: int) -> int:
     return worker
 
 
+def _os_random(bits: int) -> int:
+    """``bits`` random bits from the operating system.
+
+    Ids that must differ between processes never come from the process-wide
+    ``random``: training scripts seed it alike on every rank (``random.seed(0)``,
+    ``seed_everything``), so every rank would draw the same ids, and a replicated
+    shard would take one rank's update for a retry of another's (applied once,
+    the other silently lost) or a reader accept two writes' shards as one. The
+    OS's generator is also fork-safe: a forked worker does not repeat its
+    parent's ids. One ``getrandom`` call costs well under a microsecond.
+    """
+    return int.from_bytes(os.urandom((bits + 7) // 8), "little") >> (-bits % 8)
+
+
 def new_txn() -> int:
-    """A fresh update id (random: unique across clients without coordination)."""
-    return random.getrandbits(64) or 1
+    """A fresh update id: 64 random bits, unique across clients without coordination."""
+    return _os_random(64) or 1
 
 
 def new_stamp() -> int:
     """A fresh whole-tensor write id: random, never 0 (none) or 1 (UNSTAMPED)."""
-    return random.getrandbits(64) | 2
+    return _os_random(64) | 2
 
 
 def _with_version(msg: Read, version: int) -> Read:
@@ -87,7 +101,7 @@ class Router:
         # name of its preferred primary), and replicas that failed recently.
         self.primary_hint: dict[str, Node] = {}
         self.failed_at: dict[str, float] = {}
-        self._spread = random.randrange(1 << 16)
+        self._spread = _os_random(16)  # clients seeded alike still spread
 
     @property
     def patience(self) -> float:

@@ -30,6 +30,7 @@ from irdma.protocol.messages import (
     ReplicaUpdate,
     Update,
     UpdateBatch,
+    batch_entry_txn,
     read_answer,
     wire_stamp,
 )
@@ -41,8 +42,7 @@ from .arena import Block
 from .conn import Conn, Replies, no_payload
 from .metrics import RequestMetrics
 from .replication import Replicator
-from .store import Store, StoreError
-from .store import Update as StoreUpdate
+from .store import PendingUpdate, Store, StoreError
 
 log = logging.getLogger("psd")
 
@@ -225,7 +225,7 @@ class DataOps:
 
     async def receive_update(
         self, conn: Conn, msg: Update | ReplicaUpdate, *, wire: int = 0, staged: bool = False
-    ) -> StoreUpdate:
+    ) -> PendingUpdate:
         """Validate an update and take in its payload (inline or STAGED); not applied yet."""
         location = await self._staged_location(conn) if staged else None
         update = self.store.begin_update(
@@ -280,7 +280,13 @@ class DataOps:
             await self.replicator.confirm([(msg.key, msg.shard)])
         await self.replies.reply(conn, header, [], version=version)
 
-    def _apply_once(self, update: Update, worker: int, step: int) -> tuple[int, bool]:
+    def _abort_all(self, updates: list[PendingUpdate | StoreError]) -> None:
+        """Give back the blocks of pending updates that will not be applied."""
+        for u in updates:
+            if isinstance(u, PendingUpdate):
+                self.store.abort(u)
+
+    def _apply_once(self, update: PendingUpdate, worker: int, step: int) -> tuple[int, bool]:
         """Apply a client's update unless its txn was applied before: (version, was a retry).
 
         A retry is not applied twice; its caller answers it only after
@@ -387,7 +393,7 @@ class DataOps:
             raise StoreError(Status.BAD_FRAME, "batch entry lengths do not add up to the payload")
         # Receive everything before applying anything: a batch cut short by a
         # broken connection changes nothing.
-        updates: list[Update | StoreError] = []
+        updates: list[PendingUpdate | StoreError] = []
         try:
             for e in entries:
                 try:
@@ -410,9 +416,9 @@ class DataOps:
                 await conn.payload.read_into(upd.landing)
                 self.store.received(upd)
         except BaseException:
-            for u in updates:
-                if isinstance(u, Update):
-                    self.store.abort(u)
+            # A batch cut short (a broken connection, a bad frame): every entry
+            # begun so far gives its block back.
+            self._abort_all(updates)
             raise
         answers = []
         retried: list[tuple[int, int]] = []
@@ -420,8 +426,7 @@ class DataOps:
             if isinstance(u, StoreError):
                 answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=u.status))
                 continue
-            # Entry i of a batch has update id txn + i (the same on a retry).
-            u.txn = (msg.txn + i) % (1 << 64) if msg.txn else 0
+            u.txn = batch_entry_txn(msg.txn, i)
             try:
                 self.admission.check_primary(e.key, e.shard)
                 version, again = self._apply_once(u, msg.worker, msg.step)
@@ -431,6 +436,9 @@ class DataOps:
                 self.store.abort(u)
                 answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=exc.status))
                 continue
+            except BaseException:
+                self._abort_all(updates[i:])  # those not applied yet
+                raise
             answers.append(BatchEntry(e.key, e.shard, e.offset, e.length, version))
         await self.replicator.wait(self.forward())
         if retried:

@@ -133,7 +133,7 @@ class Tensor:
     shards: dict[int, Shard]
     ctime: float = field(default_factory=time.time)
     # The training-mode rules (None for async tensors: every update applies at once).
-    coord: Coordinator[Update] | None = None
+    coord: Coordinator[PendingUpdate] | None = None
 
     @property
     def version(self) -> int:
@@ -146,7 +146,7 @@ class Tensor:
 
 
 @dataclass(eq=False, slots=True)
-class Update:
+class PendingUpdate:
     """A validated write or accumulate waiting for its payload in ``buffer``."""
 
     op: Op
@@ -644,7 +644,7 @@ class Store:
         layout: int = 0,
         dtype: int = DTYPE_ANY,
         wire: int = 0,
-    ) -> Update:
+    ) -> PendingUpdate:
         """Validate a write or accumulate and reserve staging for its payload.
 
         With a ``wire`` dtype the payload is ``size`` bytes' worth of elements
@@ -674,7 +674,7 @@ class Store:
             staging = None
             heap = np.empty(size, dtype=np.uint8)
             buffer = heap
-        update = Update(op, tensor, shard, offset, size, alpha, staging, heap, buffer)
+        update = PendingUpdate(op, tensor, shard, offset, size, alpha, staging, heap, buffer)
         if holder is not None:
             update.wire = wire
             update.narrow = np.empty(narrowing.wire_nbytes(tensor.meta.np_dtype, wire, size), "u1")
@@ -707,7 +707,7 @@ class Store:
             )
         return wire_nbytes // holder.itemsize * tensor.meta.np_dtype.itemsize
 
-    def received(self, update: Update) -> None:
+    def received(self, update: PendingUpdate) -> None:
         """The payload is in: widen a narrowed one into the update's buffer."""
         if update.narrow is not None:
             dt = update.tensor.meta.np_dtype
@@ -722,14 +722,14 @@ class Store:
         return narrowing.narrow(view.view(tensor.meta.np_dtype), wire).data
 
     @staticmethod
-    def materialize(update: Update) -> None:
+    def materialize(update: PendingUpdate) -> None:
         """Copy a payload still in the client's memory into the update's own buffer
         (before anything keeps or changes it past the client's answer)."""
         if update.source is not None:
             np.copyto(update.buffer, update.source)
             update.source = None
 
-    def abort(self, update: Update) -> None:
+    def abort(self, update: PendingUpdate) -> None:
         update.source = None
         if update.staging is not None:
             self.arena.free(update.staging)
@@ -737,7 +737,7 @@ class Store:
 
     def commit(
         self,
-        update: Update,
+        update: PendingUpdate,
         step: tuple[int, int] | None = None,
         pushed: tuple[int, int] | None = None,
     ) -> int:
@@ -814,7 +814,7 @@ class Store:
             )
         return shard.version
 
-    def _forward_held(self, update: Update, worker: int, step: int) -> None:
+    def _forward_held(self, update: PendingUpdate, worker: int, step: int) -> None:
         """A push held for its lockstep step goes to the backups too (acknowledged once
         they have it), so a backup taking over mid-step has every acknowledged push."""
         if self.replicated and update.replicate:
@@ -827,7 +827,7 @@ class Store:
 
     # -- replication ---------------------------------------------------------
 
-    def applied(self, update: Update, worker: int = NO_WORKER) -> int | None:
+    def applied(self, update: PendingUpdate, worker: int = NO_WORKER) -> int | None:
         """The version a retried update (same txn) already produced here, or None.
 
         A training push still held for its step counts as applied (at the
@@ -845,7 +845,7 @@ class Store:
 
     def commit_replica(
         self,
-        update: Update,
+        update: PendingUpdate,
         version: int,
         step: tuple[int, int] | None = None,
         pushed: tuple[int, int] | None = None,
@@ -868,7 +868,7 @@ class Store:
             tensor.coord.follow_clocks(index, {pushed[0]: pushed[1] + 1})
         return done
 
-    def hold_replica(self, update: Update, version: int, worker: int, step: int) -> int:
+    def hold_replica(self, update: PendingUpdate, version: int, worker: int, step: int) -> int:
         """Hold a push the shard's primary holds for ``step`` (its shard at ``version``),
         as the primary does: if this copy takes over, the step completes with it."""
         self._check_on_top(update, version)
@@ -888,7 +888,7 @@ class Store:
             self.abort(replaced)
         return update.shard.version
 
-    def _check_on_top(self, update: Update, version: int) -> None:
+    def _check_on_top(self, update: PendingUpdate, version: int) -> None:
         """A forwarded update goes on top of ``version``; BEHIND (nothing kept) if not."""
         if update.shard.version != version:
             have = update.shard.version
@@ -986,7 +986,7 @@ class Store:
         """The ssp clocks (steps pushed per worker) of a tensor's shard ([] otherwise)."""
         return tensor.coord.clocks(index) if tensor.coord is not None else []
 
-    def held_on(self, tensor: Tensor, index: int) -> list[tuple[int, int, Update]]:
+    def held_on(self, tensor: Tensor, index: int) -> list[tuple[int, int, PendingUpdate]]:
         """(worker, step, push) held for a lockstep step on a tensor's shard."""
         return tensor.coord.held_on(index) if tensor.coord is not None else []
 
@@ -1016,7 +1016,7 @@ class Store:
         """CRC-32 of a shard's bytes: tells two copies at one version apart."""
         return zlib.crc32(self.arena.view(shard.block, 0, shard.nbytes))
 
-    def _whole_shard(self, update: Update) -> bool:
+    def _whole_shard(self, update: PendingUpdate) -> bool:
         return update.offset == 0 and update.size == update.shard.nbytes
 
     def _swap(self, shard: Shard, block: Block) -> None:
@@ -1024,7 +1024,7 @@ class Store:
         self._replaced.append(shard.block)
         shard.block = block
 
-    def _commit_stamped(self, update: Update) -> None:
+    def _commit_stamped(self, update: PendingUpdate) -> None:
         """A whole-tensor write's shard: new bytes in a new block, the old kept as ``prev``."""
         shard = update.shard
         key = update.tensor.meta.key
@@ -1083,7 +1083,7 @@ class Store:
         self.arena.view(new, 0, shard.nbytes)[:] = self.arena.view(shard.block, 0, shard.nbytes)
         return new
 
-    def _commit_write(self, update: Update) -> None:
+    def _commit_write(self, update: PendingUpdate) -> None:
         shard = update.shard
         if update.staging is not None and self._whole_shard(update):
             self._swap(shard, update.staging)  # the staged bytes become the shard
@@ -1097,7 +1097,7 @@ class Store:
             self.arena.view(shard.block, update.offset, update.size)[:] = update.buffer
         return
 
-    def _commit_accumulate(self, update: Update) -> None:
+    def _commit_accumulate(self, update: PendingUpdate) -> None:
         shard = update.shard
         dt = update.tensor.meta.np_dtype
         if update.source is not None and not shard.block.pins:
@@ -1124,7 +1124,7 @@ class Store:
 
     # -- training modes -------------------------------------------------------
 
-    def push(self, update: Update, worker: int = NO_WORKER, step: int = 0) -> int:
+    def push(self, update: PendingUpdate, worker: int = NO_WORKER, step: int = 0) -> int:
         """Apply (or, in a lockstep mode, hold) a received update; return the shard's version.
 
         ``worker`` and ``step`` say whose gradient for which training step
@@ -1171,7 +1171,12 @@ class Store:
         return version
 
     def _apply_step(
-        self, items: list[Update], mode: Mode, group: int, applied: int, last: Update | None = None
+        self,
+        items: list[PendingUpdate],
+        mode: Mode,
+        group: int,
+        applied: int,
+        last: PendingUpdate | None = None,
     ) -> int:
         """Sum held deltas in worker order and apply them as one update (or set, for apply=set).
 
@@ -1240,7 +1245,7 @@ class Store:
         return lost
 
 
-def held_commit(update: Update, worker: int, step: int, version: int) -> Commit:
+def held_commit(update: PendingUpdate, worker: int, step: int, version: int) -> Commit:
     """A push held for lockstep ``step`` as forwarded to a backup, on top of shard
     ``version`` (its bytes copied: the step's sum scales the held one in place)."""
     meta = update.tensor.meta

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import socket
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -35,7 +36,7 @@ from irdma.protocol import (
     unpack_header,
 )
 
-from .conftest import Cluster, recv_exactly
+from .conftest import Cluster, hello, recv_exactly
 
 CANARY = "canary/w"
 VICTIM = "fuzz/victim"  # random frames may change this one; never the canary
@@ -202,6 +203,7 @@ def test_truncated_write_changes_nothing(cluster: Cluster, canary: np.ndarray) -
 
 def test_truncated_batch_changes_nothing(cluster: Cluster, canary: np.ndarray) -> None:
     node, key = canary_shard0(cluster)
+    before = hello(cluster.config, node)["arena_used"]
     entries = [BatchEntry(key, 0, 0, 16), BatchEntry(key, 0, 16, 16)]
     s = connect(cluster, node)
     s.sendall(
@@ -209,8 +211,20 @@ def test_truncated_batch_changes_nothing(cluster: Cluster, canary: np.ndarray) -
         + pack_entries(entries)
         + b"\x01" * 20
     )
+    # Both entries have taken arena room (the first is whole, the second half in)
+    # when the connection goes: the daemon must give both back.
     s.close()
     assert_intact(cluster, canary)
+    assert_arena_returns_to(cluster, node, before)
+
+
+def assert_arena_returns_to(cluster: Cluster, node: str, used: int) -> None:
+    """The daemon's arena is back at ``used`` bytes once it has seen the connection
+    close (it handles that in the connection's own task: wait for it, boundedly)."""
+    deadline = time.monotonic() + 10
+    while (now := hello(cluster.config, node)["arena_used"]) != used:
+        assert time.monotonic() < deadline, f"arena at {now} bytes, not {used}: blocks leaked"
+        time.sleep(0.02)
 
 
 def test_batch_lengths_that_do_not_add_up(cluster: Cluster, canary: np.ndarray) -> None:

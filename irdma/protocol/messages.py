@@ -488,6 +488,17 @@ class UpdateBatch:
         return Op.WRITE if self.op == Op.WRITE_BATCH else Op.ACCUMULATE
 
 
+def batch_entry_txn(txn: int, index: int) -> int:
+    """The update id of entry ``index`` of a batch sent as update ``txn`` (0: none).
+
+    The one rule both sides follow, on retries too: entry i is ``txn + i``,
+    wrapping at 64 bits and never 0 (which would mean "no id").
+    """
+    if not txn:
+        return 0
+    return (txn + index) % (1 << 64) or 1
+
+
 def batch_count(answer: Header) -> int:
     """The entry count a batch's answer echoes (0 from daemons that do not say)."""
     return answer.shard

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import mmap
-import random
+import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -287,7 +287,7 @@ class Endpoint:
             return QP(self.pd, attr)
 
     def local_info(self, qp: Any) -> QpInfo:
-        return QpInfo(int(qp.qp_num), random.getrandbits(24), self.gid.gid)
+        return QpInfo(int(qp.qp_num), secrets.randbits(24), self.gid.gid)
 
     def connect(self, qp: Any, local: QpInfo, remote: QpInfo, access: int, mtu: int) -> None:
         """Take ``qp`` through INIT, RTR and RTS towards ``remote``, as perftest does.
