@@ -26,7 +26,7 @@ class _Job:
     method: str  # an AsyncClient method: read_range or write_bytes
     args: tuple
     done: trio.Event  # of the caller's loop
-    error: BaseException | None = None
+    error: Exception | None = None
     result: Any = None
 
 

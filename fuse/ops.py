@@ -1048,7 +1048,7 @@ async def _all_at_once(calls: list[Callable[[], Awaitable[Any]]]) -> list[Any]:
     not import them either: ``tests/test_layering.py``.)
     """
     results: list[Any] = [None] * len(calls)
-    errors: list[BaseException | None] = [None] * len(calls)
+    errors: list[Exception | None] = [None] * len(calls)
 
     async def run(i: int) -> None:
         try:

@@ -46,7 +46,7 @@ class Outflow:
     options: dict = field(default_factory=dict)
     sent: int = 0  # tensor bytes pushed or being pushed, from byte 0
     broken: bool = False  # a write landed in what was sent: the close pushes all
-    error: BaseException | None = None
+    error: Exception | None = None
     _inflight: int = 0
     _idle: trio.Event = field(default_factory=trio.Event)
     _limit: trio.Semaphore = field(default_factory=lambda: trio.Semaphore(IN_FLIGHT))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import trio
 
-from irdma import AsyncClient, TensorInfo
+from irdma import AsyncClient, ClientClosed, TensorInfo
 
 from .buffers import BufferPool
 from .files import file_buffer, identity
@@ -50,7 +50,7 @@ class Snapshot:
     _header: int = 0
     _chunk: int = CHUNK
     _ready: list[trio.Event] = field(default_factory=list)
-    _error: BaseException | None = None
+    _error: Exception | None = None
     _filled: trio.Event = field(default_factory=trio.Event)
 
     @classmethod
@@ -112,6 +112,9 @@ class Snapshot:
             except Exception as exc:  # the readers waiting for it get the error
                 if self._error is None:
                     self._error = exc
+            except BaseException:
+                self._stopped()  # before its readers wake to a chunk not filled
+                raise
             finally:
                 limit.release()
                 self._ready[i].set()
@@ -139,10 +142,19 @@ class Snapshot:
         except Exception as exc:
             if self._error is None:
                 self._error = exc
+        except BaseException:
+            self._stopped()
+            raise
         finally:
             for event in self._ready:
                 event.set()
             self._filled.set()
+
+    def _stopped(self) -> None:
+        """The fill was cancelled (the mount is ending): its readers get an error of
+        their own, never the fill task's Cancelled, and never a chunk left unfilled."""
+        if self._error is None:
+            self._error = ClientClosed("the mount stopped before the file was read whole")
 
     async def wait(self, off: int, size: int) -> None:
         """Wait until file bytes ``[off, off+size)`` are here; raise the fill's error."""

@@ -1456,7 +1456,7 @@ class _LoopThread:
         self._ready = threading.Event()
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.Event | None = None
-        self._error: BaseException | None = None
+        self._error: Exception | None = None
         self._thread = threading.Thread(target=self._run, name="irdma-client", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -1466,9 +1466,13 @@ class _LoopThread:
     def _run(self) -> None:
         try:
             trio.run(self._main)
-        except BaseException as exc:  # reported to the constructor or close()
+        except Exception as exc:  # reported to the constructor or close()
             self._error = exc
             self._ready.set()
+        except BaseException as exc:  # handed to another thread only as an Exception
+            self._error = ClientClosed(f"the client's loop thread ended: {exc!r}")
+            self._ready.set()
+            raise
 
     async def _main(self) -> None:
         self._stop = trio.Event()

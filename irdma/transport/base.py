@@ -40,6 +40,21 @@ class StreamClosed(Exception):
 SOCKET_ERRORS = (OSError, trio.ClosedResourceError, trio.BrokenResourceError)
 
 
+def for_this_task(err: Exception) -> Exception:
+    """A failure another task recorded, as an exception of the task that raises it now.
+
+    Each task raises an object of its own (one object raised in several tasks
+    shares, and keeps growing, one traceback); it keeps the stream error's kind
+    (anything else becomes StreamBroken), and the recorded one is its cause.
+    Only Exceptions are ever recorded for other tasks: a task's ``Cancelled``
+    belongs to its own cancel scopes.
+    """
+    fresh = type(err)(str(err)) if isinstance(err, StreamBroken | StreamClosed) else None
+    fresh = fresh or StreamBroken(str(err))
+    fresh.__cause__ = err
+    return fresh
+
+
 def translate_socket_error(exc: BaseException, what: str) -> StreamBroken | StreamClosed:
     """The stream error for an OS or trio socket error (raise it ``from exc``).
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,6 +68,7 @@ from .base import (
     StreamBroken,
     StreamClosed,
     StreamTimeout,
+    for_this_task,
 )
 from .direct import TRIES as DIRECT_TRIES
 from .shm import directory_of
@@ -101,10 +103,15 @@ SLEEP_MIN = 200e-6
 SLEEP_MAX = 2e-3
 PROBE_BYTES = 8
 # One-sided pulls in flight per connection, each with a cell of the registered
-# buffer for the directory header and slot it READs (twice): they do not take
-# room from the staging area, which then holds whole shards for the bytes.
+# buffer for the directory words it READs: they do not take room from the
+# staging area, which then holds whole shards for the bytes. A cell holds the
+# slot (64 bytes at 0), its seq word before and after (8 bytes each at
+# SEQ_BEFORE and SEQ_AFTER) and, for the first pull of a chain, the directory's
+# header slot (at HEADER_AT).
 SCRATCH_CELLS = 64
 SCRATCH_CELL = 3 * 64
+SEQ_BEFORE, SEQ_AFTER, HEADER_AT = 64, 72, 128
+SEQ_BYTES = 8
 
 
 class RdmaUnavailable(Exception):
@@ -256,6 +263,14 @@ class _Remote:
 
 
 _RETRY = object()  # a one-sided pull to send again (the shard changed or moved)
+SEQ_WORD = struct.Struct("<Q")
+
+
+def fenced(piece: tuple[int, int, int, int], fence: int) -> tuple[int, int, int, int]:
+    """A work request (local, remote, length, flags) that starts once every READ
+    posted before it has completed."""
+    local, remote, length, flags = piece
+    return local, remote, length, flags | fence
 
 
 def _chunks(n: int) -> int:
@@ -289,7 +304,9 @@ class _Pull:
     tries: int = 0
     done: trio.Event = dataclasses.field(default_factory=trio.Event)
     answer: tuple[int, int, int] | object | None = None
-    error: BaseException | None = None
+    # Why its chain failed: always an Exception (never the loop's own Cancelled,
+    # which belongs to the loop's task and would cancel the reader's scope).
+    error: Exception | None = None
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -352,8 +369,7 @@ class _Link:
         (it gives the chain's room in the send queue back)."""
         from pyverbs.wr import SGE, SendWR
 
-        for _ in pieces:
-            await self.slots.acquire()
+        await self.take_room(len(pieces))
         wr_id, done = self.completions.expect()
         posted = _Posted(wr_id, done, len(pieces))
         try:
@@ -383,6 +399,19 @@ class _Link:
             self._done_with(posted)
             raise
         return posted
+
+    async def take_room(self, n: int) -> None:
+        """Take ``n`` places in the send queue, all or none: cancelled while it is
+        full, it gives back those it took (``_done_with`` gives back the rest)."""
+        taken = 0
+        try:
+            for _ in range(n):
+                await self.slots.acquire()
+                taken += 1
+        except BaseException:
+            for _ in range(taken):
+                self.slots.release()
+            raise
 
     async def wait(self, posted: _Posted, nbytes: int, timeout: float) -> None:
         """Wait for a posted chain to complete; raise if it failed or timed out."""
@@ -619,12 +648,12 @@ class RdmaPath:
         out fails the connection; the pulls still queued then fail too.
         """
         link = self.link
-        if link is None or link.remote is None:
-            return
-        remote = link.remote
         sending: _Chain | None = None
         chain: _Chain | None = None
         try:
+            if link is None or link.remote is None:
+                return  # no link (set-up failed): the finally fails what was queued
+            remote = link.remote
             while not link.closed:
                 if sending is None:
                     if not self._batch:
@@ -770,7 +799,7 @@ class RdmaPath:
             with trio.CancelScope(shield=True):
                 await pull.done.wait()
             if pull.error is not None:
-                raise pull.error
+                raise for_this_task(pull.error)
             if pull.answer != _RETRY:
                 return pull.answer
         self.direct_contended += 1
@@ -781,22 +810,29 @@ class RdmaPath:
         RDMA_BATCH_BYTES and the send queue's depth; a larger one alone, so its
         bytes are handed on (copied out) while the next chain's are in flight."""
         batch = [self._batch.pop(0)]
-        nbytes, wrs = batch[0].n, 1 + 2 + _chunks(batch[0].n)  # the header, slots, bytes
+        # The header, then per pull its seq twice, its slot and its bytes.
+        nbytes, wrs = batch[0].n, 1 + 3 + _chunks(batch[0].n)
         while self._batch:
             p = self._batch[0]
-            if nbytes + p.n > RDMA_BATCH_BYTES or wrs + 2 + _chunks(p.n) > SEND_DEPTH:
+            if nbytes + p.n > RDMA_BATCH_BYTES or wrs + 3 + _chunks(p.n) > SEND_DEPTH:
                 break
             batch.append(self._batch.pop(0))
-            nbytes, wrs = nbytes + p.n, wrs + 2 + _chunks(p.n)
+            nbytes, wrs = nbytes + p.n, wrs + 3 + _chunks(p.n)
         return batch
 
     async def _post_batch(self, link: _Link, remote: _Remote, batch: list[_Pull]) -> _Chain:
-        """Post one chain of READs for ``batch``: the directory header and every slot,
-        then (fenced) all their bytes, then (fenced) every slot again.
+        """Post one chain of READs for ``batch``, a seqlock read in three phases, each
+        fenced behind the one before: the directory header and every slot's seq word;
+        then every slot and all their bytes; then every seq word again.
+
+        The seq word is READ alone, before and after: one RDMA READ has no order
+        inside it (soft-RoCE's responder is a memcpy that may copy the seq word
+        last), so a 64-byte slot READ can pair a new seq with older words; the slot
+        and the bytes READ between two equal, even seq words are one version.
 
         A pull larger than RDMA_BATCH_BYTES (alone in its batch) first READs the
-        header and its slot and waits for them, then posts its bytes where the
-        slot says they are: a shard written since the last read is in another
+        header, its seq and its slot and waits for them, then posts its bytes where
+        the slot says they are: a shard written since the last read is in another
         block, and reading the kept one would waste a whole transfer.
         """
         assert remote.directory is not None
@@ -804,34 +840,40 @@ class RdmaPath:
         base = remote.arena_addr
         fence = link.e.IBV_SEND_FENCE
         read = link.e.IBV_WR_RDMA_READ
-        head = batch[0].cell + 2 * SLOT_BYTES
+        header = (batch[0].cell + HEADER_AT, base + table_at + header_slot * SLOT_BYTES)
         slots = [base + table_at + p.slot * SLOT_BYTES for p in batch]
-        first = [(head, base + table_at + header_slot * SLOT_BYTES, SLOT_BYTES, 0)]
-        first += [(p.cell, a, SLOT_BYTES, 0) for p, a in zip(batch, slots, strict=True)]
-        again = [(p.cell + SLOT_BYTES, a, SLOT_BYTES, 0) for p, a in zip(batch, slots, strict=True)]
+        seqs = [(header[0], header[1], SLOT_BYTES, 0)]
+        seqs += [(p.cell + SEQ_BEFORE, a, SEQ_BYTES, 0) for p, a in zip(batch, slots, strict=True)]
+        images = [(p.cell, a, SLOT_BYTES, 0) for p, a in zip(batch, slots, strict=True)]
+        again = [(p.cell + SEQ_AFTER, a, SEQ_BYTES, 0) for p, a in zip(batch, slots, strict=True)]
         try:
             large = len(batch) == 1 and batch[0].n > RDMA_BATCH_BYTES
             if large:
                 p = batch[0]
+                first = [*seqs, fenced(images[0], fence)]
                 await link.chain(read, first, remote.arena_rkey, 2 * SLOT_BYTES, self.timeout)
                 rec = slot_record(link.buffer.view[p.cell : p.cell + SLOT_BYTES])
                 if rec is not None and rec.names(p.key, p.index, p.layout):
                     p.block = rec.offset
                     self._slots[(p.key, p.index)] = (p.slot, rec.offset)
-            # Each phase starts once every READ before it is done (the fence on its
-            # first request, or the wait above), so the seq read before the bytes
-            # and again after them brackets them (protocol/directory.py).
             data = [
                 (p.data + o, base + p.block + p.offset + o, min(CHUNK, p.n - o), 0)
                 for p in batch
                 for o in range(0, p.n, CHUNK)
             ]
-            pieces = data if large else [*first, (*data[0][:3], fence), *data[1:]]
-            pieces = [*pieces, (*again[0][:3], fence), *again[1:]]
+            middle = data if large else [fenced(images[0], fence), *images[1:], *data]
+            pieces = [*([] if large else seqs), *middle, fenced(again[0], fence), *again[1:]]
             posted = await link.post(read, pieces, remote.arena_rkey)
         except BaseException as exc:
+            # The pulls' readers get an Exception of their own to raise; this task's
+            # cancellation (the connection failing) goes on up this task only.
+            failure = (
+                exc
+                if isinstance(exc, Exception)
+                else StreamClosed(f"RDMA to {self.peer}: the connection's pulls stopped")
+            )
             for p in batch:
-                p.error = exc
+                p.error = failure
                 p.done.set()
             raise
         return _Chain(batch, posted)
@@ -848,7 +890,7 @@ class RdmaPath:
             return exc
         self.direct_batches += 1
         view = link.buffer.view
-        serving = SLOT.unpack_from(view, chain.pulls[0].cell + 2 * SLOT_BYTES)[SERVING_WORD] == 1
+        serving = SLOT.unpack_from(view, chain.pulls[0].cell + HEADER_AT)[SERVING_WORD] == 1
         for p in chain.pulls:
             p.answer = self._judge(p, serving, remote.directory[0], view)
         return None
@@ -861,11 +903,12 @@ class RdmaPath:
             return None  # the daemon would refuse the read now: let it say why
         where = (p.key, p.index)
         first = slot_record(view[p.cell : p.cell + SLOT_BYTES])
-        second = SLOT.unpack_from(view, p.cell + SLOT_BYTES)[0]
+        (before,) = SEQ_WORD.unpack_from(view, p.cell + SEQ_BEFORE)
+        (after,) = SEQ_WORD.unpack_from(view, p.cell + SEQ_AFTER)
         p.tries += 1
-        if first is None or first.seq != second:
+        if first is None or not before == first.seq == after:
             self.direct_retries += 1
-            return _RETRY  # the daemon changed the shard meanwhile
+            return _RETRY  # the daemon changed the shard meanwhile (or was, at the start)
         if not first.names(p.key, p.index, p.layout):
             self._slots.pop(where, None)  # freed, reused, or the tensor recreated
             return _RETRY

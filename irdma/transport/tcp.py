@@ -43,6 +43,7 @@ from .base import (
     StreamTimeout,
     Waits,
     acquire_soon,
+    for_this_task,
     translate_socket_error,
     translate_socket_errors,
 )
@@ -248,7 +249,7 @@ class BytesSink(Sink):
         self.data = bytes(buf)
 
 
-def ensure_usable(failure: BaseException | None, closed: bool, peer: str) -> None:
+def ensure_usable(failure: Exception | None, closed: bool, peer: str) -> None:
     """Raise StreamBroken (with its cause) or StreamClosed for a connection that
     failed or that we closed."""
     if failure is not None:
@@ -299,7 +300,7 @@ class _Pending:
         self.sink = sink
         self.event = trio.Event()
         self.reply: Reply | None = None
-        self.error: BaseException | None = None
+        self.error: Exception | None = None
 
 
 class Exchanger(Protocol):
@@ -395,7 +396,7 @@ class FramedConnection(Connection):
         # send waiting on a full socket (a daemon that stopped reading) ends with
         # the watchdog's timeout instead of waiting for ever.
         self._sending: set[trio.CancelScope] = set()
-        self._failure: BaseException | None = None
+        self._failure: Exception | None = None
         self._closed = False
 
     @classmethod
@@ -516,7 +517,7 @@ class FramedConnection(Connection):
         finally:
             self._send_lock.release()
 
-    def _fail(self, exc: BaseException) -> None:
+    def _fail(self, exc: Exception) -> None:
         if self._failure is None:
             self._failure = exc
         for pending in self._pending.values():
@@ -564,7 +565,9 @@ class FramedConnection(Connection):
                 finally:
                     self._sending.discard(sending)
             if sending.cancelled_caught:
-                raise self._failure or StreamClosed(f"connection to {self.stream.peer} failed")
+                if self._failure is not None:
+                    raise for_this_task(self._failure)
+                raise StreamClosed(f"connection to {self.stream.peer} failed")
             await pending.event.wait()
         except BaseException as exc:
             # Cancelled or failed part-way: the stream may hold half a frame,
@@ -574,9 +577,9 @@ class FramedConnection(Connection):
             raise
         if pending.error is not None:
             err = pending.error
-            if isinstance(err, StreamTimeout | StreamBroken | StreamClosed | AuthFailed):
-                raise type(err)(str(err)) from err
-            raise StreamBroken(str(err)) from err
+            if isinstance(err, AuthFailed):
+                raise AuthFailed(str(err)) from err
+            raise for_this_task(err)
         assert pending.reply is not None
         return pending.reply
 
