@@ -2,9 +2,10 @@
 
 The slot format, the seqlock and the memory-ordering argument are in
 ``irdma/protocol/directory.py``. Here the store's changes become slot
-writes: ``place`` when a shard is created or installed, ``changing`` around
-an update applied in place (the seq is odd while the bytes change), and
-``publish`` after a shard's block, version or stamp changed. A block
+writes: ``place`` when a shard is created or installed (odd until its first
+``publish``), ``begin`` before an update applied in place (the seq is odd
+while the bytes change), ``publish`` after a shard's block, version or
+stamp changed, and ``set_prev`` when a kept previous copy is freed. A block
 replaced by copy-on-write is freed only after the slot names the new one,
 so a reader that copied from the old block sees the seq move and retries.
 """
@@ -22,6 +23,7 @@ from irdma.protocol.directory import (
     LIVE,
     MAGIC_WORD,
     OFFSET,
+    PREV,
     SEQ,
     SERVING_WORD,
     STATE,
@@ -49,7 +51,12 @@ class Directory:
         self.header[SERVING_WORD] = int(serving)
 
     def place(self, key: int, layout: int, index: int) -> int:
-        """A slot for a new shard (-1 when its probe range is full: served through the daemon)."""
+        """A slot for a new shard (-1 when its probe range is full: served through the daemon).
+
+        The slot stays odd (changing) until ``publish`` says where the shard's
+        bytes are: a reader that finds it before then retries or asks the
+        daemon, rather than take offset 0 and version 0 for the shard.
+        """
         for slot in probe(key, index, self.slots):
             row = self.table[slot]
             if row[STATE] in (EMPTY, FREED):
@@ -58,7 +65,6 @@ class Directory:
                 row[LAYOUT] = layout
                 row[STATE] = index + LIVE
                 row[OFFSET:] = 0  # offset, prev, version, stamp: set by publish
-                row[SEQ] += 1
                 self.used += 1
                 return slot
         return -1
@@ -90,6 +96,21 @@ class Directory:
         if not row[SEQ] & 1:
             row[SEQ] += 1
         row[OFFSET:] = (offset, prev, version, stamp)
+        row[SEQ] += 1
+
+    def set_prev(self, slot: int, prev: int) -> None:
+        """The stamp of the previous copy kept changed alone (the copy was freed).
+
+        Inside a change (seq odd) the word is written as it is, and the change's
+        ``publish`` writes every word again; otherwise the write is bracketed."""
+        if slot < 0:
+            return
+        row = self.table[slot]
+        if row[SEQ] & 1:
+            row[PREV] = prev
+            return
+        row[SEQ] += 1
+        row[PREV] = prev
         row[SEQ] += 1
 
     def free(self, slot: int) -> None:

@@ -331,7 +331,12 @@ class Store:
         for _, block, _, _ in shard.older:
             self._retire(block)
         shard.older.clear()
+        had = shard.prev is not None
         shard.prev, shard.prev_stamp, shard.prev_version = None, 0, 0
+        if had:
+            # Readers take the previous copy's stamp from the slot: one that is
+            # gone must not send them after it (a round asking for STAMP_GONE).
+            self.directory.set_prev(shard.slot, 0)
 
     def reserve(self, nbytes: int) -> Block | None:
         """A staging block for incoming bytes, or None when the arena has no room."""

@@ -97,6 +97,8 @@ def test_a_placed_shard_is_found_and_a_freed_one_is_not() -> None:
     # A freed slot on the probe path is skipped, not taken for the end of it.
     a = d.place(1, 1, 0)
     b = d.place(1, 1, 0)  # same home: the next slot
+    for placed in (a, b):
+        d.publish(placed, 0, 0, 1, UNSTAMPED)  # a placed slot is read once published
     d.free(a)
     assert find_slot(d.table, 1, 0, 1) == b
 
@@ -114,6 +116,20 @@ def test_a_slot_being_changed_reads_as_none_until_published() -> None:
     d.begin(slot)
     d.settle(slot)  # a change that did not happen
     assert read_slot(d.table, slot) is not None
+
+
+def test_a_placed_slot_is_not_read_until_its_first_publish() -> None:
+    """Between ``place`` and ``publish`` the slot names the shard but not its bytes
+    (offset 0, version 0): a one-sided reader must not take that for the shard."""
+    buf = np.zeros(directory_bytes(1024), np.uint8)
+    d = Directory(buf, 0, 1024)
+    slot = d.place(42, 3, 0)
+    assert read_slot(d.table, slot) is None
+    assert find_slot(d.table, 42, 0, 3) == -1
+    d.publish(slot, 8192, 0, 1, UNSTAMPED)
+    rec = read_slot(d.table, slot)
+    assert rec is not None and (rec.offset, rec.version) == (8192, 1)
+    assert find_slot(d.table, 42, 0, 3) == slot
 
 
 def test_a_full_probe_range_leaves_the_shard_without_a_slot() -> None:
@@ -307,6 +323,22 @@ def test_previous_copies_give_their_room_back_when_the_arena_needs_it(store: Sto
     with pytest.raises(StoreError):
         store.copy_for(shard, UNSTAMPED)
     assert store.copy_for(shard, 0xA0)[0] is shard.block
+
+
+def test_a_previous_copy_given_back_is_no_longer_named_by_the_slot(store: Store) -> None:
+    """Readers learn the previous copy's stamp from the slot; once the copy is freed
+    (the arena needed the room) the slot says there is none, so no reader asks for it."""
+    m = meta()
+    store.create(m)
+    apply(store, m, 0, np.full(SHARD // 4, 1, np.float32), stamp=0xA0)
+    apply(store, m, 0, np.full(SHARD // 4, 2, np.float32), stamp=0xB0)
+    _, (_, stamp, prev) = direct_read(store, m, 0)
+    assert (stamp, prev) == (0xB0, 0xA0)
+    seq = store.directory.table[store.tensors[m.key].shards[0].slot, SEQ]
+    store.drop_prevs()
+    got, (version, stamp, prev) = direct_read(store, m, 0)
+    assert (version, stamp, prev) == (2, 0xB0, 0) and (got == 2).all()
+    assert store.directory.table[store.tensors[m.key].shards[0].slot, SEQ] == seq + 2
 
 
 # -- rename ------------------------------------------------------------------
