@@ -52,6 +52,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         default = action.default
         if (
             "%(default)" in text
+            or "(default" in text  # it says the default in its own words (16GiB, not bytes)
             or not action.option_strings
             or default is None
             or default is False

@@ -97,8 +97,11 @@ def test_status_names_each_mounts_log(cluster: Cluster, tmp_path: Path) -> None:
     fg = start_mount(cluster, tmp_path / "fg")  # its stderr goes to a file
     try:
         (tmp_path / "bg").mkdir()
+        (tmp_path / "bg.log").write_text("the last mount's log\n")
         started = subprocess.run(
-            mount_command(cluster.config_path, str(tmp_path / "bg")),
+            mount_command(
+                cluster.config_path, str(tmp_path / "bg"), "--log", str(tmp_path / "bg.log")
+            ),
             capture_output=True,
             text=True,
             timeout=60,
@@ -106,7 +109,9 @@ def test_status_names_each_mounts_log(cluster: Cluster, tmp_path: Path) -> None:
         try:
             assert started.returncode == 0, started.stderr
             bg_log = re.search(r"\(pid \d+, log (\S+);", started.stderr)[1]
-            assert Path(bg_log).exists()
+            assert bg_log == str(tmp_path / "bg.log")
+            # The previous log is kept once, beside it: no new file per mount.
+            assert (tmp_path / "bg.log.1").read_text() == "the last mount's log\n"
             out = irdma(cluster, "status").stdout.splitlines()
             mounts = sorted(line for line in out if line.startswith("mount "))
             assert mounts[0].startswith(f"mount {tmp_path / 'bg'} (pid ")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -173,6 +174,60 @@ def test_foreground_output_says_the_data_is_kept(local_dir: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+# -- the README's quick start, from any directory ---------------------------------
+
+IRDMA = str(Path(sys.executable).with_name("irdma"))  # the console script a user runs
+
+
+def test_the_quick_start_works_from_a_directory_holding_irdma_folders(tmp_path: Path) -> None:
+    """`cd /tmp && irdma local --dir /tmp/irdma --background`: the daemons, the
+    supervisor and the mount must import the installed package, not the folders
+    named irdma/, psd/ and fuse/ in the current directory."""
+    for folder in ("irdma", "psd", "fuse"):
+        (tmp_path / folder).mkdir()
+    directory = tmp_path / "irdma"  # the cluster's directory is one of them
+    mnt = tmp_path / "params"
+    mnt.mkdir()
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
+    env.pop("IRDMA_CONFIG", None)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [IRDMA, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+
+    try:
+        started = run("local", "--nodes", "3", "--dir", str(directory), "--background", *ARGS)
+        assert started.returncode == 0, started.stderr
+        assert started.stdout.strip() == str(directory / "cluster.toml")
+        env["IRDMA_CONFIG"] = started.stdout.strip()
+        status = run("status")
+        assert status.returncode == 0, status.stdout + status.stderr
+        np.save(tmp_path / "w.npy", np.arange(4.0))
+        assert run("put", "qs/w", str(tmp_path / "w.npy")).returncode == 0
+        mounted = run("mount", str(mnt))
+        assert mounted.returncode == 0, mounted.stderr
+        try:
+            assert np.array_equal(np.load(mnt / "qs" / "w.npy"), np.arange(4.0))
+        finally:
+            subprocess.run(["fusermount3", "-u", str(mnt)], check=False, timeout=60)
+        # By default the mount logs to one file per mountpoint in the user's state dir.
+        log = tmp_path / "state" / "irdma" / f"mount-{str(mnt)[1:].replace('/', '-')}.log"
+        assert f"log {log};" in mounted.stderr
+        wait_gone([int(re.search(r"\(pid (\d+),", mounted.stderr)[1])])  # it has logged all
+        assert f"serving {mnt}" in log.read_text()
+        # The log of a background run says how to stop it; it has no terminal for Ctrl-C.
+        text = (directory / LOG_FILE).read_text()
+        assert f"irdma local --stop --dir {directory} stops them" in text and "Ctrl-C" not in text
+    finally:
+        run("local", "--dir", str(directory), "--stop")
+        leftovers = supervisors(directory) + daemons_using(str(directory / "cluster.toml"))
+        for pid in leftovers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_gone(leftovers)
 
 
 # -- security by default -------------------------------------------------------
