@@ -15,7 +15,7 @@ import pytest
 from irdma import Client
 from irdma.names import DIR_MARKER
 
-from .conftest import Cluster
+from .conftest import Cluster, make_cluster
 from .test_cli import irdma
 
 
@@ -144,6 +144,67 @@ def test_a_layout_clash_names_replace_not_daemons(cluster: Cluster, tmp_path: Pa
         f"irdma: clash/x is float32 [4] in the cluster and {b} is float64 [5]; "
         "add --replace to redefine it"
     )
+
+
+def test_a_put_with_one_clash_writes_nothing(cluster: Cluster, tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    with Client(cluster.config_path) as c:
+        c.write("whole/c", np.zeros(4, np.float32))
+    model = {k: np.full(3, i, np.float32) for i, k in enumerate("abcd")}
+    save_file(model, str(tmp_path / "m.safetensors"))
+    proc = irdma(cluster, "put", "whole", str(tmp_path / "m.safetensors"), check=False)
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert lines == [
+        f"irdma: whole/c is float32 [4] in the cluster and {tmp_path / 'm.safetensors'} (c) "
+        "is float32 [3]",
+        "irdma: nothing was put: 1 of 4 tensors exist with another dtype or shape; "
+        "add --replace to redefine them",
+    ]
+    with Client(cluster.config_path) as c:
+        assert [i.name for i in c.list("whole/")] == ["whole/c"]  # a, b and d not written
+        assert np.array_equal(c.read("whole/c"), np.zeros(4, np.float32))
+    irdma(cluster, "put", "--replace", "whole", str(tmp_path / "m.safetensors"))
+    with Client(cluster.config_path) as c:
+        assert {k: c.read(f"whole/{k}").tolist() for k in "abcd"} == {
+            k: v.tolist() for k, v in model.items()
+        }
+
+
+def test_a_put_with_a_bad_name_or_a_name_twice_writes_nothing(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    a = saved(tmp_path / "a.npy", np.arange(3))
+    np.savez(tmp_path / "m.npz", ok=np.zeros(2), **{"bad/../x": np.ones(2)})
+    proc = irdma(cluster, "put", "names/a", a, "names/m", str(tmp_path / "m.npz"), check=False)
+    assert proc.returncode == 1
+    assert f"{tmp_path / 'm.npz'} (bad/../x): tensor name" in proc.stderr
+    assert "nothing was put" in proc.stderr
+    proc = irdma(cluster, "put", "names/a", a, "names/a", a, check=False)
+    assert proc.returncode == 1
+    assert f"names/a would come from both {a} and {a}; nothing was put" in proc.stderr
+    assert irdma(cluster, "ls", "names/").stdout == ""
+
+
+def test_a_put_that_fails_midway_says_what_was_written(tmp_path: Path) -> None:
+    """The daemons run out of room at the second of three tensors."""
+    small = make_cluster(tmp_path / "cluster", arena_size=1 << 20)
+    try:
+        a = saved(tmp_path / "a.npy", np.arange(3))
+        big = saved(tmp_path / "big.npy", np.zeros(1 << 20, np.float32))  # 4 MiB > 3 arenas
+        c = saved(tmp_path / "c.npy", np.arange(5))
+        proc = irdma(small, "put", "mid/a", a, "mid/big", big, "mid/c", c, check=False)
+        assert proc.returncode == 1
+        [line] = proc.stderr.splitlines()
+        assert line.startswith("irdma: put failed at mid/big: ")
+        assert line.endswith(
+            "; written: mid/a; not written: mid/big (failed), mid/c (1 of 3 put)"
+        ), line
+        with Client(small.config_path) as client:
+            assert [i.name for i in client.list("mid/")] == ["mid/a"]
+    finally:
+        small.close()
 
 
 def test_put_name_ending_in_npy_is_stored_without_it(cluster: Cluster, tmp_path: Path) -> None:
