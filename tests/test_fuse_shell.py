@@ -13,10 +13,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from irdma import Client
 
-from .conftest import Cluster, mount_command, start_mount
+from .conftest import Cluster, make_cluster, mount_command, start_mount
 from .test_cli import irdma
 
 
@@ -91,6 +92,37 @@ def test_a_paused_daemon_costs_a_lookup_one_timeout(fresh_cluster: Cluster, tmp_
             fresh_cluster.signal("n1", signal.SIGCONT)
     finally:
         m.unmount()
+
+
+def test_a_mount_whose_daemons_are_down_answers_eio_not_empty(tmp_path: Path) -> None:
+    """With replicas, a listing skips a daemon that is down (its copies answer):
+    with every daemon down, nothing answered and the root must not look empty."""
+    cluster = make_cluster(tmp_path / "cluster", 2, replicas=2, timeout=2.0)
+    try:
+        m = start_mount(cluster, tmp_path / "mnt")
+        try:
+            (m.path / "d").mkdir()
+            np.save(m.path / "w.npy", np.arange(3.0))
+            assert sorted(os.listdir(m.path)) == ["d", "w.npy"]
+            for name in cluster.names:
+                cluster.stop(name)
+            for call in (os.listdir, os.stat):
+                for path in (m.path, m.path / "d", m.path / "w.npy"):
+                    if call is os.stat and path == m.path:
+                        continue  # the root's attributes need no daemon
+                    with pytest.raises(OSError) as err:
+                        call(path)
+                    assert err.value.errno == errno.EIO, (call, path)
+            proc = bash(f"ls -la {m.path}")
+            assert proc.returncode != 0 and "Input/output error" in proc.stderr
+            assert re.search(r"opendir: daemon n\d .* is unavailable", m.log()), m.log()
+            status = irdma(cluster, "status", check=False)
+            assert status.returncode == 1
+            assert f"mount {m.path} (pid {m.proc.pid}): log in {m.log_path}" in status.stdout
+        finally:
+            m.unmount()
+    finally:
+        cluster.close()
 
 
 def test_status_names_each_mounts_log(cluster: Cluster, tmp_path: Path) -> None:
