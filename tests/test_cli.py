@@ -146,13 +146,14 @@ def test_status_columns_with_one_copy(cluster: Cluster) -> None:
     assert sum(r["shards"]["primary"] for r in rows) >= 7
     lines = irdma(cluster, "status").stdout.splitlines()
     assert lines[0].split() == [
-        *("NODE", "ADDRESS", "VIA", "STATE", "VERSION", "TENSORS", "SHARDS", "P/B"),
+        *("NODE", "ADDRESS", "VIA", "STATE", "PID", "VERSION", "TENSORS", "SHARDS", "P/B"),
         *("ARENA", "USED", "SNAPSHOT", "SKEW"),
     ]
     for line, r in zip(lines[1:], rows, strict=True):
         cells = line.split()
-        assert cells[0] == r["node"] and cells[3] == "up" and cells[4] == irdma_version
-        assert cells[6] == f"{r['shards']['primary']}/0"
+        assert cells[0] == r["node"] and cells[3] == "up" and cells[5] == irdma_version
+        assert cells[4] == str(r["pid"]) == str(cluster.pid(r["node"]))
+        assert cells[7] == f"{r['shards']['primary']}/0"
         assert cells[-2:] == ["never", "-"]
 
 
@@ -188,12 +189,17 @@ def test_status_exits_1_when_a_daemon_is_down(fresh_cluster: Cluster) -> None:
     fresh_cluster.kill("n3")
     proc = irdma(fresh_cluster, "status", check=False)
     assert proc.returncode == 1
-    assert "DOWN" in proc.stdout and "n3" in proc.stdout
-    down = next(line for line in proc.stdout.splitlines() if line.startswith("n3 "))
-    assert "unavailable" in down  # the reason ends its row
+    lines = proc.stdout.splitlines()
+    down = next(line for line in lines if line.startswith("n3 "))
+    assert down.split()[3] == "down"
+    # Why, once, below the table: nothing listens at a killed daemon's port.
+    assert lines[4] == (
+        "n3: connection refused: nothing listens at its address (not started, or stopped)"
+    )
     rows = json.loads(irdma(fresh_cluster, "status", "--json", check=False).stdout)
     assert [r["up"] for r in rows] == [True, True, False]
-    assert rows[2]["error"] and "shards" not in rows[2]
+    assert [r["state"] for r in rows] == ["up", "up", "down"]
+    assert "unavailable" in rows[2]["error"] and "shards" not in rows[2]
 
 
 def daemons_using(config: str) -> list[int]:

@@ -258,6 +258,29 @@ def test_the_config_names_a_secret_and_another_secret_is_refused(
         assert np.array_equal(c.read("sec/x"), np.arange(3.0))
 
 
+def test_status_names_a_refused_secret_and_each_daemons_pid(
+    local_dir: Path, tmp_path: Path
+) -> None:
+    config = Path(start(local_dir, "--nodes", "2").stdout.strip())
+    secret = load_config(config).secret_file
+    other = tmp_path / "other-secret"
+    other.write_text(secrets.token_hex(32))
+    other.chmod(0o600)
+    forged = tmp_path / "forged.toml"
+    forged.write_text(config.read_text().replace(str(secret), str(other)))
+    proc = irdma(None, "--config", str(forged), "status", check=False)
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert [line.split()[3] for line in lines[1:3]] == ["refused", "refused"]  # not down
+    assert lines[3].startswith("n1, n2: up, and refuses this client: it has another secret")
+    assert len(lines) == 4  # the reason once, not on every row
+    rows = json.loads(irdma(None, "status", "--json", env={"IRDMA_CONFIG": str(config)}).stdout)
+    pids = {r["node"]: r["pid"] for r in rows}
+    assert pids == {n: daemon_pid(local_dir, n) for n in ("n1", "n2")}
+    text = irdma(None, "status", env={"IRDMA_CONFIG": str(config)}).stdout.splitlines()
+    assert [line.split()[4] for line in text[1:3]] == [str(pids["n1"]), str(pids["n2"])]
+
+
 def test_insecure_names_no_secret_and_says_so(local_dir: Path) -> None:
     proc = start(local_dir, "--nodes", "1", "--insecure")
     config = Path(proc.stdout.strip())
