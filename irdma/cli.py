@@ -191,15 +191,17 @@ def build_parser() -> argparse.ArgumentParser:
         "Fetch tensor NAME, every tensor under NAME/, or every tensor a pattern matches.\n"
         "The output's type comes from -o: FILE.npy (one tensor), FILE.npz or "
         "FILE.safetensors\n(named by their path below NAME/), DIR/ (one .npy per tensor) or "
-        "- (one .npy on stdout).",
+        "- (one .npy on stdout).\nWithout -o: into the current directory, named after NAME's "
+        "last part (fc.weight.npy;\nresnet.npz for a group), never over an existing file; "
+        "the path is printed.",
     )
     s.add_argument("name", metavar="NAME", help="a tensor, a group (prefix) or a pattern")
     s.add_argument(
         "-o",
         "--output",
-        required=True,
         metavar="OUT",
-        help="FILE.npy, .npz, .safetensors, DIR/ or -",
+        help="FILE.npy, .npz, .safetensors, DIR/ or - (default: ./LAST.npy, or ./LAST.npz "
+        "for several tensors)",
     )
 
     s = command(

@@ -274,10 +274,33 @@ async def cmd_put(client: AsyncClient, args: argparse.Namespace) -> int:
 # -- get -----------------------------------------------------------------------
 
 
+def stem(name: str) -> str:
+    """The file name several tensors NAME stands for are saved under by default: its last
+    part, or for a pattern its folder's (``resnet/``: resnet; ``resnet/*.w``: resnet)."""
+    if is_pattern(name):
+        name = namesmod.group_root(name)
+    return base_name(name.rstrip("/")) or "tensors"
+
+
+def default_output(name: str, sel: Selection) -> str:
+    """Where ``get NAME`` without -o writes, as ``aws s3 cp`` and ``wget`` do: into the
+    current directory, named after NAME: the tensor's last name part .npy for one
+    tensor, NAME's .npz for several. An existing file is kept: -o names it to overwrite it."""
+    one = len(sel.infos) == 1
+    path = base_name(sel.infos[0].name) + ".npy" if one else stem(name) + ".npz"
+    if os.path.lexists(path):
+        raise FileProblem(f"{path} exists; to overwrite it, give it as -o {path}")
+    return path
+
+
 async def cmd_get(client: AsyncClient, args: argparse.Namespace) -> int:
     out = args.output
-    kind = tensorfiles.kind_of(out, reading=False)  # before asking the daemons anything
+    if out is not None:
+        kind = tensorfiles.kind_of(out, reading=False)  # before asking the daemons anything
     sel = await select(client, args.name)
+    if out is None:
+        out = default_output(args.name, sel)
+        kind = tensorfiles.kind_of(out, reading=False)
     if kind.holds_one and len(sel.infos) != 1:
         stem = args.name.rstrip("/").replace("*", "").rsplit("/", 1)[-1] or "tensors"
         raise FileProblem(
@@ -300,6 +323,8 @@ async def cmd_get(client: AsyncClient, args: argparse.Namespace) -> int:
             tensorfiles.write_many(out, kind, arrays)
     finally:
         close()
+    if args.output is None:
+        print(out)  # the name it chose, for scripts: f=$(irdma get w)
     return 0
 
 
@@ -362,6 +387,10 @@ async def cmd_ls(client: AsyncClient, args: argparse.Namespace) -> int:
                 unmatched.append(arg)
         else:
             infos = await under(client, arg, internal=args.all)
+            # No argument is the whole cluster, which may be empty; a directory the
+            # mount made holds its marker, so an empty one is there.
+            if not infos and arg and not await under(client, arg, internal=True):
+                unmatched.append(arg)
         found.update((i.name, i) for i in infos)
     infos = [found[n] for n in sorted(found)]
     if args.json:
@@ -370,7 +399,8 @@ async def cmd_ls(client: AsyncClient, args: argparse.Namespace) -> int:
         for i in infos:
             print(ls_row(i, args.human) if args.long else i.name)
     for arg in unmatched:
-        print(f"irdma: no tensor matches {arg!r}", file=sys.stderr)
+        what = "matches" if is_pattern(arg) else "is named or starts with"
+        print(f"irdma: no tensor {what} {arg!r}", file=sys.stderr)
     return 1 if unmatched else 0
 
 

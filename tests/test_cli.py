@@ -97,7 +97,9 @@ def test_stat_ls_rm(cluster: Cluster, tmp_path: Path) -> None:
     assert [r["name"] for r in rows] == ["srm/a", "srm/sub/b"]
     assert "3x4" in irdma(cluster, "ls", "-l", "srm/").stdout
     irdma(cluster, "rm", "-r", "srm")
-    assert irdma(cluster, "ls", "srm/").stdout == ""
+    gone = irdma(cluster, "ls", "srm/", check=False)
+    assert gone.returncode == 1 and gone.stdout == ""
+    assert gone.stderr == "irdma: no tensor is named or starts with 'srm/'\n"
 
 
 def test_errors_are_one_clear_line(cluster: Cluster, tmp_path: Path) -> None:

@@ -184,7 +184,7 @@ def test_a_put_with_a_bad_name_or_a_name_twice_writes_nothing(
     proc = irdma(cluster, "put", "names/a", a, "names/a", a, check=False)
     assert proc.returncode == 1
     assert f"names/a would come from both {a} and {a}; nothing was put" in proc.stderr
-    assert irdma(cluster, "ls", "names/").stdout == ""
+    assert irdma(cluster, "ls", "names/", check=False).returncode == 1  # nothing there
 
 
 def test_a_put_that_fails_midway_says_what_was_written(tmp_path: Path) -> None:
@@ -240,7 +240,7 @@ def test_stat_and_rm_take_several_names(cluster: Cluster) -> None:
     assert [(r["name"], r["shape"]) for r in rows] == [("many/a", [3]), ("many/b", [2, 5])]
     proc = irdma(cluster, "rm", "many/a", "many/none", "many/b", check=False)
     assert proc.returncode == 1 and "no tensor named 'many/none'" in proc.stderr
-    assert irdma(cluster, "ls", "many/").stdout == ""  # the others are gone anyway
+    assert irdma(cluster, "ls", "many/", check=False).returncode == 1  # the others are gone
     with Client(cluster.config_path) as c:
         c.write("many/g/x", np.zeros(1))
     proc = irdma(cluster, "rm", "many/g", check=False)
@@ -292,6 +292,56 @@ def test_directory_markers_are_hidden_from_ls(cluster: Cluster) -> None:
         c.write("marked/w", np.zeros(2))
     assert irdma(cluster, "ls", "marked/").stdout.split() == ["marked/w"]
     assert f"marked/{DIR_MARKER}" in irdma(cluster, "ls", "-a", "marked/").stdout.split()
+    empty = irdma(cluster, "ls", "marked/empty/")  # an empty directory is there: exit 0
+    assert empty.stdout == "" and empty.stderr == ""
+
+
+def test_ls_of_a_name_that_is_not_there_exits_1(cluster: Cluster) -> None:
+    """As stat, get and rm do (and aws s3 ls): a script can tell a typo from an empty group."""
+    with Client(cluster.config_path) as c:
+        c.write("lsnone/w", np.zeros(2))
+    proc = irdma(cluster, "ls", "nosuch", check=False)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr == "irdma: no tensor is named or starts with 'nosuch'\n"
+    proc = irdma(cluster, "ls", "lsnone/", "nosuch/", check=False)
+    assert proc.returncode == 1 and proc.stdout == "lsnone/w\n"
+    assert "'nosuch/'" in proc.stderr
+
+
+def test_get_without_o_writes_into_the_current_directory(cluster: Cluster, tmp_path: Path) -> None:
+    with Client(cluster.config_path) as c:
+        c.write("noout/fc.weight", np.arange(6.0).reshape(2, 3))
+        c.write("noout/fc.bias", np.ones(3, np.float32))
+    env = dict(os.environ, IRDMA_CONFIG=str(cluster.config_path))
+
+    def get(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "irdma", "get", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    one = get("noout/fc.weight")
+    assert one.returncode == 0, one.stderr
+    assert one.stdout == "fc.weight.npy\n"
+    assert np.array_equal(np.load(tmp_path / "fc.weight.npy"), np.arange(6.0).reshape(2, 3))
+    group = get("noout")
+    assert group.returncode == 0 and group.stdout == "noout.npz\n", group.stderr
+    with np.load(tmp_path / "noout.npz") as z:
+        assert sorted(z.files) == ["fc.bias", "fc.weight"]
+    pattern = get("noout/*.bias")
+    assert pattern.returncode == 0 and pattern.stdout == "fc.bias.npy\n", pattern.stderr
+    # A file already there is not overwritten without -o naming it.
+    (tmp_path / "fc.weight.npy").write_bytes(b"mine")
+    again = get("noout/fc.weight")
+    assert again.returncode == 1
+    assert again.stderr == (
+        "irdma: fc.weight.npy exists; to overwrite it, give it as -o fc.weight.npy\n"
+    )
+    assert (tmp_path / "fc.weight.npy").read_bytes() == b"mine"
 
 
 def test_ls_lh_lists_human_sizes(cluster: Cluster) -> None:
