@@ -165,3 +165,6 @@ def test_mount_help_and_version_of_the_plugin_command() -> None:
         timeout=60,
     )
     assert proc.returncode == 0 and "irdma status shows each mount" in proc.stdout
+    text = " ".join(proc.stdout.split())  # as one line: argparse wraps the help
+    assert text.count("(default: 16GiB)") == 1 and "17179869184" not in text
+    assert "--log FILE" in text
