@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -155,6 +156,30 @@ def test_status_names_each_mounts_log(cluster: Cluster, tmp_path: Path) -> None:
         fg.unmount()
     lines = irdma(cluster, "status").stdout.splitlines()
     assert not [line for line in lines if line.startswith("mount ")]  # gone once unmounted
+
+
+def test_a_foreground_mount_logs_to_the_file_log_names(cluster: Cluster, tmp_path: Path) -> None:
+    mnt = tmp_path / "fglog"
+    mnt.mkdir()
+    log = tmp_path / "fg.log"
+    proc = subprocess.Popen(
+        mount_command(cluster.config_path, str(mnt), "--foreground", "--log", str(log)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mnt):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        status = irdma(cluster, "status").stdout
+        assert f"mount {mnt} (pid {proc.pid}): log in {log}" in status
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mnt)], check=False, timeout=60)
+        _, err = proc.communicate(timeout=60)
+    assert err == b""  # everything went to the file
+    assert f"serving {mnt}; this log goes to {log}" in log.read_text()
 
 
 def test_mount_help_and_version_of_the_plugin_command() -> None:
