@@ -175,6 +175,7 @@ class Upload:
     name: str
     array: np.ndarray
     source: str  # the file, and the array's name inside it: m.npz (fc.weight)
+    group: str = ""  # for an array of a file of several: the prefix they are put under
 
 
 def planned_uploads(items: Sequence[str]) -> list[Upload]:
@@ -193,7 +194,7 @@ def planned_uploads(items: Sequence[str]) -> list[Upload]:
                 arr = as_stored_array(arr)
             except ValueError as exc:
                 raise IrdmaError(f"{where}: {exc}; nothing was put") from None
-            uploads.append(Upload(full, arr, where))
+            uploads.append(Upload(full, arr, where, f"{target}/" if key else ""))
     seen: dict[str, str] = {}
     for u in uploads:
         if u.name in seen:
@@ -206,9 +207,13 @@ def planned_uploads(items: Sequence[str]) -> list[Upload]:
 
 async def layout_clashes(client: AsyncClient, uploads: Sequence[Upload]) -> list[str]:
     """One line per upload whose tensor exists with another dtype or shape."""
+    # A file of many arrays is checked with one listing of its group, not a stat each.
+    listed: dict[str, TensorInfo] = {}
+    for group in dict.fromkeys(u.group for u in uploads if u.group):
+        listed.update((i.name, i) for i in await client.list(group))
     clashes = []
     for u in uploads:
-        info = await stat_or_none(client, u.name)
+        info = listed.get(u.name) if u.group else await stat_or_none(client, u.name)
         if info is not None and (
             info.meta.np_dtype != u.array.dtype or info.shape != u.array.shape
         ):
