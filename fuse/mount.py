@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from irdma import (
     load_config,
     mounts,
     parse_size,
+    spawn,
 )
 from irdma.errors import ConfigError, IrdmaError
 
@@ -177,6 +177,15 @@ async def serve(
 
 def run(args: argparse.Namespace) -> int:
     """The ``irdma mount`` command."""
+    if args.log and args.foreground:
+        # The log takes this process's stderr, so libfuse's messages go there too.
+        try:
+            fd = mounts.open_log(Path(args.log))
+        except OSError as exc:
+            print(f"irdma mount: cannot write the log {args.log}: {exc}", file=sys.stderr)
+            return 1
+        os.dup2(fd, sys.stderr.fileno())
+        os.close(fd)
     logging.basicConfig(
         level=logging.INFO, format="irdma mount: %(levelname)s %(message)s", stream=sys.stderr
     )
@@ -221,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _background(args: argparse.Namespace, mountpoint: Path) -> int:
     """Start the same mount in the foreground of a detached child; wait until it is up."""
-    argv = [sys.executable, "-m", "irdma.cli"]
+    argv = spawn.python_module("irdma.cli")
     if args.config:
         argv += ["--config", args.config]
     if args.timeout is not None:
@@ -235,13 +244,18 @@ def _background(args: argparse.Namespace, mountpoint: Path) -> int:
     # The detached child must not hold our caller's stdout/stderr open (a
     # caller reading them would wait for the mount to end); it logs to a file,
     # or under systemd to the journal our own stderr goes to.
-    if mounts.log_destination().startswith("the journal"):
+    if args.log is None and mounts.log_destination().startswith("the journal"):
         log_path = None
         child = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
         )
     else:
-        fd, log_path = tempfile.mkstemp(prefix="irdma-mount-", suffix=".log")
+        log_path = Path(args.log) if args.log else mounts.default_log(mountpoint)
+        try:
+            fd = mounts.open_log(log_path)
+        except OSError as exc:
+            print(f"irdma mount: cannot write the log {log_path}: {exc}", file=sys.stderr)
+            return 1
         with os.fdopen(fd, "wb") as log:
             child = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
@@ -300,6 +314,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SIZE",
         help="address space for buffers the local daemons read directly (writes skip a "
         "copy; pages are used only as files are written); 0 turns it off "
-        f"(default {SHARED_SIZE >> 30}GiB)",
+        f"(default: {SHARED_SIZE >> 30}GiB)",
+    )
+    p.add_argument(
+        "--log",
+        metavar="FILE",
+        help="append the log to FILE (the previous one kept as FILE.1); default without "
+        "--foreground: the journal under systemd, else "
+        "$XDG_STATE_HOME/irdma/mount-PATH.log (root: /var/log/irdma/mount-PATH.log); "
+        "with --foreground: stderr",
     )
     p.set_defaults(run=run)

@@ -4,7 +4,7 @@ Workers use ``irdma.Client`` (blocking) or ``irdma.AsyncClient`` (trio) to
 create, read, write and accumulate tensors held by ``psd`` daemons.
 """
 
-from . import mounts
+from . import mounts, spawn
 from .client import AsyncClient, Client, TensorInfo
 from .cluster import ClusterConfig, load_config, parse_size
 from .errors import (
@@ -58,4 +58,5 @@ __all__ = [
     "load_config",
     "mounts",
     "parse_size",
+    "spawn",
 ]

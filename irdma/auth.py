@@ -209,8 +209,10 @@ class DaemonHandshake:
                 name = Op(header.op).name
             except ValueError:
                 name = f"op {header.op}"
+            # Said for a user whose config names no secret: the op is a detail.
             raise AuthRefused(
-                f"{name} before authentication: this daemon requires the cluster's secret "
+                "no secret given: this daemon requires the cluster's secret, and the "
+                f"connection sent {name} without authenticating first "
                 "(set secret_file in the cluster config)"
             )
         step = AuthStep.CHALLENGE if self.client_nonce is None else AuthStep.PROOF

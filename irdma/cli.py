@@ -52,6 +52,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         default = action.default
         if (
             "%(default)" in text
+            or "(default" in text  # it says the default in its own words (16GiB, not bytes)
             or not action.option_strings
             or default is None
             or default is False
@@ -190,15 +191,17 @@ def build_parser() -> argparse.ArgumentParser:
         "Fetch tensor NAME, every tensor under NAME/, or every tensor a pattern matches.\n"
         "The output's type comes from -o: FILE.npy (one tensor), FILE.npz or "
         "FILE.safetensors\n(named by their path below NAME/), DIR/ (one .npy per tensor) or "
-        "- (one .npy on stdout).",
+        "- (one .npy on stdout).\nWithout -o: into the current directory, named after NAME's "
+        "last part (fc.weight.npy;\nresnet.npz for a group), never over an existing file; "
+        "the path is printed.",
     )
     s.add_argument("name", metavar="NAME", help="a tensor, a group (prefix) or a pattern")
     s.add_argument(
         "-o",
         "--output",
-        required=True,
         metavar="OUT",
-        help="FILE.npy, .npz, .safetensors, DIR/ or -",
+        help="FILE.npy, .npz, .safetensors, DIR/ or - (default: ./LAST.npy, or ./LAST.npz "
+        "for several tensors)",
     )
 
     s = command(

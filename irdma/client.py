@@ -658,24 +658,36 @@ class AsyncClient:
     @_epoch_rerouted
     async def list(self, prefix: str = "", *, limit: int = 0) -> list[TensorInfo]:
         """Every tensor whose name starts with ``prefix``, sorted by name; only the
-        first ``limit`` of them if it is not 0 (``limit=1``: is there any?)."""
+        first ``limit`` of them if it is not 0 (``limit=1``: is there any?).
+
+        Raises DaemonUnavailable when the daemons that answered may not hold a
+        copy of every tensor: one down with one copy, as many as the copies with
+        replicas."""
         raw = prefix.encode()
         if len(raw) > MAX_NAME_BYTES:
             raise ValueError("prefix is too long")
         if not 0 <= limit < 1 << 63:
             raise ValueError(f"limit must be 0 (none) or a positive count, not {limit}")
 
+        down: list[DaemonUnavailable] = []
+
         async def list_on(node: Node) -> list[dict[str, Any]]:
             hdr = ListTensors(limit).frame(len(raw))
             try:
                 r = await self._request(node, hdr, [raw])
-            except DaemonUnavailable:
+            except DaemonUnavailable as exc:
                 if not self.replicated:
                     raise
+                down.append(exc)
                 return []  # its replicas answer for it
             return decode_json(r.data)
 
         per_node = await self._gather(partial(list_on, n) for n in self.config.nodes)
+        # Each shard's copies are on distinct daemons: with fewer daemons down than
+        # copies, every tensor has a copy that answered; with as many, some may be
+        # missing, and an empty or partial listing would read as a fact.
+        if down and len(down) >= min(self.config.replicas, len(self.config.nodes)):
+            raise down[0]
         by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for records in per_node:
             for rec in records:

@@ -39,6 +39,7 @@ from .cluster import (
     render_config,
 )
 from .errors import ConfigError, IrdmaError
+from .spawn import python_module
 from .supervisor import FAILED, STOPPED, DaemonRecord, RestartPolicy, supervise
 
 READY_TIMEOUT = 30.0
@@ -125,7 +126,7 @@ def write_config(
 
 
 def psd_command(config_path: Path, node: str) -> list[str]:
-    return [sys.executable, "-m", "irdma_psd.main", "--config", str(config_path), "--node", node]
+    return python_module("irdma_psd.main", "--config", str(config_path), "--node", node)
 
 
 async def serving(client: AsyncClient, node: Node) -> bool:
@@ -242,9 +243,11 @@ async def run_local(
             save()
             await wait_ready(config, procs)
             print(config_path, flush=True)
+            # A background run (it has a ready fd) has no terminal to press Ctrl-C in.
+            how = "Ctrl-C" if ready_fd is None else f"irdma local --stop --dir {config_path.parent}"
             say(
                 f"{len(procs)} daemons ready; export IRDMA_CONFIG={config_path}; "
-                f"Ctrl-C stops them (their tensors are kept in {config_path.parent})"
+                f"{how} stops them (their tensors are kept in {config_path.parent})"
             )
             if ready_fd is not None:
                 os.write(ready_fd, f"{config_path}\n".encode())
@@ -349,7 +352,7 @@ def background(args: argparse.Namespace, directory: Path) -> int:
     if localdir.is_locked(directory):
         raise localdir.DirectoryInUse(localdir.read_holder(directory).describe(directory))
     directory.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "irdma.cli", "local", "--dir", str(directory)]
+    argv = python_module("irdma.cli", "local", "--dir", str(directory))
     argv += ["--nodes", str(args.nodes), "--replicas", str(args.replicas)]
     argv += ["--arena", args.arena, "--shard-size", args.shard_size, "--host", args.host]
     if args.insecure:

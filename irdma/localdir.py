@@ -23,7 +23,6 @@ import os
 import secrets
 import socket
 import subprocess
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from pathlib import Path
 from .auth import load_secret
 from .cluster import ClusterConfig, load_config
 from .errors import ConfigError, IrdmaError
+from .spawn import python_module
 from .supervisor import DaemonRecord
 
 LOCK_FILE = "local.lock"
@@ -242,7 +242,7 @@ def tensors_held(data_dir: Path) -> list[str] | None:
     if not path.exists():
         return []
     proc = subprocess.run(
-        [sys.executable, "-m", "irdma_psd.snapshot", str(path)],
+        python_module("irdma_psd.snapshot", str(path)),
         capture_output=True,
         text=True,
         check=False,

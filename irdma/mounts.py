@@ -42,6 +42,37 @@ def runtime_dir() -> Path:
     return Path(f"/tmp/irdma-mounts-{os.geteuid()}")
 
 
+LOG_DIR = Path("/var/log/irdma")  # root's mount logs, beside the system's
+
+
+def default_log(mountpoint: Path) -> Path:
+    """Where a background mount of ``mountpoint`` logs unless ``--log`` says: one file
+    per mountpoint in the user's state directory (root: /var/log/irdma), so mounting
+    again reuses it instead of leaving a new file each time."""
+    state = os.environ.get("XDG_STATE_HOME")
+    if state:
+        directory = Path(state) / "irdma"
+    elif os.geteuid() == 0:
+        directory = LOG_DIR
+    else:
+        directory = Path.home() / ".local" / "state" / "irdma"
+    # systemd-escape's idea: /mnt/params -> mount-mnt-params.log
+    return directory / f"mount-{str(mountpoint).strip('/').replace('/', '-') or 'root'}.log"
+
+
+def open_log(path: Path) -> int:
+    """Open a mount's log file for appending (its directory made); the fd.
+
+    The previous mount's log on the same file is kept as ``NAME.1`` (one
+    generation), so a mount that is started again and again does not grow it.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        if path.stat().st_size:
+            path.replace(path.with_name(path.name + ".1"))
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+
 def _record_path(directory: Path, mountpoint: str) -> Path:
     return directory / (hashlib.sha1(mountpoint.encode()).hexdigest()[:16] + ".json")
 

@@ -25,7 +25,7 @@ import trio
 from . import localdir
 from .client import AsyncClient
 from .cluster import Address, ClusterConfig, Node
-from .errors import IrdmaError
+from .errors import AuthFailed, DaemonTimeout, IrdmaError
 from .etcd import EtcdError
 from .protocol import TensorMeta
 from .registry import ClusterState, Registry
@@ -49,6 +49,8 @@ class NodeStatus:
     # or etcd could not be asked (``etcd_error`` says why).
     registered: bool | None = None
     etcd_error: str | None = None
+    refused: bool = False  # it answered, and refused this client's secret
+    cause: str | None = None  # why it is down, in words that do not name it (rows share them)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"node": self.node, "address": self.address, "up": self.up}
@@ -60,12 +62,13 @@ class NodeStatus:
             out["registered"] = self.registered
         if self.supervised is not None:
             out |= {"restarts": self.supervised.restarts, "supervisor": self.supervised.state}
+        out["state"] = self.state
         if not self.up:
-            return out | {"error": self.down_reason(), "transport": None}
+            return out | {"error": self.down_reason(), "transport": None, "pid": self.pid}
         h = self.hello or {}
         return out | {
             "transport": self.transport,
-            "pid": h.get("pid"),
+            "pid": self.pid,
             "version": h.get("version"),
             # With replicas: False while it catches up from its peers.
             "ready": h.get("ready", True),
@@ -78,8 +81,32 @@ class NodeStatus:
             "skew": self.skew,
         }
 
-    def down_reason(self) -> str:
-        """Why the daemon is down: irdma local's word when it supervises it, else the error."""
+    @property
+    def state(self) -> str:
+        """One word: up, syncing, minority; else refused (a secret it does not take),
+        restarting, failed, stopped (irdma local's word) or down."""
+        if self.up:
+            h = self.hello or {}
+            if not h.get("quorum", True):
+                return "minority"
+            return "up" if h.get("ready", True) else "syncing"
+        r = self.supervised
+        if r is not None and r.state in SUPERVISOR_STATES:
+            return SUPERVISOR_STATES[r.state]
+        return "refused" if self.refused else "down"
+
+    @property
+    def pid(self) -> int | None:
+        """Its process id: from its answer, else from irdma local's record."""
+        pid = (self.hello or {}).get("pid")
+        if pid is None and self.supervised is not None:
+            pid = self.supervised.pid
+        return pid
+
+    def down_reason(self, cause: str | None = None) -> str:
+        """Why the daemon is down: irdma local's word when it supervises it, else the error
+        (or ``cause``, the error's words without the daemon's name)."""
+        cause = cause or self.error or ""
         r = self.supervised
         if r is not None and r.state == RESTARTING:
             return f"{r.last_exit}; irdma local is restarting it"
@@ -88,8 +115,45 @@ class NodeStatus:
         if r is not None and r.state == STOPPED:
             return f"{r.last_exit}; irdma local does not restart a clean exit"
         if r is not None and r.restarts:
-            return f"starting again after {r.last_exit} (restart {r.restarts}): {self.error}"
-        return self.error or ""
+            return f"starting again after {r.last_exit} (restart {r.restarts}): {cause}"
+        if self.refused:
+            return f"up, and refuses this client: it {cause}"
+        return cause
+
+    def explanation(self) -> str:
+        """``down_reason`` in words the rows it applies to can share."""
+        return self.down_reason(self.cause)
+
+
+SUPERVISOR_STATES = {RESTARTING: "restarting", FAILED: "failed", STOPPED: "stopped"}
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc``, its causes and contexts, and what exception groups among them hold."""
+    out: list[BaseException] = []
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e in out:
+            continue
+        out.append(e)
+        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+        if isinstance(e, BaseExceptionGroup):
+            todo += list(e.exceptions)
+    return out
+
+
+def short_cause(exc: IrdmaError, timeout: float) -> str:
+    """Why a daemon did not answer ``irdma status``, without its name or address."""
+    if isinstance(exc, AuthFailed):
+        # "daemon n1 (tcp://...) has another secret: ..." -> "has another secret: ..."
+        text = str(exc)
+        return text.split(") ", 1)[1] if text.startswith("daemon ") and ") " in text else text
+    if isinstance(exc, DaemonTimeout):
+        return f"no answer within {timeout:g} s (hung, overloaded or unreachable)"
+    if any(isinstance(e, ConnectionRefusedError) for e in _chain(exc)):
+        return "connection refused: nothing listens at its address (not started, or stopped)"
+    return str(exc)
 
 
 async def gather(client: AsyncClient) -> list[NodeStatus]:
@@ -125,6 +189,8 @@ async def gather(client: AsyncClient) -> list[NodeStatus]:
             row.hello = await client.hello(node)
         except IrdmaError as exc:
             row.error = str(exc)
+            row.refused = isinstance(exc, AuthFailed)
+            row.cause = short_cause(exc, client.timeout)
             return
         row.up = True
         row.transport = client.transport_of(node)
@@ -214,6 +280,7 @@ HEADINGS = (
     "ADDRESS",
     "VIA",
     "STATE",
+    "PID",
     "VERSION",
     "TENSORS",
     "SHARDS P/B",
@@ -224,22 +291,18 @@ HEADINGS = (
 
 
 def _cells(r: NodeStatus, replicated: bool, supervised: bool) -> list[str]:
-    """A row's cells; a down row has fewer, and its last one is the reason."""
-    lead = [r.node, r.address, r.transport or "-"]
+    """A row's cells ("-" where a daemon that did not answer leaves them unknown)."""
+    lead = [r.node, r.address, r.transport or "-", r.state, str(r.pid or "-")]
     restarts = [str(r.supervised.restarts) if r.supervised else "-"] if supervised else []
     if not r.up:
-        return [*lead, "DOWN", *restarts, r.down_reason()]
+        return [*lead, *restarts, *["-"] * (len(HEADINGS) - len(lead))]
     h = r.hello or {}
-    state = "up" if h.get("ready", True) else "syncing"
-    if not h.get("quorum", True):
-        state = "minority"
     shards = h.get("shards")
     snap = h.get("snapshot")
     # "-": one copy per shard, nothing to compare; "?": its versions could not be listed.
     skew = "-" if not replicated else "?" if r.skew is None else str(r.skew)
     return [
         *lead,
-        state,
         *restarts,
         str(h.get("version", "?")),
         str(h.get("tensors", "?")),
@@ -251,34 +314,30 @@ def _cells(r: NodeStatus, replicated: bool, supervised: bool) -> list[str]:
 
 
 def render(rows: list[NodeStatus], config: ClusterConfig) -> str:
-    """The table, columns as wide as their widest cell; a down daemon's row ends with why.
+    """The table, columns as wide as their widest cell, then why the daemons that are not
+    up are not: one line per explanation, naming the daemons it applies to.
 
-    RESTARTS (after STATE) only when ``irdma local`` supervises the daemons.
+    RESTARTS (after PID) only when ``irdma local`` supervises the daemons.
     """
     supervised = any(r.supervised is not None for r in rows)
     headings = list(HEADINGS)
     if supervised:
-        headings.insert(headings.index("STATE") + 1, "RESTARTS")
+        headings.insert(headings.index("PID") + 1, "RESTARTS")
     table = [headings] + [_cells(r, config.replicas > 1, supervised) for r in rows]
-    # A down row's reason is its last cell, past the columns: it does not set widths.
-    widths = [0] * len(headings)
-    for cells in table:
-        if len(cells) == len(headings):
-            for i, c in enumerate(cells):
-                widths[i] = max(widths[i], len(c))
-    right = {"RESTARTS", "TENSORS", "SHARDS P/B", "SKEW"}
+    widths = [max(len(cells[i]) for cells in table) for i in range(len(headings))]
+    right = {"PID", "RESTARTS", "TENSORS", "SHARDS P/B", "SKEW"}
     lines = []
     for cells in table:
-        out = []
-        for i, c in enumerate(cells):
-            last = i == len(cells) - 1
-            if last and len(cells) < len(headings):
-                out.append(c)
-            elif headings[i] in right:
-                out.append(c.rjust(widths[i]))
-            else:
-                out.append(c if last else c.ljust(widths[i]))
+        out = [
+            c.rjust(widths[i]) if headings[i] in right else c.ljust(widths[i])
+            for i, c in enumerate(cells)
+        ]
         lines.append("  ".join(out).rstrip())
+    why: dict[str, list[str]] = {}
+    for r in rows:
+        if not r.up:
+            why.setdefault(r.explanation(), []).append(r.node)
+    lines += [f"{', '.join(nodes)}: {text}" for text, nodes in why.items()]
     skew = version_skew(rows)
     if skew:
         lines.append(skew)

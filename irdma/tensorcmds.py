@@ -14,15 +14,17 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import names as namesmod
 from . import tensorfiles
-from .client import AsyncClient, TensorInfo
+from .client import AsyncClient, TensorInfo, as_stored_array
 from .errors import DtypeMismatch, IrdmaError, ShapeMismatch, TensorNotFound
 from .modes import describe_options
 from .names import base_name, is_internal, is_pattern, literal_prefix, matches, relative
+from .protocol import validate_name
 from .tensorfiles import FileProblem, Kind
 
 PROGRESS_MIN_BYTES = 4 << 20
@@ -166,36 +168,144 @@ def tensor_name(name: str, one: bool) -> str:
     return name
 
 
-async def cmd_put(client: AsyncClient, args: argparse.Namespace) -> int:
-    for name, source in put_pairs(args.items):
+@dataclass(frozen=True)
+class Upload:
+    """One tensor ``put`` stores: its name, the array and where the array came from."""
+
+    name: str
+    array: np.ndarray
+    source: str  # the file, and the array's name inside it: m.npz (fc.weight)
+    group: str = ""  # for an array of a file of several: the prefix they are put under
+
+
+def planned_uploads(items: Sequence[str]) -> list[Upload]:
+    """Every tensor of every NAME FILE pair, read and named; FileProblem or IrdmaError
+    for a bad file, a bad name, an unstorable dtype or a name given twice."""
+    uploads: list[Upload] = []
+    for name, source in put_pairs(items):
         arrays = tensorfiles.read_arrays(source)
         one = list(arrays) == [""]
         target = tensor_name(name, one)
-        total = sum(a.nbytes for a in arrays.values())
-        update, close = progress_bar(total, f"put {target}")
-        try:
-            for key, arr in arrays.items():
-                full = f"{target}/{key}" if key else target
-                where = f"{source} ({key})" if key else source
+        for key, arr in arrays.items():
+            where = f"{source} ({key})" if key else source
+            full = f"{target}/{key}" if key else target
+            try:
+                validate_name(full)
+                arr = as_stored_array(arr)
+            except ValueError as exc:
+                raise IrdmaError(f"{where}: {exc}; nothing was put") from None
+            uploads.append(Upload(full, arr, where, f"{target}/" if key else ""))
+    seen: dict[str, str] = {}
+    for u in uploads:
+        if u.name in seen:
+            raise IrdmaError(
+                f"{u.name} would come from both {seen[u.name]} and {u.source}; nothing was put"
+            )
+        seen[u.name] = u.source
+    return uploads
+
+
+async def layout_clashes(client: AsyncClient, uploads: Sequence[Upload]) -> list[str]:
+    """One line per upload whose tensor exists with another dtype or shape."""
+    # A file of many arrays is checked with one listing of its group, not a stat each.
+    listed: dict[str, TensorInfo] = {}
+    for group in dict.fromkeys(u.group for u in uploads if u.group):
+        listed.update((i.name, i) for i in await client.list(group))
+    clashes = []
+    for u in uploads:
+        info = listed.get(u.name) if u.group else await stat_or_none(client, u.name)
+        if info is not None and (
+            info.meta.np_dtype != u.array.dtype or info.shape != u.array.shape
+        ):
+            clashes.append(
+                f"{u.name} is {layout(info.dtype, info.shape)} in the cluster and {u.source} "
+                f"is {layout(u.array.dtype, u.array.shape)}"
+            )
+    return clashes
+
+
+class PartialPut(IrdmaError):
+    """A put that failed after writing some of its tensors: says which were and were not."""
+
+    def __init__(self, at: str, cause: Exception, written: list[str], left: list[str]) -> None:
+        done = ", ".join(written) if written else "none"
+        # The one it failed at may hold part of the new bytes: it is not written.
+        rest = ", ".join([f"{at} (failed)", *left[1:]])
+        super().__init__(
+            f"put failed at {at}: {cause}; written: {done}; not written: {rest} "
+            f"({len(written)} of {len(written) + len(left)} put)"
+        )
+
+
+async def cmd_put(client: AsyncClient, args: argparse.Namespace) -> int:
+    """Check every tensor first (files, names, dtypes, layouts), then write them all:
+    a put refused for one tensor writes none."""
+    uploads = planned_uploads(args.items)
+    if not args.replace:
+        clashes = await layout_clashes(client, uploads)
+        if len(uploads) == 1 and clashes:
+            raise IrdmaError(f"{clashes[0]}; add --replace to redefine it")
+        for line in clashes:
+            print(f"irdma: {line}", file=sys.stderr)
+        if clashes:
+            raise IrdmaError(
+                f"nothing was put: {len(clashes)} of {len(uploads)} tensors exist with another "
+                "dtype or shape; add --replace to redefine them"
+            )
+    total = sum(u.array.nbytes for u in uploads)
+    update, close = progress_bar(total, "put")
+    written: list[str] = []
+    try:
+        for u in uploads:
+            try:
                 await write_checked(
-                    client, full, arr, source=where, replace=args.replace, progress=update
+                    client, u.name, u.array, source=u.source, replace=args.replace, progress=update
                 )
-                if not update:
-                    print(f"{full}\t{arr.dtype}\t{list(arr.shape)}")
-        finally:
-            close()
-        if update:
-            print(f"put {len(arrays)} tensor(s), {human(total)} as {target}")
+            except IrdmaError as exc:
+                if len(uploads) == 1:
+                    raise
+                left = [v.name for v in uploads[len(written) :]]
+                raise PartialPut(u.name, exc, written, left) from exc
+            written.append(u.name)
+            if not update:
+                print(f"{u.name}\t{u.array.dtype}\t{list(u.array.shape)}")
+    finally:
+        close()
+    if update:
+        print(f"put {len(uploads)} tensor(s), {human(total)}")
     return 0
 
 
 # -- get -----------------------------------------------------------------------
 
 
+def stem(name: str) -> str:
+    """The file name several tensors NAME stands for are saved under by default: its last
+    part, or for a pattern its folder's (``resnet/``: resnet; ``resnet/*.w``: resnet)."""
+    if is_pattern(name):
+        name = namesmod.group_root(name)
+    return base_name(name.rstrip("/")) or "tensors"
+
+
+def default_output(name: str, sel: Selection) -> str:
+    """Where ``get NAME`` without -o writes, as ``aws s3 cp`` and ``wget`` do: into the
+    current directory, named after NAME: the tensor's last name part .npy for one
+    tensor, NAME's .npz for several. An existing file is kept: -o names it to overwrite it."""
+    one = len(sel.infos) == 1
+    path = base_name(sel.infos[0].name) + ".npy" if one else stem(name) + ".npz"
+    if os.path.lexists(path):
+        raise FileProblem(f"{path} exists; to overwrite it, give it as -o {path}")
+    return path
+
+
 async def cmd_get(client: AsyncClient, args: argparse.Namespace) -> int:
     out = args.output
-    kind = tensorfiles.kind_of(out, reading=False)  # before asking the daemons anything
+    if out is not None:
+        kind = tensorfiles.kind_of(out, reading=False)  # before asking the daemons anything
     sel = await select(client, args.name)
+    if out is None:
+        out = default_output(args.name, sel)
+        kind = tensorfiles.kind_of(out, reading=False)
     if kind.holds_one and len(sel.infos) != 1:
         stem = args.name.rstrip("/").replace("*", "").rsplit("/", 1)[-1] or "tensors"
         raise FileProblem(
@@ -218,6 +328,8 @@ async def cmd_get(client: AsyncClient, args: argparse.Namespace) -> int:
             tensorfiles.write_many(out, kind, arrays)
     finally:
         close()
+    if args.output is None:
+        print(out)  # the name it chose, for scripts: f=$(irdma get w)
     return 0
 
 
@@ -280,6 +392,10 @@ async def cmd_ls(client: AsyncClient, args: argparse.Namespace) -> int:
                 unmatched.append(arg)
         else:
             infos = await under(client, arg, internal=args.all)
+            # No argument is the whole cluster, which may be empty; a directory the
+            # mount made holds its marker, so an empty one is there.
+            if not infos and arg and not await under(client, arg, internal=True):
+                unmatched.append(arg)
         found.update((i.name, i) for i in infos)
     infos = [found[n] for n in sorted(found)]
     if args.json:
@@ -288,7 +404,8 @@ async def cmd_ls(client: AsyncClient, args: argparse.Namespace) -> int:
         for i in infos:
             print(ls_row(i, args.human) if args.long else i.name)
     for arg in unmatched:
-        print(f"irdma: no tensor matches {arg!r}", file=sys.stderr)
+        what = "matches" if is_pattern(arg) else "is named or starts with"
+        print(f"irdma: no tensor {what} {arg!r}", file=sys.stderr)
     return 1 if unmatched else 0
 
 

@@ -374,6 +374,13 @@ class Store:
             return old, False  # type: ignore[return-value]
         shards = self._alloc_shards(meta)
         if old is not None:
+            # Versions go on above the old tensor's, shard by shard (a shard's
+            # replicas are the same daemons under any layout of its key, so they
+            # agree): a reader that saw the old shard is not taken back, and a
+            # replica that missed the replace is behind, not ahead.
+            for index, shard in shards.items():
+                before = old.shards.get(index)
+                shard.version = before.version + 1 if before is not None else 0
             self._drop(old)
         for shard in shards.values():
             shard.slot = self.directory.place(key, meta.layout, shard.index)

@@ -15,7 +15,7 @@ import pytest
 from irdma import Client
 from irdma.names import DIR_MARKER
 
-from .conftest import Cluster
+from .conftest import Cluster, make_cluster
 from .test_cli import irdma
 
 
@@ -146,6 +146,67 @@ def test_a_layout_clash_names_replace_not_daemons(cluster: Cluster, tmp_path: Pa
     )
 
 
+def test_a_put_with_one_clash_writes_nothing(cluster: Cluster, tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    with Client(cluster.config_path) as c:
+        c.write("whole/c", np.zeros(4, np.float32))
+    model = {k: np.full(3, i, np.float32) for i, k in enumerate("abcd")}
+    save_file(model, str(tmp_path / "m.safetensors"))
+    proc = irdma(cluster, "put", "whole", str(tmp_path / "m.safetensors"), check=False)
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert lines == [
+        f"irdma: whole/c is float32 [4] in the cluster and {tmp_path / 'm.safetensors'} (c) "
+        "is float32 [3]",
+        "irdma: nothing was put: 1 of 4 tensors exist with another dtype or shape; "
+        "add --replace to redefine them",
+    ]
+    with Client(cluster.config_path) as c:
+        assert [i.name for i in c.list("whole/")] == ["whole/c"]  # a, b and d not written
+        assert np.array_equal(c.read("whole/c"), np.zeros(4, np.float32))
+    irdma(cluster, "put", "--replace", "whole", str(tmp_path / "m.safetensors"))
+    with Client(cluster.config_path) as c:
+        assert {k: c.read(f"whole/{k}").tolist() for k in "abcd"} == {
+            k: v.tolist() for k, v in model.items()
+        }
+
+
+def test_a_put_with_a_bad_name_or_a_name_twice_writes_nothing(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    a = saved(tmp_path / "a.npy", np.arange(3))
+    np.savez(tmp_path / "m.npz", ok=np.zeros(2), **{"bad/../x": np.ones(2)})
+    proc = irdma(cluster, "put", "names/a", a, "names/m", str(tmp_path / "m.npz"), check=False)
+    assert proc.returncode == 1
+    assert f"{tmp_path / 'm.npz'} (bad/../x): tensor name" in proc.stderr
+    assert "nothing was put" in proc.stderr
+    proc = irdma(cluster, "put", "names/a", a, "names/a", a, check=False)
+    assert proc.returncode == 1
+    assert f"names/a would come from both {a} and {a}; nothing was put" in proc.stderr
+    assert irdma(cluster, "ls", "names/", check=False).returncode == 1  # nothing there
+
+
+def test_a_put_that_fails_midway_says_what_was_written(tmp_path: Path) -> None:
+    """The daemons run out of room at the second of three tensors."""
+    small = make_cluster(tmp_path / "cluster", arena_size=1 << 20)
+    try:
+        a = saved(tmp_path / "a.npy", np.arange(3))
+        big = saved(tmp_path / "big.npy", np.zeros(1 << 20, np.float32))  # 4 MiB > 3 arenas
+        c = saved(tmp_path / "c.npy", np.arange(5))
+        proc = irdma(small, "put", "mid/a", a, "mid/big", big, "mid/c", c, check=False)
+        assert proc.returncode == 1
+        [line] = proc.stderr.splitlines()
+        assert line.startswith("irdma: put failed at mid/big: ")
+        assert line.endswith(
+            "; written: mid/a; not written: mid/big (failed), mid/c (1 of 3 put)"
+        ), line
+        with Client(small.config_path) as client:
+            assert [i.name for i in client.list("mid/")] == ["mid/a"]
+    finally:
+        small.close()
+
+
 def test_put_name_ending_in_npy_is_stored_without_it(cluster: Cluster, tmp_path: Path) -> None:
     irdma(cluster, "put", "suffix/w.npy", saved(tmp_path / "w.npy", np.arange(5)))
     with Client(cluster.config_path) as c:
@@ -179,7 +240,7 @@ def test_stat_and_rm_take_several_names(cluster: Cluster) -> None:
     assert [(r["name"], r["shape"]) for r in rows] == [("many/a", [3]), ("many/b", [2, 5])]
     proc = irdma(cluster, "rm", "many/a", "many/none", "many/b", check=False)
     assert proc.returncode == 1 and "no tensor named 'many/none'" in proc.stderr
-    assert irdma(cluster, "ls", "many/").stdout == ""  # the others are gone anyway
+    assert irdma(cluster, "ls", "many/", check=False).returncode == 1  # the others are gone
     with Client(cluster.config_path) as c:
         c.write("many/g/x", np.zeros(1))
     proc = irdma(cluster, "rm", "many/g", check=False)
@@ -231,6 +292,56 @@ def test_directory_markers_are_hidden_from_ls(cluster: Cluster) -> None:
         c.write("marked/w", np.zeros(2))
     assert irdma(cluster, "ls", "marked/").stdout.split() == ["marked/w"]
     assert f"marked/{DIR_MARKER}" in irdma(cluster, "ls", "-a", "marked/").stdout.split()
+    empty = irdma(cluster, "ls", "marked/empty/")  # an empty directory is there: exit 0
+    assert empty.stdout == "" and empty.stderr == ""
+
+
+def test_ls_of_a_name_that_is_not_there_exits_1(cluster: Cluster) -> None:
+    """As stat, get and rm do (and aws s3 ls): a script can tell a typo from an empty group."""
+    with Client(cluster.config_path) as c:
+        c.write("lsnone/w", np.zeros(2))
+    proc = irdma(cluster, "ls", "nosuch", check=False)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr == "irdma: no tensor is named or starts with 'nosuch'\n"
+    proc = irdma(cluster, "ls", "lsnone/", "nosuch/", check=False)
+    assert proc.returncode == 1 and proc.stdout == "lsnone/w\n"
+    assert "'nosuch/'" in proc.stderr
+
+
+def test_get_without_o_writes_into_the_current_directory(cluster: Cluster, tmp_path: Path) -> None:
+    with Client(cluster.config_path) as c:
+        c.write("noout/fc.weight", np.arange(6.0).reshape(2, 3))
+        c.write("noout/fc.bias", np.ones(3, np.float32))
+    env = dict(os.environ, IRDMA_CONFIG=str(cluster.config_path))
+
+    def get(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "irdma", "get", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    one = get("noout/fc.weight")
+    assert one.returncode == 0, one.stderr
+    assert one.stdout == "fc.weight.npy\n"
+    assert np.array_equal(np.load(tmp_path / "fc.weight.npy"), np.arange(6.0).reshape(2, 3))
+    group = get("noout")
+    assert group.returncode == 0 and group.stdout == "noout.npz\n", group.stderr
+    with np.load(tmp_path / "noout.npz") as z:
+        assert sorted(z.files) == ["fc.bias", "fc.weight"]
+    pattern = get("noout/*.bias")
+    assert pattern.returncode == 0 and pattern.stdout == "fc.bias.npy\n", pattern.stderr
+    # A file already there is not overwritten without -o naming it.
+    (tmp_path / "fc.weight.npy").write_bytes(b"mine")
+    again = get("noout/fc.weight")
+    assert again.returncode == 1
+    assert again.stderr == (
+        "irdma: fc.weight.npy exists; to overwrite it, give it as -o fc.weight.npy\n"
+    )
+    assert (tmp_path / "fc.weight.npy").read_bytes() == b"mine"
 
 
 def test_ls_lh_lists_human_sizes(cluster: Cluster) -> None:

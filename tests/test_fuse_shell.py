@@ -10,13 +10,15 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from irdma import Client
 
-from .conftest import Cluster, mount_command, start_mount
+from .conftest import Cluster, make_cluster, mount_command, start_mount
 from .test_cli import irdma
 
 
@@ -93,12 +95,46 @@ def test_a_paused_daemon_costs_a_lookup_one_timeout(fresh_cluster: Cluster, tmp_
         m.unmount()
 
 
+def test_a_mount_whose_daemons_are_down_answers_eio_not_empty(tmp_path: Path) -> None:
+    """With replicas, a listing skips a daemon that is down (its copies answer):
+    with every daemon down, nothing answered and the root must not look empty."""
+    cluster = make_cluster(tmp_path / "cluster", 2, replicas=2, timeout=2.0)
+    try:
+        m = start_mount(cluster, tmp_path / "mnt")
+        try:
+            (m.path / "d").mkdir()
+            np.save(m.path / "w.npy", np.arange(3.0))
+            assert sorted(os.listdir(m.path)) == ["d", "w.npy"]
+            for name in cluster.names:
+                cluster.stop(name)
+            for call in (os.listdir, os.stat):
+                for path in (m.path, m.path / "d", m.path / "w.npy"):
+                    if call is os.stat and path == m.path:
+                        continue  # the root's attributes need no daemon
+                    with pytest.raises(OSError) as err:
+                        call(path)
+                    assert err.value.errno == errno.EIO, (call, path)
+            proc = bash(f"ls -la {m.path}")
+            assert proc.returncode != 0 and "Input/output error" in proc.stderr
+            assert re.search(r"opendir: daemon n\d .* is unavailable", m.log()), m.log()
+            status = irdma(cluster, "status", check=False)
+            assert status.returncode == 1
+            assert f"mount {m.path} (pid {m.proc.pid}): log in {m.log_path}" in status.stdout
+        finally:
+            m.unmount()
+    finally:
+        cluster.close()
+
+
 def test_status_names_each_mounts_log(cluster: Cluster, tmp_path: Path) -> None:
     fg = start_mount(cluster, tmp_path / "fg")  # its stderr goes to a file
     try:
         (tmp_path / "bg").mkdir()
+        (tmp_path / "bg.log").write_text("the last mount's log\n")
         started = subprocess.run(
-            mount_command(cluster.config_path, str(tmp_path / "bg")),
+            mount_command(
+                cluster.config_path, str(tmp_path / "bg"), "--log", str(tmp_path / "bg.log")
+            ),
             capture_output=True,
             text=True,
             timeout=60,
@@ -106,7 +142,9 @@ def test_status_names_each_mounts_log(cluster: Cluster, tmp_path: Path) -> None:
         try:
             assert started.returncode == 0, started.stderr
             bg_log = re.search(r"\(pid \d+, log (\S+);", started.stderr)[1]
-            assert Path(bg_log).exists()
+            assert bg_log == str(tmp_path / "bg.log")
+            # The previous log is kept once, beside it: no new file per mount.
+            assert (tmp_path / "bg.log.1").read_text() == "the last mount's log\n"
             out = irdma(cluster, "status").stdout.splitlines()
             mounts = sorted(line for line in out if line.startswith("mount "))
             assert mounts[0].startswith(f"mount {tmp_path / 'bg'} (pid ")
@@ -120,6 +158,30 @@ def test_status_names_each_mounts_log(cluster: Cluster, tmp_path: Path) -> None:
     assert not [line for line in lines if line.startswith("mount ")]  # gone once unmounted
 
 
+def test_a_foreground_mount_logs_to_the_file_log_names(cluster: Cluster, tmp_path: Path) -> None:
+    mnt = tmp_path / "fglog"
+    mnt.mkdir()
+    log = tmp_path / "fg.log"
+    proc = subprocess.Popen(
+        mount_command(cluster.config_path, str(mnt), "--foreground", "--log", str(log)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mnt):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        status = irdma(cluster, "status").stdout
+        assert f"mount {mnt} (pid {proc.pid}): log in {log}" in status
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mnt)], check=False, timeout=60)
+        _, err = proc.communicate(timeout=60)
+    assert err == b""  # everything went to the file
+    assert f"serving {mnt}; this log goes to {log}" in log.read_text()
+
+
 def test_mount_help_and_version_of_the_plugin_command() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "irdma", "mount", "--help"],
@@ -128,3 +190,6 @@ def test_mount_help_and_version_of_the_plugin_command() -> None:
         timeout=60,
     )
     assert proc.returncode == 0 and "irdma status shows each mount" in proc.stdout
+    text = " ".join(proc.stdout.split())  # as one line: argparse wraps the help
+    assert text.count("(default: 16GiB)") == 1 and "17179869184" not in text
+    assert "--log FILE" in text

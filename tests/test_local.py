@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -175,6 +176,60 @@ def test_foreground_output_says_the_data_is_kept(local_dir: Path) -> None:
             proc.communicate()
 
 
+# -- the README's quick start, from any directory ---------------------------------
+
+IRDMA = str(Path(sys.executable).with_name("irdma"))  # the console script a user runs
+
+
+def test_the_quick_start_works_from_a_directory_holding_irdma_folders(tmp_path: Path) -> None:
+    """`cd /tmp && irdma local --dir /tmp/irdma --background`: the daemons, the
+    supervisor and the mount must import the installed package, not the folders
+    named irdma/, psd/ and fuse/ in the current directory."""
+    for folder in ("irdma", "psd", "fuse"):
+        (tmp_path / folder).mkdir()
+    directory = tmp_path / "irdma"  # the cluster's directory is one of them
+    mnt = tmp_path / "params"
+    mnt.mkdir()
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
+    env.pop("IRDMA_CONFIG", None)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [IRDMA, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+
+    try:
+        started = run("local", "--nodes", "3", "--dir", str(directory), "--background", *ARGS)
+        assert started.returncode == 0, started.stderr
+        assert started.stdout.strip() == str(directory / "cluster.toml")
+        env["IRDMA_CONFIG"] = started.stdout.strip()
+        status = run("status")
+        assert status.returncode == 0, status.stdout + status.stderr
+        np.save(tmp_path / "w.npy", np.arange(4.0))
+        assert run("put", "qs/w", str(tmp_path / "w.npy")).returncode == 0
+        mounted = run("mount", str(mnt))
+        assert mounted.returncode == 0, mounted.stderr
+        try:
+            assert np.array_equal(np.load(mnt / "qs" / "w.npy"), np.arange(4.0))
+        finally:
+            subprocess.run(["fusermount3", "-u", str(mnt)], check=False, timeout=60)
+        # By default the mount logs to one file per mountpoint in the user's state dir.
+        log = tmp_path / "state" / "irdma" / f"mount-{str(mnt)[1:].replace('/', '-')}.log"
+        assert f"log {log};" in mounted.stderr
+        wait_gone([int(re.search(r"\(pid (\d+),", mounted.stderr)[1])])  # it has logged all
+        assert f"serving {mnt}" in log.read_text()
+        # The log of a background run says how to stop it; it has no terminal for Ctrl-C.
+        text = (directory / LOG_FILE).read_text()
+        assert f"irdma local --stop --dir {directory} stops them" in text and "Ctrl-C" not in text
+    finally:
+        run("local", "--dir", str(directory), "--stop")
+        leftovers = supervisors(directory) + daemons_using(str(directory / "cluster.toml"))
+        for pid in leftovers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_gone(leftovers)
+
+
 # -- security by default -------------------------------------------------------
 
 
@@ -201,6 +256,29 @@ def test_the_config_names_a_secret_and_another_secret_is_refused(
     assert secret.read_bytes() == before
     with Client(config) as c:
         assert np.array_equal(c.read("sec/x"), np.arange(3.0))
+
+
+def test_status_names_a_refused_secret_and_each_daemons_pid(
+    local_dir: Path, tmp_path: Path
+) -> None:
+    config = Path(start(local_dir, "--nodes", "2").stdout.strip())
+    secret = load_config(config).secret_file
+    other = tmp_path / "other-secret"
+    other.write_text(secrets.token_hex(32))
+    other.chmod(0o600)
+    forged = tmp_path / "forged.toml"
+    forged.write_text(config.read_text().replace(str(secret), str(other)))
+    proc = irdma(None, "--config", str(forged), "status", check=False)
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert [line.split()[3] for line in lines[1:3]] == ["refused", "refused"]  # not down
+    assert lines[3].startswith("n1, n2: up, and refuses this client: it has another secret")
+    assert len(lines) == 4  # the reason once, not on every row
+    rows = json.loads(irdma(None, "status", "--json", env={"IRDMA_CONFIG": str(config)}).stdout)
+    pids = {r["node"]: r["pid"] for r in rows}
+    assert pids == {n: daemon_pid(local_dir, n) for n in ("n1", "n2")}
+    text = irdma(None, "status", env={"IRDMA_CONFIG": str(config)}).stdout.splitlines()
+    assert [line.split()[4] for line in text[1:3]] == [str(pids["n1"]), str(pids["n2"])]
 
 
 def test_insecure_names_no_secret_and_says_so(local_dir: Path) -> None:

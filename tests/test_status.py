@@ -72,13 +72,17 @@ def test_render_lines_up_columns_and_ends_a_down_row_with_why() -> None:
         NodeStatus("n1", "tcp://h1:1", up=True, transport="tcp", hello=hello, skew=2),
         NodeStatus("n2", "tcp://h2:1", error="daemon n2 is unavailable: refused"),
     ]
+    hello["pid"] = 4242
+    rows[1].cause = "refused"
     lines = render(rows, CONFIG).splitlines()
     assert lines[0].startswith("NODE") and lines[0].index("SKEW") == len(lines[0]) - 4
     cells = lines[1].split()
-    assert cells[:7] == ["n1", "tcp://h1:1", "tcp", "up", "0.1.0", "3", "12/4"]
-    assert cells[7:] == ["3.0", "MiB", "/", "1.0", "GiB", "2m", "ago", "2"]
-    assert lines[2].split()[:4] == ["n2", "tcp://h2:1", "-", "DOWN"]
-    assert lines[2].endswith("daemon n2 is unavailable: refused")
+    assert cells[:8] == ["n1", "tcp://h1:1", "tcp", "up", "4242", "0.1.0", "3", "12/4"]
+    assert cells[8:] == ["3.0", "MiB", "/", "1.0", "GiB", "2m", "ago", "2"]
+    # A down row has the table's columns, unknown ones "-"; why it is down comes after.
+    assert lines[2].split() == ["n2", "tcp://h2:1", "-", "down", *["-"] * 7]
+    assert len(lines[2]) == len(lines[0])
+    assert lines[3] == "n2: refused"
 
 
 @pytest.mark.parametrize(
@@ -106,20 +110,38 @@ def test_a_supervised_cluster_shows_restarts_and_why_a_daemon_is_down() -> None:
     ]
     rows[0].supervised = DaemonRecord("n1")
     lines = render(rows, CONFIG).splitlines()
-    assert lines[0].split()[:5] == ["NODE", "ADDRESS", "VIA", "STATE", "RESTARTS"]
-    assert lines[1].split()[3:5] == ["up", "0"]
-    assert lines[2].split()[3:5] == ["DOWN", "2"]
-    assert lines[2].endswith("killed by SIGKILL; irdma local is restarting it")
-    assert lines[3].endswith("exited with status 1; irdma local gave up after 5 fast crashes")
+    assert lines[0].split()[:6] == ["NODE", "ADDRESS", "VIA", "STATE", "PID", "RESTARTS"]
+    assert lines[1].split()[3:6] == ["up", "-", "0"]
+    assert lines[2].split()[3:6] == ["restarting", "-", "2"]
+    assert lines[3].split()[3:6] == ["failed", "-", "4"]
+    assert lines[4:] == [
+        "n2: killed by SIGKILL; irdma local is restarting it",
+        "n3: exited with status 1; irdma local gave up after 5 fast crashes",
+    ]
     assert rows[2].to_dict() | {"error": "x"} == {
         "node": "n3",
         "address": "tcp://h3:1",
         "up": False,
         "restarts": 4,
         "supervisor": FAILED,
+        "state": "failed",
         "error": "x",
         "transport": None,
+        "pid": None,
     }
+
+
+def test_daemons_down_for_one_reason_share_one_line_below_the_table() -> None:
+    rows = [NodeStatus(f"n{i}", f"tcp://h{i}:1", error=f"daemon n{i} ...") for i in (1, 2, 3)]
+    for r in rows:
+        r.cause = "connection refused: nothing listens at its address (not started, or stopped)"
+    rows[2].refused, rows[2].cause = True, "has another secret: its proof does not match"
+    lines = render(rows, CONFIG).splitlines()
+    assert [line.split()[3] for line in lines[1:4]] == ["down", "down", "refused"]
+    assert lines[4:] == [
+        "n1, n2: connection refused: nothing listens at its address (not started, or stopped)",
+        "n3: up, and refuses this client: it has another secret: its proof does not match",
+    ]
 
 
 def test_without_irdma_local_there_is_no_restarts_column() -> None:

@@ -285,6 +285,19 @@ def test_create_replace_retires_old_blocks(arena: Arena) -> None:
     assert store.get(new.key, new.layout) is tensor
 
 
+def test_a_replaced_shard_goes_on_from_the_old_ones_version(arena: Arena) -> None:
+    store = Store(arena, everything)
+    old = TensorMeta("t", "float32", (1024,), 4096)  # 1 shard
+    store.create(old)
+    for n in range(3):
+        write(store, old.key, 0, 0, rand_bytes(4096, n))
+    assert store.tensors[old.key].shards[0].version == 3
+    new = TensorMeta("t", "int16", (4096,), 4096)  # 2 shards: shard 1 is new to the key
+    tensor, _ = store.create(new, replace=True)
+    assert {i: s.version for i, s in tensor.shards.items()} == {0: 4, 1: 0}
+    assert store.info(tensor)["shards"] == {"0": 4, "1": 0}
+
+
 def test_create_replace_keeps_pinned_old_block_until_unpin(arena: Arena) -> None:
     store = Store(arena, everything)
     old = TensorMeta("t", "uint8", (PAGE,), PAGE)
@@ -916,13 +929,14 @@ def test_commit_after_replace(cow: tuple[Store, TensorMeta]) -> None:
     store, meta = cow
     u = store.begin_update(Op.WRITE, meta.key, 0, 0, 16)
     u.buffer[:] = 0xFF
+    before = store.tensors[meta.key].shards[0].version
     new, _ = store.create(TensorMeta("t", "float32", (PAGE // 4,), PAGE), replace=True)
     with pytest.raises(StoreError) as ei:
         store.commit(u)
     assert ei.value.status == Status.NOT_FOUND
     assert store.arena.used == PAGE
     assert shard_bytes(store, meta.key, 0) == bytes(PAGE)
-    assert new.shards[0].version == 0
+    assert new.shards[0].version == before + 1  # the replace's own step; the commit added none
 
 
 # -- arena pressure ----------------------------------------------------------
