@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -313,7 +314,9 @@ def reader(request, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterat
 def test_a_whole_tensor_write_is_atomic_for_readers(cluster: Cluster, reader: Client) -> None:
     """Readers see all shards of one write or all of the one before, while a writer
     rewrites the tensor whole; reads that met two writes were reconciled."""
-    name = f"atomic/{reader._client.transport}-{id(reader)}"
+    # A name of its own: the one-sided and shm cases share a transport, and a
+    # client's id() can be reused once the one before it is gone.
+    name = f"atomic/{reader._client.transport}-{uuid.uuid4().hex}"
     w = cluster.client()
     w.write(name, np.zeros(N, np.float32))
     seen: set[float] = set()
