@@ -17,6 +17,7 @@ reads that once ``ml_dtypes`` is imported.
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import ml_dtypes
@@ -46,3 +47,18 @@ def npy_descr(dtype: Any) -> str:
     if dt in _NARROW:
         return dt.name
     return npformat.dtype_to_descr(dt)
+
+
+def npy_header(dtype: Any, shape: tuple[int, ...]) -> bytes:
+    """The .npy header (magic, version, dict, padding) of a C-order array,
+    version 1.0 where it fits, as numpy.save writes it, with ``npy_descr``; always
+    little-endian, as irdma stores and sends tensors."""
+    descr = npy_descr(np.dtype(dtype).newbyteorder("<"))
+    d = {"descr": descr, "fortran_order": False, "shape": tuple(shape)}
+    buf = io.BytesIO()
+    try:
+        npformat.write_array_header_1_0(buf, d)
+    except ValueError:  # a header over 64 KiB (very many dimensions)
+        buf = io.BytesIO()
+        npformat.write_array_header_2_0(buf, d)
+    return buf.getvalue()
