@@ -59,6 +59,11 @@ def parse_header(data: bytes | bytearray | memoryview) -> NpyLayout:
         raise BadNpy("Fortran-order .npy files are not supported; save a C-order array")
     if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
         raise BadNpy(f"dtype {dtype} cannot be stored (numeric dtypes only)")
+    if dtype.type is np.void:
+        raise BadNpy(
+            f"dtype {dtype} is untyped bytes (numpy.save writes bfloat16 and float8 arrays "
+            "so); write the dtype's name as the descr (irdma.npy_header) to store them"
+        )
     if any(int(d) < 0 for d in shape):
         raise BadNpy(f"shape {tuple(shape)} has a negative dimension")
     return NpyLayout(dtype, tuple(int(d) for d in shape), f.tell())

@@ -4,6 +4,7 @@ the same dtype, the same shape and the same bits come back."""
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import shutil
@@ -21,7 +22,7 @@ from hypothesis.extra import numpy as hnp
 from safetensors.torch import load_file as torch_load_file
 from safetensors.torch import save_file as torch_save_file
 
-from irdma import Client
+from irdma import Client, TensorNotFound
 from irdma.protocol import DTYPE_CODES
 from irdma.torch import pull_state_dict, push_state_dict
 from irdma.torch.arrays import from_numpy, to_numpy
@@ -312,3 +313,14 @@ def test_a_torch_state_dict_through_the_mount(client: Client, mount: Path) -> No
     for k, v in state.items():
         back = from_numpy(client.read(f"{other}/{k}"))
         assert back.dtype == v.dtype and bits(back) == bits(v), k
+
+
+def test_numpy_save_of_bfloat16_into_the_mount_is_refused(client: Client, mount: Path) -> None:
+    """np.save's untyped |V2 header fails the write itself (EINVAL); nothing is stored."""
+    prefix = unique("mv")
+    (mount / prefix).mkdir(parents=True)
+    with pytest.raises(OSError) as info:
+        np.save(mount / prefix / "w.npy", np.ones(4, ml_dtypes.bfloat16))
+    assert info.value.errno == errno.EINVAL
+    with pytest.raises(TensorNotFound):
+        client.stat(f"{prefix}/w")
