@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import ml_dtypes
@@ -324,3 +325,47 @@ def test_numpy_save_of_bfloat16_into_the_mount_is_refused(client: Client, mount:
     assert info.value.errno == errno.EINVAL
     with pytest.raises(TensorNotFound):
         client.stat(f"{prefix}/w")
+
+
+def test_a_reducer_broadcasts_and_sums_bfloat16_and_float8(cluster: Cluster) -> None:
+    """Two workers (threads): a broadcast keeps the root's narrow tensors bit
+    for bit; gradient sums of them (each compression) come back in their dtype."""
+    from irdma.torch import BF16, FP16, NONE, Compression, Reducer
+
+    name = unique("reducer").replace("/", "-")
+    compressions = {"none": NONE, "fp16": FP16, "bf16": BF16, "topk": Compression.topk(1.0)}
+    params = narrow_state()
+    results: dict[int, tuple] = {}
+    errors: list[Exception] = []
+
+    def worker(rank: int) -> None:
+        try:
+            with Client(cluster.config_path) as c, Reducer(c, name, rank=rank, world_size=2) as r:
+                mine = [v if rank == 0 else torch.zeros_like(v) for v in params.values()]
+                got = r.broadcast("params", mine).result(timeout=60)
+                grads = [
+                    torch.full((3, 2), 0.5 + rank).to(torch.bfloat16),
+                    torch.full((4,), 0.5 + rank).to(torch.float8_e4m3fn),
+                ]
+                sums = {
+                    k: r.reduce(f"g-{k}", grads, c_).result(timeout=60)
+                    for k, c_ in compressions.items()
+                }
+                results[rank] = (got, sums)
+        except Exception as exc:  # handed to the test thread, which fails on it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(rank,)) for rank in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    for rank in (0, 1):
+        got, sums = results[rank]
+        for (k, v), g in zip(params.items(), got, strict=True):
+            assert g.dtype == v.dtype and bits(g) == bits(v), (rank, k)
+        for k, (bf, f8) in sums.items():
+            # The mean of 0.5 and 1.5 is exact in every one of them.
+            assert bf.dtype == torch.bfloat16 and torch.equal(bf.float(), torch.ones(3, 2)), k
+            assert f8.dtype == torch.float8_e4m3fn and torch.equal(f8.float(), torch.ones(4)), k
