@@ -325,6 +325,9 @@ def test_numpy_save_of_bfloat16_into_the_mount_is_refused(client: Client, mount:
     assert info.value.errno == errno.EINVAL
     with pytest.raises(TensorNotFound):
         client.stat(f"{prefix}/w")
+    # Refused for what it is, at its header (the mount logs why).
+    log = (mount.parent / f"{mount.name}.log").read_text()
+    assert "|V2 is untyped bytes (numpy.save writes bfloat16" in log
 
 
 def test_a_reducer_broadcasts_and_sums_bfloat16_and_float8(cluster: Cluster) -> None:
