@@ -202,8 +202,8 @@ def _read_safetensors(path: str) -> dict[str, np.ndarray]:
     with open(path, "rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(length))
-        size = os.fstat(f.fileno()).st_size
-        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        # Not empty: the library has read a header from it.
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     start = 8 + length
     out = {}
     for name, entry in header.items():
