@@ -9,6 +9,8 @@ from functools import lru_cache
 import numpy as np
 from numpy.lib import format as npformat
 
+from irdma import npy_header
+
 
 class BadNpy(ValueError):
     """Bytes written to a .npy path that are not a .npy file irdma can store."""
@@ -16,26 +18,12 @@ class BadNpy(ValueError):
 
 @lru_cache(maxsize=4096)
 def header_for(dtype: str, shape: tuple[int, ...]) -> bytes:
-    """The .npy header (magic, version, dict, padding to 64 bytes) for a C-order array."""
-    buf = io.BytesIO()
-    d = {
-        "descr": npformat.dtype_to_descr(np.dtype(dtype).newbyteorder("<")),
-        "fortran_order": False,
-        "shape": shape,
-    }
-    if _fits_v1(d):
-        npformat.write_array_header_1_0(buf, d)
-    else:
-        npformat.write_array_header_2_0(buf, d)
-    return buf.getvalue()
+    """The .npy header (magic, version, dict, padding to 64 bytes) for a C-order array.
 
-
-def _fits_v1(d: dict) -> bool:
-    try:
-        npformat.write_array_header_1_0(io.BytesIO(), d)
-    except ValueError:
-        return False
-    return True
+    A bfloat16 or float8 header names its dtype (numpy's own writer cannot):
+    ``np.load`` reads it with ml_dtypes imported (``irdma.npy_header``).
+    """
+    return npy_header(dtype, shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +59,11 @@ def parse_header(data: bytes | bytearray | memoryview) -> NpyLayout:
         raise BadNpy("Fortran-order .npy files are not supported; save a C-order array")
     if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
         raise BadNpy(f"dtype {dtype} cannot be stored (numeric dtypes only)")
+    if dtype.type is np.void:
+        raise BadNpy(
+            f"dtype {dtype} is untyped bytes (numpy.save writes bfloat16 and float8 arrays "
+            "so); write the dtype's name as the descr (irdma.npy_header) to store them"
+        )
     if any(int(d) < 0 for d in shape):
         raise BadNpy(f"shape {tuple(shape)} has a negative dimension")
     return NpyLayout(dtype, tuple(int(d) for d in shape), f.tell())

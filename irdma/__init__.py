@@ -7,6 +7,7 @@ create, read, write and accumulate tensors held by ``psd`` daemons.
 from . import mounts, spawn
 from .client import AsyncClient, Client, TensorInfo
 from .cluster import ClusterConfig, load_config, parse_size
+from .dtypes import npy_header
 from .errors import (
     ArenaFull,
     AuthFailed,
@@ -57,6 +58,7 @@ __all__ = [
     "describe_options",
     "load_config",
     "mounts",
+    "npy_header",
     "parse_size",
     "spawn",
 ]

@@ -1428,20 +1428,20 @@ def _batch_wire(metas: Iterable[TensorMeta], code: int) -> None:
 
 
 def _is_wire_array(delta: Any, code: int) -> bool:
-    """Whether ``delta`` already holds values in wire dtype ``code`` (float16, bfloat16 bits)."""
-    return isinstance(delta, np.ndarray) and delta.dtype == narrowing.holder(code)
+    """Whether ``delta`` already holds values in wire dtype ``code`` (float16, bfloat16)."""
+    return narrowing.is_held(delta, code)
 
 
 def _narrowed_delta(meta: TensorMeta, arr: np.ndarray, code: int) -> np.ndarray:
     """A delta checked against ``meta`` and, with a wire code, in that dtype."""
     code = _wire_for(meta, code)
-    if code and arr.dtype == narrowing.holder(code):
+    if code and narrowing.is_held(arr, code):
         if arr.shape != meta.shape:
             raise ShapeMismatch(
                 f"delta has shape {arr.shape}, tensor {meta.name!r} is {meta.shape}",
                 Status.SHAPE_MISMATCH,
             )
-        return np.ascontiguousarray(arr)
+        return narrowing.narrow(np.ascontiguousarray(arr), code)
     _check_delta(meta, arr)
     return narrowing.narrow(arr, code) if code else arr
 

@@ -8,14 +8,16 @@ are kept at the tensor's precision (float32 for float32), not the wire's;
 a read narrows only the answer. This module is the one place both the
 client and the daemon convert.
 
-numpy has no bfloat16, so bfloat16 values travel (and are accepted from
-callers) as their uint16 bit patterns: the upper half of a float32.
+bfloat16 values travel as their uint16 bit patterns (the upper half of a
+float32); callers may hand them over as such bits or as an ml_dtypes
+bfloat16 array. Rounding is ml_dtypes' cast (round to nearest even).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .dtypes import BFLOAT16
 from .protocol import DTYPE_CODES, WIRE_BFLOAT16, WIRE_NAMES
 
 # What each wire code's values are held in on this side (bfloat16: its bits).
@@ -65,34 +67,41 @@ def wire_nbytes(stored: np.dtype, code: int, nbytes: int) -> int:
     return nbytes // stored.itemsize * _HOLDERS[code].itemsize
 
 
+def is_held(values: object, code: int) -> bool:
+    """Whether ``values`` already holds wire ``code``'s values (float16; bfloat16, or its bits)."""
+    if not isinstance(values, np.ndarray):
+        return False
+    return values.dtype == _HOLDERS[code] or (code == WIRE_BFLOAT16 and values.dtype == BFLOAT16)
+
+
 def narrow(values: np.ndarray, code: int) -> np.ndarray:
     """``values`` (a float array) rounded to wire ``code``, as the holder dtype; a new array.
 
-    An array already of the holder dtype is returned as it is (a caller may
-    round itself, e.g. torch's bfloat16 bits).
+    An array already holding the wire's values (``is_held``) is returned as
+    the holder dtype without rounding (a caller may round itself, e.g.
+    torch's bfloat16 bits).
     """
     holder = _HOLDERS[code]
     if values.dtype == holder:
         return values
+    if code == WIRE_BFLOAT16 and values.dtype == BFLOAT16:
+        return values.view(holder)
     # Out of the narrower range is inf, as a cast is; not an error.
     with np.errstate(over="ignore", invalid="ignore"):
         if code != WIRE_BFLOAT16:
             return values.astype(holder)
-        bits = np.ascontiguousarray(values, dtype="<f4").view("<u4")
-    # Round to nearest even on the 16 bits dropped; NaN stays a (quiet) NaN.
-    rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype("<u2")
-    nan = (bits & 0x7FFFFFFF) > 0x7F800000
-    if nan.any():
-        rounded[nan] = ((bits[nan] >> 16) | 0x0040).astype("<u2")
-    return rounded
+        # Through float32, as torch's float64 -> bfloat16 goes; NaN stays NaN.
+        return np.asarray(values, dtype="<f4").astype(BFLOAT16).view(holder)
 
 
 def widen_into(wire: np.ndarray, code: int, out: np.ndarray) -> None:
     """Widen ``wire`` (holder dtype) into ``out`` (the stored dtype, same length), exactly."""
     if code == WIRE_BFLOAT16:
         if out.dtype == np.dtype("<f4"):
+            # A bfloat16 is a float32's upper half: the shift is exact and
+            # many times faster than ml_dtypes' cast.
             np.left_shift(wire, 16, out=out.view("<u4"), dtype="<u4")
             return
-        out[...] = (wire.astype("<u4") << 16).view("<f4")
+        out[...] = wire.view(BFLOAT16)
         return
     out[...] = wire

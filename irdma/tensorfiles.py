@@ -4,13 +4,23 @@ The type comes from the path first: ``-`` is stdin/stdout (one .npy), an
 existing directory or a path ending in ``/`` holds one ``.npy`` per tensor,
 otherwise the extension says (.npy, .npz, .safetensors). Errors name the file,
 what is wrong with it and what would work, in one line.
+
+Every format carries every dtype irdma stores, bfloat16 and float8 included
+(ml_dtypes, ``irdma.dtypes``), and the exact shape, 0-d included. numpy's own
+.npy writer cannot name bfloat16 or float8 (``npy_descr``), so .npy and .npz
+are written here, header by header; safetensors' numpy loader knows neither,
+so a .safetensors file is checked by the safetensors library and its tensors
+are then mapped from the file as the header places them.
 """
 
 from __future__ import annotations
 
 import enum
 import io
+import json
+import mmap
 import os
+import struct
 import sys
 import zipfile
 from collections.abc import Iterator
@@ -18,7 +28,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
-from numpy.lib import format as npformat
+
+from .dtypes import BFLOAT16, FLOAT8_E4M3FN, FLOAT8_E5M2, npy_header
+from .protocol import dtype_code
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
@@ -26,6 +38,28 @@ SUPPORTED = (
     ".npy (one tensor), .npz, .safetensors, a directory (DIR/, one .npy per tensor) "
     "or - (stdin/stdout, one .npy)"
 )
+
+
+# safetensors' dtype names and the numpy dtypes irdma stores them as (its
+# header is little-endian throughout). It has no complex128.
+SAFETENSORS_DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype("bool"),
+    "U8": np.dtype("<u1"),
+    "I8": np.dtype("<i1"),
+    "U16": np.dtype("<u2"),
+    "I16": np.dtype("<i2"),
+    "U32": np.dtype("<u4"),
+    "I32": np.dtype("<i4"),
+    "U64": np.dtype("<u8"),
+    "I64": np.dtype("<i8"),
+    "F16": np.dtype("<f2"),
+    "BF16": BFLOAT16,
+    "F32": np.dtype("<f4"),
+    "F64": np.dtype("<f8"),
+    "F8_E4M3": FLOAT8_E4M3FN,
+    "F8_E5M2": FLOAT8_E5M2,
+    "C64": np.dtype("<c8"),
+}
 
 
 class Kind(enum.Enum):
@@ -64,7 +98,30 @@ def kind_of(path: str, *, reading: bool) -> Kind:
 
 
 def read_arrays(path: str) -> dict[str, np.ndarray]:
-    """The arrays in ``path``, by name ('' for a file that holds one)."""
+    """The arrays in ``path``, by name ('' for a file that holds one), each of a
+    dtype irdma stores (FileProblem naming the file, the array and the dtype)."""
+    arrays = _read_any(path)
+    for name, arr in arrays.items():
+        _check_storable(f"{path} ({name})" if name else path, arr.dtype)
+    return arrays
+
+
+def _check_storable(where: str, dtype: np.dtype) -> None:
+    try:
+        dtype_code(dtype)
+    except ValueError as exc:
+        hint = ""
+        if dtype.kind == "V" and dtype.fields is None:
+            # What numpy.save makes of a bfloat16 (|V2) or float8 (|V1) array.
+            hint = (
+                f" (untyped {dtype.itemsize}-byte values: numpy.save writes bfloat16 and "
+                "float8 arrays so, without their type; write a .safetensors file, or a .npy "
+                "whose descr names the dtype, as irdma get does)"
+            )
+        raise FileProblem(f"{where}: {exc}{hint}") from None
+
+
+def _read_any(path: str) -> dict[str, np.ndarray]:
     kind = kind_of(path, reading=True)
     if kind == Kind.STD:
         return {"": _read_npy(io.BytesIO(sys.stdin.buffer.read()), "stdin")}
@@ -100,6 +157,12 @@ def _npy_problem(where: str, exc: ValueError) -> str:
             f"{where}: holds Python objects (a pickled, object-dtype array), not numbers; "
             "irdma stores numeric arrays only"
         )
+    if "'<f1'" in str(exc):
+        return (
+            f"{where}: not a valid .npy file: {exc} (numpy.save writes a float8_e5m2 array "
+            "so, without its type; write a .safetensors file, or a .npy whose descr names "
+            "the dtype, as irdma get does)"
+        )
     return f"{where}: not a valid .npy file: {exc}"
 
 
@@ -125,15 +188,41 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
 
 
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
+    from safetensors import SafetensorError, safe_open
 
     if not os.path.exists(path):  # the library's own message does not name the file
         raise FileNotFoundError(2, "No such file or directory", path)
     try:
-        return dict(load_file(path))
-    except (SafetensorError, ValueError, TypeError) as exc:
+        # The library checks the file (header, offsets, sizes); its numpy
+        # loader knows no bfloat16 or float8, so the tensors are mapped here.
+        with safe_open(path, framework="np"):
+            pass
+    except (SafetensorError, ValueError, TypeError, OSError) as exc:
         raise FileProblem(f"{path}: not a valid .safetensors file: {exc}") from None
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+        # Not empty: the library has read a header from it.
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    start = 8 + length
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise FileProblem(
+                f"{path}: tensor {name!r} is {entry['dtype']}, which irdma does not store; "
+                f"it stores {', '.join(SAFETENSORS_DTYPES)} from .safetensors files"
+            )
+        lo, hi = entry["data_offsets"]
+        shape = tuple(entry["shape"])
+        if hi == lo:  # no data, perhaps at the very end of the file
+            out[name] = np.zeros(shape, dtype)
+        else:
+            count = (hi - lo) // dtype.itemsize
+            out[name] = np.frombuffer(data, dtype, count, start + lo).reshape(shape)
+    return out
 
 
 def _read_dir(root: Path) -> Iterator[tuple[str, np.ndarray]]:
@@ -149,12 +238,13 @@ def _read_dir(root: Path) -> Iterator[tuple[str, np.ndarray]]:
 # -- writing -------------------------------------------------------------------
 
 
-class _Stream:
-    """A writable that numpy does not take for a file: for a real file numpy
-    writes with ndarray.tofile, which needs a seekable one and fails on a pipe."""
-
-    def __init__(self, out: BinaryIO) -> None:
-        self.write = out.write
+def _npy_bytes(array: np.ndarray) -> Iterator[bytes | memoryview]:
+    """A .npy file of ``array``, in pieces: its header, then its data (C order)."""
+    yield npy_header(array.dtype, array.shape)
+    if array.nbytes:
+        # Not np.ascontiguousarray: it makes a 0-d array 1-d.
+        c = array if array.flags.c_contiguous else array.copy(order="C")
+        yield memoryview(c.reshape(-1).view(np.uint8))
 
 
 def write_one(path: str, kind: Kind, array: np.ndarray) -> None:
@@ -166,20 +256,39 @@ def write_one(path: str, kind: Kind, array: np.ndarray) -> None:
                 "refusing to write a binary .npy to a terminal; redirect it "
                 "(irdma get NAME -o - > FILE.npy)"
             )
-        npformat.write_array(_Stream(out), np.ascontiguousarray(array), allow_pickle=False)
+        for piece in _npy_bytes(array):
+            out.write(piece)
         out.flush()
         return
-    np.save(path, array, allow_pickle=False)
+    with open(path, "wb") as f:
+        for piece in _npy_bytes(array):
+            f.write(piece)
 
 
 def write_many(path: str, kind: Kind, arrays: dict[str, np.ndarray]) -> None:
     """Write named arrays to a .npz or .safetensors file."""
     if kind == Kind.NPZ:
-        np.savez(path, **arrays)
+        # As numpy.savez lays it out (one NAME.npy member each, stored), with
+        # headers that name bfloat16 and float8.
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+            for name, array in arrays.items():
+                with z.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    for piece in _npy_bytes(array):
+                        member.write(piece)
     elif kind == Kind.SAFETENSORS:
         from safetensors.numpy import save_file
 
-        save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, path)
+        names = {dt: st for st, dt in SAFETENSORS_DTYPES.items()}
+        for name, array in arrays.items():
+            if array.dtype.newbyteorder("<") not in names:
+                raise FileProblem(
+                    f"{path}: .safetensors has no {array.dtype} dtype (tensor {name!r}); "
+                    "write a .npz, a .npy or a directory of .npy files"
+                )
+        # Not np.ascontiguousarray: it makes a 0-d array 1-d.
+        save_file(
+            {k: v if v.flags.c_contiguous else v.copy(order="C") for k, v in arrays.items()}, path
+        )
     else:
         raise AssertionError(kind)
 

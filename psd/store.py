@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from irdma import narrowing
+from irdma.dtypes import COMPUTE, is_narrow_float
 from irdma.modes import Mode
 from irdma.protocol import DTYPE_ANY, DTYPE_NAMES, NO_WORKER, Op, Status, TensorMeta
 from irdma.protocol.messages import UNSTAMPED, wire_stamp
@@ -182,6 +183,9 @@ def accumulate_into(target: np.ndarray, delta: np.ndarray, alpha: float) -> None
     ``delta`` is scratch and is overwritten. The arithmetic is the same as
     ``accumulate_copy`` so both give bit-identical results.
     """
+    if is_narrow_float(target.dtype):
+        _narrow_update(target, target, delta, alpha)
+        return
     _scale(delta, alpha)
     with np.errstate(over="ignore", invalid="ignore"):
         np.add(target, delta, out=target)
@@ -192,7 +196,7 @@ def accumulate_from(target: np.ndarray, source: np.ndarray, alpha: float) -> Non
     as it is: bit-identical to ``accumulate_into``, in pieces small enough to
     stay in cache, so each byte of ``source`` and ``target`` crosses memory
     once instead of being copied, scaled and added in three passes."""
-    if alpha == 1.0:
+    if alpha == 1.0 and not is_narrow_float(target.dtype):
         with np.errstate(over="ignore", invalid="ignore"):
             np.add(target, source, out=target)
         return
@@ -207,6 +211,9 @@ def accumulate_from(target: np.ndarray, source: np.ndarray, alpha: float) -> Non
 
 def accumulate_copy(target: np.ndarray, delta: np.ndarray, alpha: float) -> None:
     """``delta = target + alpha * delta``: the same update, written into ``delta``."""
+    if is_narrow_float(target.dtype):
+        _narrow_update(delta, target, delta, alpha)
+        return
     _scale(delta, alpha)
     with np.errstate(over="ignore", invalid="ignore"):
         np.add(target, delta, out=delta)
@@ -216,11 +223,26 @@ def _scale(delta: np.ndarray, alpha: float) -> None:
     """``delta *= alpha`` in delta's dtype (overflow gives inf, as IEEE arithmetic does)."""
     if alpha == 1.0:
         return
+    if is_narrow_float(delta.dtype):
+        delta[...] = delta.astype(COMPUTE) * alpha
+        return
     with np.errstate(over="ignore", invalid="ignore"):
         if delta.dtype.kind in "iu":
             np.multiply(delta, int(alpha), out=delta, casting="unsafe")
         else:
             np.multiply(delta, alpha, out=delta, casting="same_kind")
+
+
+def _narrow_update(out: np.ndarray, target: np.ndarray, delta: np.ndarray, alpha: float) -> None:
+    """``out = target + alpha * delta`` for bfloat16 or float8: in float32, rounded
+    back once (their own arithmetic would round alpha and every step), as a
+    narrowed wire's delta is summed at the tensor's precision."""
+    wide = delta.astype(COMPUTE)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if alpha != 1.0:
+            np.multiply(wide, alpha, out=wide)
+        np.add(wide, target.astype(COMPUTE), out=wide)
+        out[...] = wide
 
 
 def check_alpha(dtype: np.dtype, alpha: float) -> None:

@@ -21,6 +21,7 @@ from irdma.protocol import (
     PROTOCOL_VERSION,
     REQUEST_ID,
     REQUEST_ID_OFFSET,
+    WIRE_BFLOAT16,
     BatchEntry,
     Flag,
     Header,
@@ -301,7 +302,9 @@ def test_tensor_key_is_stable_64_bit() -> None:
 # -- TensorMeta validation ---------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", ["float128", "object", "str", "<f4", "f4", "int", "", "bfloat16"])
+@pytest.mark.parametrize(
+    "dtype", ["float128", "object", "str", "<f4", "f4", "int", "", "float8_e4m3fnuz"]
+)
 def test_meta_unsupported_dtype(dtype: str) -> None:
     with pytest.raises(ValueError, match="dtype"):
         TensorMeta("t", dtype, (4,), 64)
@@ -549,6 +552,31 @@ def test_dtype_codes_distinct_and_nonzero() -> None:
     assert 0 not in codes
 
 
+def test_dtype_codes_keep_their_numbers() -> None:
+    """Codes are only added: peers of an older version read the same types."""
+    first = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
+    first += ["float16", "float32", "float64", "complex64", "complex128"]
+    added = ["bfloat16", "float8_e4m3fn", "float8_e5m2"]
+    assert {name: code for code, name in enumerate(first + added, start=1)} == DTYPE_CODES
+    # The wire dtype bfloat16 (a narrowed float32) kept its code as a stored one.
+    assert DTYPE_CODES["bfloat16"] == WIRE_BFLOAT16
+
+
+def test_the_narrow_floats_are_stored_by_name() -> None:
+    for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        meta = TensorMeta("t", name, (2, 3), 60)
+        assert meta.np_dtype == dtype_from_code(meta.dtype_code)
+        assert meta.np_dtype.name == name and meta.nbytes == 6 * meta.np_dtype.itemsize
+
+
+def test_an_unsupported_dtype_names_itself_and_the_supported_ones() -> None:
+    with pytest.raises(ValueError) as info:
+        dtype_code("float8_e4m3fnuz")
+    assert "float8_e4m3fnuz" in str(info.value)
+    for name in DTYPE_CODES:
+        assert name in str(info.value)
+
+
 @pytest.mark.parametrize(
     "dtype",
     [object, str, bytes, "U4", "S3", [("a", "<i4"), ("b", "<f8")], "datetime64[s]", "V8"],
@@ -558,7 +586,7 @@ def test_dtype_code_unsupported(dtype: object) -> None:
         dtype_code(dtype)
 
 
-@pytest.mark.parametrize("code", [0, 15, 99, 2**16 - 1, -1])
+@pytest.mark.parametrize("code", [0, 18, 99, 2**16 - 1, -1])
 def test_dtype_from_code_unknown(code: int) -> None:
     with pytest.raises(ValueError, match="unknown"):
         dtype_from_code(code)

@@ -777,6 +777,45 @@ def test_store_accumulate_paths_bit_identical(seed: int, alpha: float) -> None:
         arena.close()
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_narrow_floats_accumulate_in_float32_rounded_once(dtype: str) -> None:
+    """bfloat16 and float8: ``target + alpha * delta`` taken in float32 and
+    rounded back once, on every path (in place, from the client's memory,
+    pinned whole shard, pinned part), not in the narrow type's own arithmetic."""
+    dt = np.dtype(dtype)
+    n = PAGE // dt.itemsize
+    bits = np.dtype(f"u{dt.itemsize}")
+    rng = np.random.default_rng(11)
+    init = rng.integers(0, np.iinfo(bits).max, n, dtype=bits, endpoint=True).view(dt)
+    delta = rng.integers(0, np.iinfo(bits).max, n, dtype=bits, endpoint=True).view(dt)
+    alpha = 0.3
+    arena = Arena(16 * PAGE)
+    try:
+        store = Store(arena, everything)
+        results = []
+        with np.errstate(all="ignore"):
+            cases = [("a", False, False), ("b", True, False), ("c", True, True)]
+            for (name, pinned, split), source in itertools.product(cases, (False, True)):
+                meta = TensorMeta(f"{name}{source}", dtype, (n,), PAGE)
+                tensor, _ = store.create(meta)
+                write(store, meta.key, 0, 0, init)
+                if pinned:
+                    store.pin(tensor.shards[0].block)
+                halves = (
+                    ((0, delta[: n // 2]), (PAGE // 2, delta[n // 2 :])) if split else ((0, delta),)
+                )
+                for offset, part in halves:
+                    accumulate(store, meta.key, 0, offset, part, alpha, from_source=source)
+                results.append(shard_bytes(store, meta.key, 0))
+            wide = init.astype(np.float32) + delta.astype(np.float32) * np.float32(alpha)
+            expected = wide.astype(dt).tobytes()
+            own_arithmetic = (init + delta * alpha).tobytes()
+        assert results == [expected] * 6
+        assert expected != own_arithmetic  # the rule is not what ml_dtypes' ufuncs give
+    finally:
+        arena.close()
+
+
 # -- pins and copy-on-write --------------------------------------------------
 
 

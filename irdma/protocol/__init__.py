@@ -56,6 +56,7 @@ from .frame import (
     tensor_key,
     unpack_entries,
     unpack_header,
+    unsupported_dtype,
     validate_name,
 )
 
@@ -107,5 +108,6 @@ __all__ = [
     "tensor_key",
     "unpack_entries",
     "unpack_header",
+    "unsupported_dtype",
     "validate_name",
 ]

@@ -21,6 +21,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+# Registers bfloat16 and the float8 dtypes with numpy, by name (DTYPE_CODES).
+from .. import dtypes as _dtypes  # noqa: F401
+
 MAGIC = b"IRDM"
 PROTOCOL_VERSION = 8
 
@@ -280,17 +283,21 @@ DTYPE_CODES: dict[str, int] = {
     "float64": 12,
     "complex64": 13,
     "complex128": 14,
+    # Added later (the codes above keep their numbers): the ml_dtypes floats
+    # (irdma.dtypes). bfloat16 has the code the wire dtype bfloat16 had first.
+    "bfloat16": 15,
+    "float8_e4m3fn": 16,
+    "float8_e5m2": 17,
 }
 DTYPE_NAMES: dict[int, str] = {code: name for name, code in DTYPE_CODES.items()}
 # dtype code 0 in a header means "not stated"; the daemon then skips the check.
 DTYPE_ANY = 0
 # Dtypes a float tensor's values may travel in, narrower than stored
-# (``irdma.narrowing`` converts): the header's ``wire`` field. bfloat16 is a
-# wire dtype only (numpy has none to store): its values travel as the upper
-# 16 bits of a float32. With a wire dtype, ``size`` (and a batch entry's
-# length) still counts the tensor's bytes; the payload is that many elements
-# in the wire dtype.
-WIRE_BFLOAT16 = 15
+# (``irdma.narrowing`` converts): the header's ``wire`` field, with the codes
+# of the stored dtypes. A bfloat16 value is the upper 16 bits of a float32.
+# With a wire dtype, ``size`` (and a batch entry's length) still counts the
+# tensor's bytes; the payload is that many elements in the wire dtype.
+WIRE_BFLOAT16 = DTYPE_CODES["bfloat16"]
 WIRE_NAMES: dict[int, str] = {
     DTYPE_CODES["float16"]: "float16",
     DTYPE_CODES["float32"]: "float32",
@@ -309,7 +316,12 @@ def dtype_code(dtype: Any) -> int:
     try:
         return DTYPE_CODES[name]
     except KeyError:
-        raise ValueError(f"unsupported dtype {dt}; irdma stores {', '.join(DTYPE_CODES)}") from None
+        raise ValueError(unsupported_dtype(dt)) from None
+
+
+def unsupported_dtype(dtype: Any) -> str:
+    """The error for a dtype irdma does not store: which it is, and which it does."""
+    return f"unsupported dtype {dtype}; irdma stores {', '.join(DTYPE_CODES)}"
 
 
 def dtype_from_code(code: int) -> np.dtype:
@@ -608,7 +620,7 @@ class TensorMeta:
     def __post_init__(self) -> None:
         validate_name(self.name)
         if self.dtype not in DTYPE_CODES:
-            raise ValueError(f"unsupported dtype {self.dtype!r}")
+            raise ValueError(unsupported_dtype(repr(self.dtype)))
         if len(self.shape) > MAX_DIMS:
             raise ValueError(f"shape has {len(self.shape)} dimensions, over {MAX_DIMS}")
         if _nesting(self.options) > MAX_OPTION_DEPTH:

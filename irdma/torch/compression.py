@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .arrays import to_numpy
+
 KINDS = ("none", "fp16", "bf16", "topk")
 # Dtypes the daemon stores and sums uncompressed gradients in.
 _DENSE_SUM = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
@@ -102,7 +104,8 @@ def dense_sum_dtype(c: Compression, dtype: torch.dtype) -> np.dtype:
     """The dtype the daemon holds and sums a gradient of ``dtype`` in."""
     if c.wire is not None:
         return np.dtype(np.float32)  # narrowed on the wire, summed in float32
-    # bfloat16 or anything else without a numpy twin: summed in float32, so nothing is lost.
+    # bfloat16, float8 and other narrow types: summed in float32, so nothing is lost
+    # (their own arithmetic would round at every add).
     return np.dtype(_DENSE_SUM.get(dtype, np.float32))
 
 
@@ -147,7 +150,7 @@ def _torch_dtype(dt: np.dtype) -> torch.dtype:
 
 def bf16_bits(t: torch.Tensor) -> np.ndarray:
     """The bfloat16 rounding of ``t`` (round to nearest even) as uint16 bit patterns."""
-    return t.detach().reshape(-1).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    return to_numpy(t.detach().reshape(-1).to(torch.bfloat16)).view(np.uint16)
 
 
 # -- top-k with error feedback -------------------------------------------------------------

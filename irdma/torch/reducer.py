@@ -46,6 +46,7 @@ from irdma.errors import StepMismatch
 from irdma.modes import DEFAULT_WORKER_TIMEOUT, Mode
 from irdma.protocol import validate_name
 
+from .arrays import from_numpy, to_numpy
 from .compression import (
     NONE,
     Compression,
@@ -359,9 +360,7 @@ class Reducer:
     def _broadcast(self, job: _Job) -> list[torch.Tensor]:
         names = [f"{job.name}/{i}" for i in range(len(job.tensors))]
         if self.rank == job.root:
-            arrays = {
-                n: t.detach().contiguous().numpy() for n, t in zip(names, job.tensors, strict=True)
-            }
+            arrays = {n: to_numpy(t) for n, t in zip(names, job.tensors, strict=True)}
             if self.size > 1:
                 self.client.write_many(arrays)
                 self._count(sent=sum(a.nbytes for a in arrays.values()))
@@ -372,7 +371,7 @@ class Reducer:
             # Another broadcast under this key may have had other shapes: refresh.
             got = self.client.read_many(names, refresh=True)
             self._count(received=sum(a.nbytes for a in got.values()))
-            out = [torch.from_numpy(got[n]) for n in names]
+            out = [from_numpy(got[n]) for n in names]
         self.group.barrier()  # the root writes this key again only after everyone read
         return out
 

@@ -19,9 +19,8 @@ import torch
 from irdma.client import Client
 from irdma.training import Worker
 
-
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().contiguous().numpy()
+from .arrays import from_numpy
+from .arrays import to_numpy as _to_numpy
 
 
 def push_state_dict(client: Client, prefix: str, module: Any, **write_kw: Any) -> list[str]:
@@ -39,7 +38,7 @@ def pull_state_dict(client: Client, prefix: str, module: torch.nn.Module) -> Non
     got = client.read_many([f"{prefix}/{k}" for k in state])
     with torch.no_grad():
         for k, v in state.items():
-            v.copy_(torch.from_numpy(got[f"{prefix}/{k}"]).reshape(v.shape))
+            v.copy_(from_numpy(got[f"{prefix}/{k}"]).reshape(v.shape))
 
 
 class ParameterServerOptimizer:
@@ -76,4 +75,4 @@ class ParameterServerOptimizer:
     def _load(self, params: dict[str, np.ndarray]) -> None:
         with torch.no_grad():
             for k, p in self._params.items():
-                p.copy_(torch.from_numpy(params[k]))
+                p.copy_(from_numpy(params[k]))
