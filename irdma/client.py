@@ -166,7 +166,7 @@ def shared_region(value: int | str | SharedRegion | None) -> SharedRegion | None
 
 
 def _byte_view(arr: np.ndarray) -> memoryview:
-    return memoryview(arr.reshape(-1).view(np.uint8))
+    return arr.reshape(-1).view(np.uint8).data
 
 
 def _epoch_rerouted(method: Callable[..., Any]) -> Callable[..., Any]:

@@ -693,7 +693,7 @@ class Replicator:
     def _budget(self, data: np.ndarray | memoryview) -> float:
         # A peer that is up answers within the failure timeout, plus the time
         # the bytes take at a modest 100 MB/s.
-        return self.config.failure_timeout + memoryview(data).nbytes / 100e6
+        return self.config.failure_timeout + data.nbytes / 100e6
 
     # -- serving peers' catch-up ---------------------------------------------
 

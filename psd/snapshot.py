@@ -240,7 +240,7 @@ def _write_file(
                     shard_entries = []
                     for s in t.shards:
                         crc = 0
-                        data = memoryview(s.view)
+                        data = s.view.data
                         for start in range(0, s.nbytes, CHUNK):
                             trio.from_thread.check_cancelled()
                             chunk = data[start : start + CHUNK]
@@ -652,7 +652,7 @@ def _restore(store: Store, f: BinaryIO, parsed: _Parsed, path: Path) -> None:
                     )
                 targets.append((s, shard, t.meta.name))
         for s, shard, name in targets:
-            view = memoryview(store.arena.view(shard.block, 0, s.nbytes))
+            view = store.arena.view(shard.block, 0, s.nbytes).data
             f.seek(s.offset)
             try:
                 got = _readinto_exact(f, view)

@@ -1014,7 +1014,7 @@ class Store:
 
     def checksum(self, shard: Shard) -> int:
         """CRC-32 of a shard's bytes: tells two copies at one version apart."""
-        return zlib.crc32(self.arena.view(shard.block, 0, shard.nbytes))
+        return zlib.crc32(self.arena.view(shard.block, 0, shard.nbytes).data)
 
     def _whole_shard(self, update: Update) -> bool:
         return update.offset == 0 and update.size == update.shard.nbytes

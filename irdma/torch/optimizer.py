@@ -283,7 +283,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise error
         self._synchronized = True
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Synchronize (unless done since the last backward), then step the wrapped optimizer."""
         if closure is not None:
             raise ValueError(
