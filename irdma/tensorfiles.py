@@ -175,13 +175,25 @@ def write_one(path: str, kind: Kind, array: np.ndarray) -> None:
 def write_many(path: str, kind: Kind, arrays: dict[str, np.ndarray]) -> None:
     """Write named arrays to a .npz or .safetensors file."""
     if kind == Kind.NPZ:
-        np.savez(path, **arrays)
+        _write_npz(path, arrays)
     elif kind == Kind.SAFETENSORS:
         from safetensors.numpy import save_file
 
         save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, path)
     else:
         raise AssertionError(kind)
+
+
+def _write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
+    """The file np.savez writes (one uncompressed .npy member per array), at
+    ``path`` as given. np.savez takes the names as keyword arguments, so a
+    tensor named ``file`` or ``allow_pickle`` would be taken for its own
+    argument (the second one silently left out), and it appends ".npz" to a
+    path that ends in ".NPZ"."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, array in arrays.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
+                npformat.write_array(f, np.asanyarray(array), allow_pickle=False)
 
 
 def dir_entry(root: str, name: str) -> Path:
