@@ -474,7 +474,7 @@ def check_memlock(
         pid = pids.get(node.name)
         found = memlock_of(host.proc, pid) if pid else None
         running = found is not None
-        if running:
+        if found is not None:
             whose = f"psd {node.name} (pid {pid})"
         else:
             whose = f"psd {node.name} (not running here: this shell's limit)"
