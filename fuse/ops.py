@@ -376,8 +376,7 @@ class IrdmaOperations(pyfuse3.Operations):
         # the daemons.
         now = time.monotonic()
         cached = self._open_attrs.get(path)
-        fresh = cached is not None and now - cached[0] < OPEN_ATTR_REUSE
-        if fresh and self._only_readers(path):
+        if cached is not None and now - cached[0] < OPEN_ATTR_REUSE and self._only_readers(path):
             return cached[1]
         attrs = self._attrs(await self.resolve(path))
         if self._only_readers(path):
@@ -654,12 +653,13 @@ class IrdmaOperations(pyfuse3.Operations):
         )
         fi = self._file_info(handle, flags)
         snap = handle.snapshot
-        if snap is not None and not snap.started and not fi.keep_cache:
+        info = handle.info  # set wherever a snapshot is
+        if snap is not None and not snap.started and not fi.keep_cache and info is not None:
             # Every read of this open reaches us: fix its content now, at open
             # (close-to-open), not at a first read that may come after an update;
             # reads are answered as the chunks they need arrive. Opens the page
             # cache already serves start only if a read reaches us.
-            self._stream_in(snap, handle.target, handle.info)
+            self._stream_in(snap, handle.target, info)
         return fi
 
     @fuse_errors
@@ -675,7 +675,9 @@ class IrdmaOperations(pyfuse3.Operations):
         if t.kind != Kind.DIR:  # .shards entries cannot be created
             raise pyfuse3.FUSEError(errno.EPERM)
         parent = path.rpartition("/")[0]
-        if not await self._dir_exists(paths.parse(parent).name if parent else ""):
+        above = paths.parse(parent)  # a directory: the parent of a DIR path ('' the root)
+        assert above is not None
+        if not await self._dir_exists(above.name):
             raise pyfuse3.FUSEError(errno.ENOENT)
         target = paths.file_candidates(path)[0]  # .npy: typed; anything else: raw bytes
         handle = Handle(

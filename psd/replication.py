@@ -35,7 +35,7 @@ import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import trio
@@ -953,7 +953,7 @@ class Replicator:
                 f"{self.node.name} is at epoch {mine}, {asker} at {theirs}; ask again",
             )
 
-    def _is_peer(self, name: Any) -> bool:
+    def _is_peer(self, name: object) -> TypeGuard[str]:
         """Whether a name from a message body is another daemon's (a list is no name)."""
         return isinstance(name, str) and name in self.peers
 
