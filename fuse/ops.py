@@ -15,9 +15,9 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 import pyfuse3
@@ -48,7 +48,8 @@ from .paths import DIR_MARKER, NPY, Kind, Target
 from .snapshot import Snapshot
 
 log = logging.getLogger("irdma.fuse")
-F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 XATTR_PREFIX = "user.irdma."
 WORKER_DIR_TIMEOUT = 300.0
@@ -86,11 +87,11 @@ def errno_for(exc: BaseException) -> int:
     return errno.EIO
 
 
-def fuse_errors(fn: F) -> F:
+def fuse_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
     """Translate irdma errors raised by a handler into FUSEError(errno), logging I/O errors."""
 
     @functools.wraps(fn)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
@@ -109,7 +110,7 @@ def fuse_errors(fn: F) -> F:
             log.exception("%s: internal error, answered EIO: %s", fn.__name__, exc)
             raise pyfuse3.FUSEError(errno.EIO) from exc
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 @dataclass

@@ -1057,8 +1057,10 @@ class AsyncClient:
                 return None  # the usual read raises it
         node, seen = self._direct_node(meta, 0)
         conn = self._conns.get(node.name)
-        reader = getattr(conn.bulk, "directory", None) if conn is not None else None
-        if reader is None or conn.broken or not conn.daemon_alive():  # type: ignore[union-attr]
+        if conn is None:
+            return None
+        reader = getattr(conn.bulk, "directory", None)
+        if reader is None or conn.broken or not conn.daemon_alive():
             return None
         got = reader.read(meta.key, meta.layout, 0, 0, out.reshape(-1).view(np.uint8), seen)
         if got is None:
@@ -1515,9 +1517,10 @@ class _LoopThread:
             raise ClientClosed("client is closed") from None
 
     def close(self) -> None:
-        if self._token is not None and self._thread.is_alive():
+        # _main sets _stop before _token: a token means there is an event to set.
+        if self._token is not None and self._stop is not None and self._thread.is_alive():
             with contextlib.suppress(trio.RunFinishedError):
-                trio.from_thread.run_sync(self._stop.set, trio_token=self._token)  # type: ignore[union-attr]
+                trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
             self._thread.join()
 
 

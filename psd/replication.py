@@ -853,10 +853,8 @@ class Replicator:
                 candidates = [(me, mine.get((key, index)))] + [
                     (n, reports[n][1].get((key, index))) for n in others
                 ]
-                best = max(
-                    (c for c in candidates if c[1] is not None),
-                    key=lambda c: c[1][0],  # type: ignore[index]
-                )
+                have = [(n, r) for n, r in candidates if r is not None]
+                best = max(have, key=lambda c: c[1][0])
                 src, theirs = best
             if src != me and mine.get((key, index)) != theirs:
                 fetch.setdefault(src, []).append((key, index))

@@ -367,7 +367,8 @@ class Store:
         key = meta.key
         mode, old, kept = self._admit(meta, replace, exclusive)
         if kept:
-            return old, False  # type: ignore[return-value]
+            assert old is not None  # kept: the tensor there already is the one asked for
+            return old, False
         shards = self._alloc_shards(meta)
         if old is not None:
             self._drop(old)
