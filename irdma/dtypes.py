@@ -46,7 +46,10 @@ def npy_descr(dtype: Any) -> str:
     dt = np.dtype(dtype)
     if dt in _NARROW:
         return dt.name
-    return npformat.dtype_to_descr(dt)
+    descr = npformat.dtype_to_descr(dt)
+    if not isinstance(descr, str):  # a structured dtype: a list of fields
+        raise ValueError(f"{dt} is a structured dtype; tensors have one scalar dtype")
+    return descr
 
 
 def npy_header(dtype: Any, shape: tuple[int, ...]) -> bytes:

@@ -16,7 +16,7 @@ import trio
 from irdma import Client
 from irdma.client import AsyncClient
 from irdma.errors import DaemonTimeout
-from irdma.shells import BlockingShell, drive, take_turns
+from irdma.shells import BlockingShell, drive, gather_under_trio, take_turns
 from irdma.transport.blocking import BlockingConnection, Busy, Sent, _yield
 from irdma.transport.select import may_use_rdma
 
@@ -255,3 +255,28 @@ def test_a_calls_shards_are_in_flight_on_several_daemons_at_once(
         assert np.array_equal(c.read(f"shell/inflight-{transport}"), 2 * x + 1)
     assert len(conns) == 3 and seen
     assert max(sum(s) for s in seen) == 3
+
+
+async def test_a_gather_raises_when_a_call_gives_neither_result_nor_error() -> None:
+    """A call that raises another task's Cancelled (as an RDMA pull handed one did)
+    is swallowed by the gather's nursery, which takes it for its own: the gather
+    says so instead of returning a result that is not there."""
+    foreign: trio.Cancelled | None = None
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            await trio.sleep(1)
+        except trio.Cancelled as exc:
+            foreign = exc
+    assert foreign is not None
+
+    async def handed_a_cancellation() -> int:
+        await trio.sleep(0)
+        raise foreign
+
+    async def fine() -> int:
+        await trio.sleep(0)
+        return 1
+
+    with pytest.raises(RuntimeError, match="neither a result nor an error"):
+        await gather_under_trio([handed_a_cancellation, fine])

@@ -55,7 +55,7 @@ class ScriptedLink:
 
     def __post_init__(self) -> None:
         self.local = np.zeros(STAGING + 4 * SCRATCH_CELL, np.uint8)
-        self.buffer = SimpleNamespace(view=memoryview(self.local))
+        self.buffer = SimpleNamespace(view=self.local)
 
     def _read(self, local: int, remote: int, length: int) -> None:
         dst, src = self.local[local : local + length], self.arena[remote : remote + length]

@@ -156,7 +156,12 @@ class BlockingConnection:
     Ctrl-C) fails the connection: its socket may hold half a frame.
     """
 
-    def __init__(self, stream: FramedSocket, waits: BlockingWaits, bulk: BulkPath = SOCKET) -> None:
+    def __init__(
+        self,
+        stream: FramedSocket,
+        waits: BlockingWaits,
+        bulk: BulkPath[BlockingConnection] = SOCKET,
+    ) -> None:
         self.stream = stream
         self.waits = waits
         self.bulk = bulk
