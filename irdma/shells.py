@@ -214,9 +214,11 @@ class BlockingShell:
             conn = state.conns.get(node.name)
             if conn is not None and not conn.broken:
                 return conn
-            if connecting.failure is not None:
-                raise _again(connecting.failure)
-            return await self.connection(node)  # it was made and broke since: make another
+            again = _again(connecting.failure)
+            if again is not None:
+                raise again
+            # It was made and broke since, or failed in a way to see for oneself.
+            return await self.connection(node)
         connecting = state.connecting[node.name] = _Connecting()
         try:
             conn = await self._open(node)
@@ -252,12 +254,15 @@ class BlockingShell:
             self._all.clear()
 
 
-def _again(failure: Exception) -> Exception:
-    """What a request waiting for another's connect raises when that failed: the
-    same kind of error, new (each request raises its own)."""
+def _again(failure: Exception | None) -> Exception | None:
+    """What a request waiting for another's connect raises when the daemon could not
+    be reached: the same kind of error, new (each request raises its own). None
+    for anything else (a refused secret, say): the waiter connects itself."""
     if isinstance(failure, StreamTimeout):
         return StreamTimeout(str(failure))
-    return StreamBroken(str(failure))
+    if isinstance(failure, StreamBroken):
+        return StreamBroken(str(failure))
+    return None
 
 
 class _Turns:
