@@ -41,15 +41,13 @@ def is_narrow_float(dtype: Any) -> bool:
 _NARROW = frozenset(NARROW_FLOATS.values())
 
 
-def npy_descr(dtype: Any) -> str:
-    """The .npy header's descr for ``dtype``: numpy's, or the name of a narrow float."""
+def npy_descr(dtype: Any) -> str | list[Any]:
+    """The .npy header's descr for ``dtype``: numpy's (a list of fields for a
+    structured dtype), or the name of a narrow float."""
     dt = np.dtype(dtype)
     if dt in _NARROW:
         return dt.name
-    descr = npformat.dtype_to_descr(dt)
-    if not isinstance(descr, str):  # a structured dtype: a list of fields
-        raise ValueError(f"{dt} is a structured dtype; tensors have one scalar dtype")
-    return descr
+    return npformat.dtype_to_descr(dt)
 
 
 def npy_header(dtype: Any, shape: tuple[int, ...]) -> bytes:
