@@ -1574,6 +1574,11 @@ class Client:
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
+    @property
+    def transfers(self) -> Transfers:
+        """How this client stages tensors through its host memory (``irdma.devices``)."""
+        return self._client.transfers
+
     def shared_empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> np.ndarray:
         """See AsyncClient.shared_empty."""
         return self._client.shared_empty(shape, dtype)

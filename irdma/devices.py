@@ -276,13 +276,19 @@ class Transfers:
         the module docstring). A device's bytes are on the host when this returns."""
         if not is_device_array(obj):
             return obj
-        t = as_tensor(obj).detach()
+        host, ready = self.stage(as_tensor(obj))
+        ready.synchronize()
+        return host
+
+    def stage(self, t: torch.Tensor) -> tuple[np.ndarray, Ready]:
+        """``t``'s bytes as a host array, and the copy to wait for before reading it
+        (queued on the current stream's side stream; DONE for a CPU tensor)."""
+        t = t.detach()
         if t.device.type == "cpu" and t.is_contiguous():
-            return cpu_view(t)
+            return cpu_view(t), DONE
         copies = copies_for(t)
         host = self.host_empty(tuple(t.shape), t.dtype, pinned=t.device.type == "cuda")
-        copies.to_host(t, host).synchronize()
-        return cpu_view(host)
+        return cpu_view(host), copies.to_host(t, host)
 
     def sink(self, out: Any) -> tuple[Any, Callable[[], Any] | None]:
         """Where the client reads for ``out``, and what lands it there afterwards

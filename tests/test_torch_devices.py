@@ -9,8 +9,9 @@ themselves run only in bench/gpu_check.py.
 
 from __future__ import annotations
 
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -20,6 +21,16 @@ torch = pytest.importorskip("torch", reason="torch is not installed (the 'torch'
 from irdma import Client  # noqa: E402
 from irdma.devices import DONE, CpuCopies, Transfers, copies_for, is_device_array  # noqa: E402
 from irdma.errors import DtypeMismatch, ShapeMismatch  # noqa: E402
+from irdma.torch import (  # noqa: E402
+    BF16,
+    FP16,
+    NONE,
+    Compression,
+    DistributedOptimizer,
+    Reducer,
+    pull_state_dict,
+    push_state_dict,
+)
 from irdma.torch.arrays import numpy_dtype, to_numpy  # noqa: E402
 
 from .conftest import Cluster  # noqa: E402
@@ -191,3 +202,112 @@ def test_cpu_copies_are_done_at_once() -> None:
     assert copies.to_host(t, dst) is DONE and torch.equal(dst, t)
     with pytest.raises(ValueError, match="meta"):
         copies_for(torch.empty(2, device="meta"))
+
+
+# -- irdma.torch through the same paths ---------------------------------------------------
+
+
+def two_workers(cluster: Cluster, fn: Callable[[int, Client], object]) -> list[object]:
+    """``fn(rank, client)`` for ranks 0 and 1 on threads of their own, each with a client."""
+    results: list[object] = [None, None]
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            with Client(cluster.config_path, transport="shm", shared_memory="8MiB") as c:
+                results[rank] = fn(rank, c)
+        except BaseException as exc:  # handed to the test's thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def grads_of(rank: int) -> list[torch.Tensor]:
+    """A float32 matrix, a transposed (strided) one, and a bfloat16 vector."""
+    g = torch.Generator().manual_seed(rank)
+    return [
+        torch.randn(30, 20, generator=g),
+        torch.randn(12, 9, generator=g).t(),
+        torch.randn(50, generator=g).to(torch.bfloat16),
+    ]
+
+
+@pytest.mark.parametrize("compression", [NONE, FP16, BF16, Compression.topk(1.0)], ids=str)
+def test_the_reducer_averages_cpu_tensors_of_two_workers(
+    cluster: Cluster, compression: Compression
+) -> None:
+    name = uniq("reducer").replace("/", "-")
+
+    def work(rank: int, c: Client) -> list[torch.Tensor]:
+        with Reducer(c, name, rank=rank, world_size=2) as r:
+            # Each gradient its own key: one bucket is one wire dtype.
+            futs = [r.reduce(f"g{i}", [t], compression) for i, t in enumerate(grads_of(rank))]
+            return [f.result(30)[0] for f in futs]
+
+    got = two_workers(cluster, work)
+    assert all(torch.equal(a, b) for a, b in zip(got[0], got[1], strict=True))  # type: ignore[arg-type]
+    for mine, a, b in zip(got[0], grads_of(0), grads_of(1), strict=True):  # type: ignore[arg-type]
+        assert mine.dtype == a.dtype and mine.shape == a.shape
+        want = (a.float() + b.float()) / 2
+        tol = 2e-2 if compression in (FP16, BF16) or a.dtype == torch.bfloat16 else 1e-6
+        assert torch.allclose(mine.float(), want, atol=tol, rtol=tol)
+
+
+def test_a_reduction_of_tensors_on_two_devices_is_refused(cluster: Cluster) -> None:
+    with Client(cluster.config_path) as c:
+        r = Reducer(c, uniq("devices").replace("/", "-"), rank=0, world_size=1)
+        try:
+            with pytest.raises(ValueError, match="several devices"):
+                r.reduce("mixed", [torch.ones(2), torch.ones(2, device="meta")])
+        finally:
+            r.close()
+
+
+def test_distributed_optimizer_with_a_strided_parameter(cluster: Cluster) -> None:
+    """Two workers, two buckets (one bfloat16), the sums written into every p.grad."""
+    name = uniq("opt").replace("/", "-")
+
+    def work(rank: int, c: Client) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(5, 8).t())  # strided: its gradient is too
+        b = torch.nn.Parameter(torch.randn(8, dtype=torch.bfloat16))
+        params = [("w", w), ("b", b)]
+        opt = DistributedOptimizer(
+            torch.optim.SGD([w, b], lr=0.0), params, client=c, name=name, rank=rank, world_size=2
+        )
+        x = torch.full((3, 5), float(rank + 1))
+        (x @ w.t() + b.float()).sum().backward()
+        opt.synchronize()
+        got = {"w": w.grad.clone(), "b": b.grad.clone()}
+        opt.step()
+        opt.close()
+        return got
+
+    got = two_workers(cluster, work)
+    # d/dw of sum(x @ w.t()) is 3*(rank+1) everywhere: the average is 4.5.
+    for g in got:
+        assert torch.equal(g["w"], torch.full((8, 5), 4.5))  # type: ignore[index]
+        assert torch.equal(g["b"], torch.full((8,), 3.0, dtype=torch.bfloat16))  # type: ignore[index]
+
+
+def test_pull_state_dict_loads_into_the_modules_own_tensors(client: Client) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.BatchNorm1d(256))
+    prefix = uniq("state")
+    push_state_dict(client, prefix, model)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    where = {k: v.data_ptr() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for v in model.state_dict().values():
+            v.zero_()
+    pull_state_dict(client, prefix, model)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, want[k]), k
+        assert v.data_ptr() == where[k], k  # loaded in place

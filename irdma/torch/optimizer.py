@@ -18,6 +18,11 @@ the sums travel while the backward pass goes on. ``step()`` (or
 ``synchronize()``) waits for them, writes them into ``p.grad`` and steps
 the wrapped optimizer. Gradients under a gathered compression (top-k)
 are sent together in ``synchronize()``, in parameter order.
+
+On a GPU the hook only records an event on the backward pass's stream; the
+copy to the host, the push, the pull and the copy back run on the reducer's
+threads and a side stream (``irdma.torch.reducer``), so the training
+thread waits only in ``step()``, for sums that are mostly there already.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any
 import torch
 
 from irdma.client import Client
+from irdma.devices import DONE, copies_for
 from irdma.modes import DEFAULT_WORKER_TIMEOUT, worker_identity
 
 from .compression import NONE, Compression, dense_sum_dtype
@@ -276,6 +282,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for members, fut in waits:
                 try:
                     for (_, p), total in zip(members, fut.result(), strict=True):
+                        # Made on the reducer's side stream: kept until this stream has read it.
+                        copies_for(total).wait_here(DONE, [total])
                         p.grad.copy_(total)  # type: ignore[union-attr]
                 except Exception as exc:
                     error = error or exc
