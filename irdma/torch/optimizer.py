@@ -63,6 +63,13 @@ class _Bucket:
     nbytes: int = 0
 
 
+def staging_bytes(params: list[tuple[str, torch.Tensor]]) -> int:
+    """Shared memory for an owned client: room for two steps of every GPU parameter's
+    gradient (pinned once, so device-to-host copies land there by DMA); none on the CPU."""
+    on_gpu = sum(p.numel() * p.element_size() for _, p in params if p.device.type == "cuda")
+    return 2 * on_gpu
+
+
 def compression_for(choice: CompressionChoice, name: str, param: torch.Tensor) -> Compression:
     """The compression of one parameter: one for all, a table by name (NONE if absent), or a
     function of the name and the parameter."""
@@ -150,7 +157,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False  # synchronize() ran since the last step()
         ident = worker_identity(rank, world_size)
         self._owns_client = client is None
-        self.client = Client() if client is None else client
+        if client is None:
+            client = Client(shared_memory=staging_bytes(self._params) or None)
+        self.client = client
         try:
             self.reducer = Reducer(
                 self.client,
