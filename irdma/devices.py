@@ -91,10 +91,15 @@ def as_tensor(obj: Any) -> torch.Tensor:
     """``obj`` as a torch tensor sharing its memory."""
     if is_tensor(obj):
         return obj
-    import torch
-
+    try:
+        import torch
+    except ImportError:
+        raise TypeError(
+            f"a {type(obj).__name__} (a device array) needs torch to be moved: "
+            "install the 'torch' extra, or pass a numpy array"
+        ) from None
     if hasattr(obj, "__cuda_array_interface__"):
-        return torch.as_tensor(obj, device="cuda")
+        return torch.as_tensor(obj)  # on the device the interface's pointer is on
     return torch.from_dlpack(obj)
 
 
