@@ -9,6 +9,8 @@ themselves run only in bench/gpu_check.py.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -311,3 +313,29 @@ def test_pull_state_dict_loads_into_the_modules_own_tensors(client: Client) -> N
     for k, v in model.state_dict().items():
         assert torch.equal(v, want[k]), k
         assert v.data_ptr() == where[k], k  # loaded in place
+
+
+def test_without_torch_a_device_array_is_refused_by_name(cluster: Cluster) -> None:
+    """irdma without torch: arrays work as before; a DLPack-only object gets a clear error."""
+    script = f"""
+import sys
+sys.modules["torch"] = None  # as if torch were not installed
+import numpy as np
+from irdma import Client
+
+class DLPackOnly:
+    def __dlpack__(self, **kw): raise AssertionError("not reached")
+    def __dlpack_device__(self): return (1, 0)
+
+with Client({str(cluster.config_path)!r}) as c:
+    c.write("devices/notorch", np.arange(5.0))
+    assert c.read("devices/notorch").tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    try:
+        c.write("devices/notorch", DLPackOnly())
+    except TypeError as exc:
+        print(exc)
+"""
+    got = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "DLPackOnly (a device array) needs torch" in got.stdout, got.stdout + got.stderr
