@@ -127,7 +127,7 @@ class CpuCopies:
         return DONE
 
     @contextlib.contextmanager
-    def side(self, after: Ready = DONE) -> Iterator[None]:
+    def side(self, after: Ready = DONE, *, down: bool = False) -> Iterator[None]:
         yield
 
     def to_host(self, src: torch.Tensor, dst: torch.Tensor) -> Ready:
@@ -143,15 +143,22 @@ class CpuCopies:
 
 
 class CudaCopies:
-    """Copies to and from one CUDA device on a side stream of this object's, ordered
-    against the caller's current stream with events (the host never waits here)."""
+    """Copies to and from one CUDA device on side streams of this object's, ordered
+    against the caller's current stream with events (the host never waits here).
+
+    Two side streams: ``up`` (work before a copy to the host: encoding, the
+    copy) and ``down`` (a copy to the device and what decodes it), so a pull
+    landing never queues behind a push still waiting for its gradients, and
+    the two directions use both copy engines.
+    """
 
     def __init__(self, device: torch.device) -> None:
         import torch
 
         self.torch = torch
         self.device = device
-        self.stream = torch.cuda.Stream(device)
+        self.up = torch.cuda.Stream(device)
+        self.down = torch.cuda.Stream(device)
 
     def _current(self) -> Any:
         return self.torch.cuda.current_stream(self.device)
@@ -163,15 +170,17 @@ class CudaCopies:
         return ev
 
     @contextlib.contextmanager
-    def side(self, after: Ready = DONE) -> Iterator[None]:
-        """Run the block's device work on the side stream, after ``after``."""
+    def side(self, after: Ready = DONE, *, down: bool = False) -> Iterator[None]:
+        """Run the block's device work on a side stream (``down``: the one landing
+        copies to the device), after ``after``."""
+        s = self.down if down else self.up
         if after is not DONE:
-            self.stream.wait_event(after)  # type: ignore[arg-type]
-        with self.torch.cuda.stream(self.stream):
+            s.wait_event(after)  # type: ignore[arg-type]
+        with self.torch.cuda.stream(s):
             yield
 
     def to_host(self, src: torch.Tensor, dst: torch.Tensor) -> Ready:
-        s = self.stream
+        s = self.up
         if self._current() != s:
             s.wait_stream(self._current())
         with self.torch.cuda.stream(s):
@@ -182,7 +191,7 @@ class CudaCopies:
         return ev
 
     def to_device(self, src: torch.Tensor, dst: torch.Tensor) -> Ready:
-        s, cur = self.stream, self._current()
+        s, cur = self.down, self._current()
         if cur != s:
             s.wait_stream(cur)  # dst may still be read by earlier work there
         with self.torch.cuda.stream(s):
@@ -209,7 +218,7 @@ _cuda_lock = threading.Lock()
 
 
 def copies_for(t: torch.Tensor) -> CpuCopies | CudaCopies:
-    """The copies of ``t``'s device (one side stream per CUDA device, per process)."""
+    """The copies of ``t``'s device (one pair of side streams per CUDA device, per process)."""
     if t.device.type == "cpu":
         return _CPU
     if t.device.type != "cuda":

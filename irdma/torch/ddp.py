@@ -115,12 +115,12 @@ def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.F
         # On the reducer's thread; DDP leaves the bucket alone until fut completes.
         try:
             (total,) = reduced.result()
-            with copies.side():
+            with copies.side(down=True):
                 buffer.copy_(total)
         except Exception as exc:
             fut.set_exception(exc)
             return
-        with copies.side():
+        with copies.side(down=True):
             fut.set_result(buffer)
 
     done.add_done_callback(finish)

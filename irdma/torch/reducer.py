@@ -340,7 +340,7 @@ class Reducer:
                 try:
                     assert j.copies is not None
                     device = j.tensors[0].device
-                    with j.copies.side():  # to the device and decoded on the side stream
+                    with j.copies.side(down=True):  # to the device, decoded there
                         total = decode_dense(
                             j.compression, got[j.name], self.size, j.average, device
                         )
@@ -388,7 +388,7 @@ class Reducer:
         self._count(received=sum(a.nbytes for a in got.values()))
         rows = [unpack_pairs(row if r == me else got[f"{slot}/{r}"], counts) for r in range(size)]
         out = []
-        with job.copies.side():
+        with job.copies.side(down=True):
             for i, t in enumerate(job.tensors):
                 total = sum_pairs([rows[r][i] for r in range(size)], t.numel(), t.device)
                 if job.average:
