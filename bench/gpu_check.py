@@ -228,6 +228,14 @@ def other_cases(config: str, device: str, failures: list[str]) -> None:
             landing = CudaArray(torch.empty_like(y))
             c.read("gpucheck/cai", out=landing)
             check("__cuda_array_interface__", torch.equal(landing.t, y))
+        from irdma.collectives import Group
+
+        g = Group(c, "gpucheck-group", rank=0, world_size=1)
+        z = torch.randn(300, 7, device=device)
+        landed = torch.empty_like(z)
+        g.allreduce(z, out=landed)
+        check("allreduce of a device tensor into one", torch.equal(landed, z))
+        g.close()
         model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.BatchNorm1d(1024))
         model.to(device)
         push_state_dict(c, "gpucheck/state", model)

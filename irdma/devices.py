@@ -322,6 +322,17 @@ class Transfers:
 
         return cpu_view(host), land
 
+    def put(self, out: Any, array: np.ndarray) -> Any:
+        """Copy a host ``array`` into tensor ``out`` (same shape and dtype); return ``out``."""
+        host, land = self.sink(out)
+        if host.shape != array.shape or host.dtype != array.dtype:
+            raise ValueError(
+                f"out has shape {tuple(host.shape)} and dtype {host.dtype}; the result "
+                f"has shape {array.shape} and dtype {array.dtype}"
+            )
+        np.copyto(host, array)
+        return out if land is None else land()
+
     def _keep(self, ready: Ready, host: Any) -> None:
         """Hold ``host`` until the copy from it is done (it may be queued on a stream)."""
         if ready is DONE:

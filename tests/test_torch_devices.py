@@ -21,6 +21,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (the 'torch' extra)")
 
 from irdma import Client  # noqa: E402
+from irdma.collectives import Group  # noqa: E402
 from irdma.devices import DONE, CpuCopies, Transfers, copies_for, is_device_array  # noqa: E402
 from irdma.errors import DtypeMismatch, ShapeMismatch  # noqa: E402
 from irdma.torch import (  # noqa: E402
@@ -339,3 +340,33 @@ with Client({str(cluster.config_path)!r}) as c:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert "DLPackOnly (a device array) needs torch" in got.stdout, got.stdout + got.stderr
+
+
+def test_collectives_take_tensors_and_land_results_in_them(cluster: Cluster) -> None:
+    name = uniq("group").replace("/", "-")
+
+    def work(rank: int, c: Client) -> dict[str, object]:
+        g = Group(c, name, rank=rank, world_size=2)
+        mine = torch.arange(12, dtype=torch.float32).reshape(3, 4) * (rank + 1)
+        summed = g.allreduce(mine)
+        out = torch.zeros(4, 3 * 2)[:, ::2].t()  # a strided (3, 4) view
+        meaned = g.allreduce(mine.t().contiguous().t(), "mean", out=out)
+        bf = g.broadcast(
+            torch.full((5,), 1.5 + rank, dtype=torch.bfloat16) if rank == 1 else None, 1
+        )
+        into = torch.empty(2, 3, dtype=torch.int64)
+        gathered = g.gather(torch.full((3,), rank, dtype=torch.int64), 0, out=into)
+        g.close()
+        return {"sum": summed, "mean": meaned, "out": out, "bf": bf, "gathered": gathered}
+
+    got = two_workers(cluster, work)
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for rank, r in enumerate(got):
+        assert isinstance(r, dict)
+        assert np.array_equal(r["sum"], base * 3)
+        assert r["mean"] is r["out"] and torch.equal(r["out"], torch.from_numpy(base * 1.5))
+        assert to_numpy(torch.full((5,), 2.5, dtype=torch.bfloat16)).tobytes() == r["bf"].tobytes()
+        if rank == 0:
+            assert torch.equal(r["gathered"], torch.tensor([[0, 0, 0], [1, 1, 1]]))
+        else:
+            assert r["gathered"] is None
