@@ -76,14 +76,19 @@ def is_tensor(obj: Any) -> bool:
 
 
 def is_device_array(obj: Any) -> bool:
-    """Whether ``obj`` needs ``Transfers``: a torch tensor, or a non-numpy array offering
-    ``__cuda_array_interface__`` or DLPack."""
+    """Whether ``obj`` needs ``Transfers``: a torch tensor, or an array offering
+    ``__cuda_array_interface__``, or DLPack and nothing numpy reads (an object numpy
+    converts itself, a JAX CPU array say, is left to numpy as before)."""
     if isinstance(obj, np.ndarray | bytes | bytearray | memoryview):
         return False
     return (
         is_tensor(obj)
         or hasattr(obj, "__cuda_array_interface__")
-        or (hasattr(obj, "__dlpack__") and not hasattr(obj, "__array_interface__"))
+        or (
+            hasattr(obj, "__dlpack__")
+            and not hasattr(obj, "__array_interface__")
+            and not hasattr(obj, "__array__")
+        )
     )
 
 

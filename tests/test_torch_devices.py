@@ -370,3 +370,20 @@ def test_collectives_take_tensors_and_land_results_in_them(cluster: Cluster) -> 
             assert torch.equal(r["gathered"], torch.tensor([[0, 0, 0], [1, 1, 1]]))
         else:
             assert r["gathered"] is None
+
+
+class DLPackAndArray(DLPackOnly):
+    """DLPack and ``__array__`` (as a JAX CPU array): numpy converts it, as before."""
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        return self._t.numpy()
+
+
+def test_an_array_numpy_converts_itself_is_left_to_numpy(client: Client) -> None:
+    t = sample(torch.float32, (4, 4), seed=7)
+    obj = DLPackAndArray(t)
+    assert not is_device_array(obj)
+    assert Transfers(None).source(obj) is obj
+    name = uniq("array")
+    client.write(name, obj)
+    assert np.array_equal(client.read(name), t.numpy())
