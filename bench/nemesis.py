@@ -44,6 +44,9 @@ def main() -> int:
     parser.add_argument(
         "--asymmetric", action="store_true", help="also break links between two daemons"
     )
+    parser.add_argument(
+        "--busy", type=int, default=0, help="processes spinning on the CPU while clients run"
+    )
     parser.add_argument("--dir", type=Path, default=None, help="where the run's files go")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = parser.parse_args()
@@ -59,6 +62,7 @@ def main() -> int:
         clients=args.clients,
         kinds=kinds,
         think=args.think,
+        busy=args.busy,
     )
     print(f"nemesis: seed {seed}, {args.minutes:g} min, files in {workdir}", flush=True)
     remove_stale()

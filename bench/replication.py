@@ -58,9 +58,12 @@ ME = str(Path(__file__).resolve())
 
 
 def worker(args: argparse.Namespace) -> None:
-    """Throughput of one op on one tensor, through ``AsyncClient``: it asks every daemon
-    at once, so the figure is the cluster's aggregate. (The blocking ``Client`` sends a
-    call's shards one after another since 93941e1, docs/performance.md.)"""
+    """Throughput of one op on one tensor, through ``AsyncClient`` or (``--api blocking``)
+    the blocking ``Client``: both ask every daemon at once, so the figure is the
+    cluster's aggregate."""
+    if args.api == "blocking" and args.op in ("read", "write", "accumulate"):
+        print(json.dumps(blocking_worker(args)))
+        return
     import trio
 
     from irdma import AsyncClient
@@ -94,6 +97,28 @@ def worker(args: argparse.Namespace) -> None:
             return {"mbps": size / statistics.median(times) / 1e6}
 
     print(json.dumps(trio.run(run)))
+
+
+def blocking_worker(args: argparse.Namespace) -> dict:
+    """``worker``'s measurement through the blocking ``Client``."""
+    from irdma import Client
+
+    size = parse_size(args.size)
+    with Client(args.config) as client:
+        arr = np.random.default_rng(1).random(size // 8)
+        client.write("bench/t", arr, replace=True)
+        out = np.empty_like(arr)
+        times = []
+        for _ in range(args.rounds):
+            t = time.perf_counter()
+            if args.op == "read":
+                client.read("bench/t", out=out)
+            elif args.op == "write":
+                client.write("bench/t", arr)
+            else:
+                client.accumulate("bench/t", arr)
+            times.append(time.perf_counter() - t)
+    return {"mbps": size / statistics.median(times) / 1e6}
 
 
 def wait_join(args: argparse.Namespace) -> None:
@@ -231,6 +256,7 @@ def main() -> None:
     parser.add_argument("--shard-size", default="1MiB")
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--node")
+    parser.add_argument("--api", choices=("async", "blocking"), default="async")
     parser.add_argument(
         "--parts", default="1,2,3,4", help="which measurements (1: scaling ... 4: join)"
     )
@@ -274,13 +300,18 @@ def main() -> None:
 def read_scaling(
     net: Network, hosts: list[str], tmp: Path, shard: int, args: argparse.Namespace, full: bool
 ) -> dict:
-    """Read rates of 1, 2 and 4 daemons with one and two copies (only 1/1 unless ``full``)."""
+    """Read rates of 1, 2 and 4 daemons with one and two copies (only 1/1 unless ``full``),
+    through ``AsyncClient`` and (``full``) through the blocking ``Client``."""
     scaling: dict[str, float] = {}
+    blocking: dict[str, float] = {}
     balance: dict[str, float] = {}
     for n, r in ((1, 1), (2, 1), (4, 1), (2, 2), (4, 2)) if full else ((1, 1),):
         c = Cluster(net, hosts[:n], r, tmp / f"s{n}-{r}", shard)
         try:
             scaling[f"{n}/{r}"] = c.run("read", size=args.size, rounds=args.rounds)["mbps"]
+            if full:
+                got = c.run("read", size=args.size, rounds=args.rounds, api="blocking")
+                blocking[f"{n}/{r}"] = got["mbps"]
             # With one copy, the daemon with the most shards sets the pace.
             count = parse_size(args.size) // shard
             per = [0] * n
@@ -290,11 +321,18 @@ def read_scaling(
         finally:
             c.stop()
     one = scaling["1/1"]
-    return {
+    result = {
         "read_mbps": scaling,
         "placement_balance": balance,
         "read_scaling": {k: v / (int(k.split("/")[0]) * one) for k, v in scaling.items()},
     }
+    if blocking:
+        one = blocking["1/1"]
+        result["blocking_read_mbps"] = blocking
+        result["blocking_read_scaling"] = {
+            k: v / (int(k.split("/")[0]) * one) for k, v in blocking.items()
+        }
+    return result
 
 
 def join(
@@ -374,13 +412,18 @@ def report(results: dict, args: argparse.Namespace) -> None:
     one = results["iperf3_one_link_mbps"]
     print(f"links shaped to {args.rate}; iperf3 through one link: {one:.0f} MB/s")
     if "read_scaling" in results and len(results["read_mbps"]) > 1:
-        print(f"{'daemons':>8} {'copies':>7} {'read MB/s':>10} {'/ (N x one)':>12} "
-              f"{'/ (N x iperf3)':>15} {'placement balance':>18}")  # fmt: skip
+        print("reads through AsyncClient and through the blocking Client, each against "
+              "N x its own one-daemon rate")  # fmt: skip
+        print(f"{'daemons':>8} {'copies':>7} {'async MB/s':>11} {'/ (N x one)':>12} "
+              f"{'Client MB/s':>12} {'/ (N x one)':>12} "
+              f"{'async / (N x iperf3)':>21} {'placement balance':>18}")  # fmt: skip
         for k, v in results["read_mbps"].items():
             n, r = (int(x) for x in k.split("/"))
             bal = results["placement_balance"][k]
-            print(f"{n:>8} {r:>7} {v:>10.0f} {results['read_scaling'][k]:>12.2f} "
-                  f"{v / (n * one):>15.2f} {bal:>18.2f}")  # fmt: skip
+            b = results["blocking_read_mbps"][k]
+            print(f"{n:>8} {r:>7} {v:>11.0f} {results['read_scaling'][k]:>12.2f} "
+                  f"{b:>12.0f} {results['blocking_read_scaling'][k]:>12.2f} "
+                  f"{v / (n * one):>21.2f} {bal:>18.2f}")  # fmt: skip
     if "r1_mbps" in results:
         print(f"\n{'op':>12} {'R=1 MB/s':>10} {'R=2 MB/s':>10} {'R=2 / R=1':>10}")
         for op in results["r1_mbps"]:

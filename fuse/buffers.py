@@ -71,7 +71,7 @@ class BufferPool:
             fits = size <= len(a) <= 2 * size and (best is None or len(a) < len(best))
             if fits and sys.getrefcount(a) == _POOL_REFS and self.holds_shared(a) == shared:
                 best = a
-        if best is not None and shared and self.shared.in_doubt(best):  # type: ignore[union-attr]
+        if best is not None and shared and self.shared is not None and self.shared.in_doubt(best):
             self._drop(best)  # a daemon may still read it: never reused
             best = None
         if best is None:

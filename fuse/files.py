@@ -206,10 +206,10 @@ class FileBuffer:
     def read(self, off: int, size: int) -> memoryview:
         # pyfuse3 copies the reply to the kernel before anything can change
         # the buffer again, so a view is enough.
-        return memoryview(self._a[off : min(off + size, self.length)])
+        return self._a[off : min(off + size, self.length)].data
 
     def view(self) -> memoryview:
-        return memoryview(self._a[: self.length])
+        return self._a[: self.length].data
 
 
 @dataclass(eq=False)
@@ -245,7 +245,7 @@ class Handle:
         if self.buf is not None:
             return self.buf.read(off, size)
         assert self.snapshot is not None and self.snapshot.data is not None
-        return memoryview(self.snapshot.data[off : off + size])
+        return self.snapshot.data[off : off + size].data
 
     def size(self) -> int:
         if self.buf is not None:

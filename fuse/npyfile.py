@@ -117,5 +117,5 @@ def parse_npy(data: bytes | bytearray | memoryview, *, zero_fill: bool = False) 
     if len(body) < layout.nbytes:
         full = np.zeros(layout.nbytes, dtype=np.uint8)
         full[: len(body)] = np.frombuffer(body, dtype=np.uint8)
-        body = memoryview(full)
+        body = full.data
     return np.frombuffer(body, dtype=layout.dtype).reshape(layout.shape)

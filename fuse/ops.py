@@ -15,9 +15,9 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 import pyfuse3
@@ -48,7 +48,8 @@ from .paths import DIR_MARKER, NPY, Kind, Target
 from .snapshot import Snapshot
 
 log = logging.getLogger("irdma.fuse")
-F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 XATTR_PREFIX = "user.irdma."
 WORKER_DIR_TIMEOUT = 300.0
@@ -86,11 +87,11 @@ def errno_for(exc: BaseException) -> int:
     return errno.EIO
 
 
-def fuse_errors(fn: F) -> F:
+def fuse_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
     """Translate irdma errors raised by a handler into FUSEError(errno), logging I/O errors."""
 
     @functools.wraps(fn)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
@@ -109,7 +110,7 @@ def fuse_errors(fn: F) -> F:
             log.exception("%s: internal error, answered EIO: %s", fn.__name__, exc)
             raise pyfuse3.FUSEError(errno.EIO) from exc
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 @dataclass
@@ -376,8 +377,7 @@ class IrdmaOperations(pyfuse3.Operations):
         # the daemons.
         now = time.monotonic()
         cached = self._open_attrs.get(path)
-        fresh = cached is not None and now - cached[0] < OPEN_ATTR_REUSE
-        if fresh and self._only_readers(path):
+        if cached is not None and now - cached[0] < OPEN_ATTR_REUSE and self._only_readers(path):
             return cached[1]
         attrs = self._attrs(await self.resolve(path))
         if self._only_readers(path):
@@ -654,12 +654,13 @@ class IrdmaOperations(pyfuse3.Operations):
         )
         fi = self._file_info(handle, flags)
         snap = handle.snapshot
-        if snap is not None and not snap.started and not fi.keep_cache:
+        info = handle.info  # set wherever a snapshot is
+        if snap is not None and not snap.started and not fi.keep_cache and info is not None:
             # Every read of this open reaches us: fix its content now, at open
             # (close-to-open), not at a first read that may come after an update;
             # reads are answered as the chunks they need arrive. Opens the page
             # cache already serves start only if a read reaches us.
-            self._stream_in(snap, handle.target, handle.info)
+            self._stream_in(snap, handle.target, info)
         return fi
 
     @fuse_errors
@@ -675,7 +676,9 @@ class IrdmaOperations(pyfuse3.Operations):
         if t.kind != Kind.DIR:  # .shards entries cannot be created
             raise pyfuse3.FUSEError(errno.EPERM)
         parent = path.rpartition("/")[0]
-        if not await self._dir_exists(paths.parse(parent).name if parent else ""):
+        above = paths.parse(parent)  # a directory: the parent of a DIR path ('' the root)
+        assert above is not None
+        if not await self._dir_exists(above.name):
             raise pyfuse3.FUSEError(errno.ENOENT)
         target = paths.file_candidates(path)[0]  # .npy: typed; anything else: raw bytes
         handle = Handle(

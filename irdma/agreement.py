@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
 from .errors import StampGone, StampPending, TornRead
@@ -105,7 +106,7 @@ async def agree(
         behind = [i for i, s in enumerate(served) if s.stamp in superseded]
         if behind and chased < AGREE_CHASE:
             chased += 1
-            again = await run.gather([lambda i=i: now_(i) for i in behind])
+            again = await run.gather([partial(now_, i) for i in behind])
             if again == [served[i] for i in behind]:
                 await run.sleep(AGREE_PAUSE * chased)  # the writer is not there yet
             _record(served, behind, again)
@@ -113,14 +114,14 @@ async def agree(
         kept = {t for t in stamps if all(t in (s.stamp, s.prev) for s in served)}
         for target in sorted(stamps, key=lambda t: (t not in kept, -stamps[t])):
             redo = [i for i, s in enumerate(served) if s.stamp != target]
-            got = await run.gather([lambda i=i, t=target: at(i, t) for i in redo])
+            got = await run.gather([partial(at, i, target) for i in redo])
             _record(served, redo, got)
             if all(s.stamp == target for s in served):
                 return served
         # No write to be had whole from these: look at every piece again.
         stuck += 1
         everything = list(range(len(pieces)))
-        _record(served, everything, await run.gather([lambda i=i: now_(i) for i in everything]))
+        _record(served, everything, await run.gather([partial(now_, i) for i in everything]))
     raise TornRead(
         f"tensor {name!r}: its shards kept coming from different whole-tensor "
         "writes (rewritten faster than it can be read, or a writer stopped half-way "
@@ -148,7 +149,7 @@ async def settle_at(
     pause = 0
     while redo:
         try:
-            got = await run.gather([lambda i=i: from_copy(i) for i in redo])
+            got = await run.gather([partial(from_copy, i) for i in redo])
         except StampGone:
             raise TornRead(
                 f"tensor {name!r} was rewritten twice while it was being read: "

@@ -49,7 +49,7 @@ class Batches:
         router: Router,
         request: Callable[[Node, Header, Sequence[Buffer], Sink | None], Awaitable[Reply]],
         gather: Callable[[Iterable[Callable[[], Any]]], Awaitable[list[Any]]],
-        forget_meta: Callable[[str], None],
+        forget_meta: Callable[[str], object],
     ) -> None:
         self.router = router
         self.request = request
@@ -130,7 +130,7 @@ class Batches:
             else:
                 length = len(head) + sum(len(v) for v in views)
                 hdr = UpdateBatch(op, len(entries), wire, wid, step, txn).frame(length)
-                reply = await self.request(node, hdr, [head, *views])
+                reply = await self.request(node, hdr, [head, *views], None)
                 answers = unpack_entries(reply.data, len(entries))
         except (DaemonUnavailable, DaemonError) as exc:
             if not self.router.replicated or (

@@ -8,6 +8,7 @@ revalidated when a daemon says the layout changed or the tensor is gone.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import os
@@ -77,19 +78,23 @@ from .sinks import IntoSink
 from .sizes import PARALLEL_COPY_MIN
 from .transport.base import (
     Buffer,
-    Connection,
     Reply,
     Sink,
     StreamBroken,
     StreamClosed,
     StreamTimeout,
 )
+from .transport.blocking import BlockingConnection
 from .transport.direct import Copier
 from .transport.select import forced_transport, may_use_rdma
 from .transport.shared import SharedRegion
+from .transport.tcp import FramedConnection
 
 Progress = Callable[[int], None]
 T = TypeVar("T")
+# A daemon connection as the shells open them: TrioShell's (tcp, shm, rdma) or
+# BlockingShell's (the calling thread's tcp or shm).
+Conn = FramedConnection | BlockingConnection
 
 # Salted keys a new tensor's name may take when renamed tensors hold its own
 # (each is one more round of creates; a name needs one only while a tensor
@@ -167,7 +172,7 @@ def shared_region(value: int | str | SharedRegion | None) -> SharedRegion | None
 
 
 def _byte_view(arr: np.ndarray) -> memoryview:
-    return memoryview(arr.reshape(-1).view(np.uint8))
+    return arr.reshape(-1).view(np.uint8).data
 
 
 def _epoch_rerouted(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -234,7 +239,7 @@ class AsyncClient:
             self.timeout,
             self._request,
             lambda: self._now(),
-            lambda seconds: self._shell.sleep(seconds),
+            lambda seconds: self._running.sleep(seconds),
         )
         self._batches = Batches(
             self._router, self._request, self._gather, lambda name: self._meta.pop(name, None)
@@ -242,14 +247,15 @@ class AsyncClient:
         # How reads of several shards are made to agree on one whole-tensor write.
         self._runner = Runner(
             self._gather,
-            lambda seconds: self._shell.sleep(seconds),
+            lambda seconds: self._running.sleep(seconds),
             lambda: self._now(),
             self.timeout,
         )
 
     async def __aenter__(self) -> AsyncClient:
-        if self.needs_epoch:
-            self.config.adopt(await current_epoch(self.config.etcd, self.timeout))  # type: ignore[arg-type]
+        etcd = self.config.etcd
+        if etcd is not None and self.needs_epoch:
+            self.config.adopt(await current_epoch(etcd, self.timeout))
         self._stack = contextlib.AsyncExitStack()
         nursery = await self._stack.enter_async_context(trio.open_nursery())
         self._shell = TrioShell(self, nursery)
@@ -279,11 +285,18 @@ class AsyncClient:
     # -- connections and requests --------------------------------------------
 
     @property
-    def _conns(self) -> dict[str, Connection]:
+    def _conns(self) -> dict[str, Conn]:
         """Open connections by daemon name (the calling thread's, for ``Client``)."""
         return self._shell.conns if self._shell is not None else {}
 
-    async def _connection(self, node: Node) -> Connection:
+    @property
+    def _running(self) -> Shell:
+        """The shell requests run in; ClientClosed outside ``async with``."""
+        if self._shell is None:
+            raise ClientClosed("client is closed (use it inside 'async with')")
+        return self._shell
+
+    async def _connection(self, node: Node) -> Conn:
         if self._closed or self._shell is None:
             raise ClientClosed("client is closed (use it inside 'async with')")
         return await self._shell.connection(node)
@@ -372,11 +385,11 @@ class AsyncClient:
             except StaleEpoch:
                 if self._now() >= deadline:
                     raise
-                await self._shell.sleep(0.05)  # a daemon behind the epoch catches up
+                await self._running.sleep(0.05)  # a daemon behind the epoch catches up
 
     async def _gather(self, calls: Iterable[Callable[[], Any]]) -> list[Any]:
         """Run calls concurrently; return results in order, or raise the first error."""
-        return await self._shell.gather(list(calls))
+        return await self._running.gather(list(calls))
 
     def _nodes_holding(self, meta: TensorMeta) -> list[Node]:
         """The daemons that keep a copy of some shard (in a move under way, too)."""
@@ -501,7 +514,7 @@ class AsyncClient:
                 raise DaemonUnavailable("cluster", "", "no replica of the tensor answered")
         except BaseException:
             # All or nothing: remove what this call created.
-            with self._shell.shielded():
+            with self._running.shielded():
                 for node in created_on:
                     with contextlib.suppress(Exception):
                         await self._request(node, *_delete_frame(meta.key, name))
@@ -833,7 +846,7 @@ class AsyncClient:
         step: int = 0,
         wire: int = 0,
         at: int = 0,
-    ) -> list[Served]:
+    ) -> builtins.list[Served]:
         """Move ``buf`` to or from bytes at ``offset`` of a tensor; return each piece's answer.
 
         ``worker`` and ``step`` name a training worker's step (see ``irdma.modes``).
@@ -952,10 +965,11 @@ class AsyncClient:
         if len(pieces) == 1:  # most small requests: no fan-out to set up
             served = [await one(pieces[0])]
         else:
-            served = await self._gather(partial(_refusal_kept, one, p) for p in pieces)
-            refused = [s for s in served if isinstance(s, DaemonError)]
+            kept = await self._gather(partial(_refusal_kept, one, p) for p in pieces)
+            refused = [s for s in kept if isinstance(s, DaemonError)]
             if refused:
                 raise refused[0]
+            served = kept
         if stamp:
             # Read-your-writes for the whole write, and the floor for reads of
             # kept copies of older writes (with one replica too).
@@ -983,18 +997,25 @@ class AsyncClient:
         return not self.replicated and Mode.from_options(meta.options).kind == "async"
 
     async def _copy_direct(
-        self, meta: TensorMeta, pieces: list[Piece], buf: memoryview, choice: dict[int, list[Node]]
+        self,
+        meta: TensorMeta,
+        pieces: builtins.list[Piece],
+        buf: memoryview,
+        choice: dict[int, builtins.list[Node]],
     ) -> dict[int, Served]:
         """Copy the pieces that are in same-host arenas on two threads (``Copier``);
         return what each copied piece is, by shard."""
         jobs: list[tuple[int, Callable[[], tuple[int, int, int] | None]]] = []
         for p in pieces:
             found = await self._direct_connection(meta, p, choice.get(p.shard))
-            reader = getattr(found[0].bulk, "directory", None) if found else None
+            if found is None:
+                continue
+            conn, seen = found
+            reader = getattr(conn.bulk, "directory", None)
             if reader is None:
                 continue
             out = np.frombuffer(buf[p.buf_offset : p.buf_offset + p.length], dtype=np.uint8)
-            args = (meta.key, meta.layout, p.shard, p.shard_offset, out, found[1])
+            args = (meta.key, meta.layout, p.shard, p.shard_offset, out, seen)
             jobs.append((p.shard, partial(reader.read, *args)))
         results = self._copier.run([call for _, call in jobs])
         copied = {}
@@ -1004,8 +1025,8 @@ class AsyncClient:
         return copied
 
     async def _direct_connection(
-        self, meta: TensorMeta, p: Piece, choice: list[Node] | None
-    ) -> tuple[Connection, int] | None:
+        self, meta: TensorMeta, p: Piece, choice: builtins.list[Node] | None
+    ) -> tuple[Conn, int] | None:
         """The connection a one-sided read of ``p`` goes over, and the least version the
         shard may have there; None when that daemon cannot be reached or trusted now
         (asked the usual way, the read says what went wrong)."""
@@ -1017,7 +1038,7 @@ class AsyncClient:
         return (conn, seen) if conn.daemon_alive() else None
 
     def _direct_node(
-        self, meta: TensorMeta, shard: int, choice: list[Node] | None = None
+        self, meta: TensorMeta, shard: int, choice: builtins.list[Node] | None = None
     ) -> tuple[Node, int]:
         """The daemon a one-sided read of ``shard`` copies from, and the least version
         the shard may have there: with replicas, the replica the read would ask
@@ -1051,8 +1072,10 @@ class AsyncClient:
                 return None  # the usual read raises it
         node, seen = self._direct_node(meta, 0)
         conn = self._conns.get(node.name)
-        reader = getattr(conn.bulk, "directory", None) if conn is not None else None
-        if reader is None or conn.broken or not conn.daemon_alive():  # type: ignore[union-attr]
+        if conn is None:
+            return None
+        reader = getattr(conn.bulk, "directory", None)
+        if reader is None or conn.broken or not conn.daemon_alive():
             return None
         got = reader.read(meta.key, meta.layout, 0, 0, out.reshape(-1).view(np.uint8), seen)
         if got is None:
@@ -1078,16 +1101,22 @@ class AsyncClient:
         return True
 
     async def _read_direct(
-        self, meta: TensorMeta, p: Piece, view: memoryview, choice: list[Node] | None = None
+        self,
+        meta: TensorMeta,
+        p: Piece,
+        view: memoryview,
+        choice: builtins.list[Node] | None = None,
     ) -> Served | None:
         """One-sided: copy the piece out of its daemon's arena (mapped over shm, or by
         RDMA READ), where the connection's bulk path can. With replicas, from the
         replica the read would ask first (``choice``), no older than this client saw."""
         found = await self._direct_connection(meta, p, choice)
-        read_direct = getattr(found[0].bulk, "read_direct", None) if found else None
-        if read_direct is None:
+        if found is None:
             return None
         conn, seen = found
+        read_direct = getattr(conn.bulk, "read_direct", None)
+        if read_direct is None:
+            return None
         out = np.frombuffer(view, dtype=np.uint8)
         try:
             got = await read_direct(conn, meta.key, meta.layout, p.shard, p.shard_offset, out, seen)
@@ -1117,6 +1146,7 @@ class AsyncClient:
         if is_device_array(out):  # a tensor: read into host memory, then land it there
             host, land = self.transfers.sink(out)
             await self.read(name, host, progress=progress, worker=worker, step=step, wire=wire)
+            assert out is not None  # a tensor, handed back as read() hands back out
             return out if land is None else land()
         code = narrowing.wire_code(wire)
         cached = self._meta.get(name)
@@ -1373,7 +1403,9 @@ class AsyncClient:
         await self._batches.run(Op.ACCUMULATE_BATCH, items, alpha, worker, step, wire=code)
 
 
-async def _refusal_kept(one: Callable[[Piece], Awaitable[Served]], p: Piece) -> Any:
+async def _refusal_kept(
+    one: Callable[[Piece], Awaitable[Served]], p: Piece
+) -> Served | DaemonError:
     """``one(p)``, or the daemon's refusal of it as a value: a refused piece (a stale
     layout, say) must not cancel its siblings, whose connections (shared with
     the client's other calls) a cancelled request would have to drop."""
@@ -1513,9 +1545,10 @@ class _LoopThread:
             raise ClientClosed("client is closed") from None
 
     def close(self) -> None:
-        if self._token is not None and self._thread.is_alive():
+        # _main sets _stop before _token: a token means there is an event to set.
+        if self._token is not None and self._stop is not None and self._thread.is_alive():
             with contextlib.suppress(trio.RunFinishedError):
-                trio.from_thread.run_sync(self._stop.set, trio_token=self._token)  # type: ignore[union-attr]
+                trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
             self._thread.join()
 
 
@@ -1544,8 +1577,9 @@ class Client:
             config, timeout=timeout, transport=transport, shared_memory=shared_memory
         )
         self.config = self._client.config
-        if self._client.needs_epoch:
-            self.config.adopt(trio.run(current_epoch, self.config.etcd, self._client.timeout))
+        etcd = self.config.etcd
+        if etcd is not None and self._client.needs_epoch:
+            self.config.adopt(trio.run(current_epoch, etcd, self._client.timeout))
         self._loop: _LoopThread | None = None
         if may_use_rdma(self.config.nodes, self._client.transport):
             self._loop = _LoopThread(self._client)
@@ -1566,7 +1600,9 @@ class Client:
         else:
             self._client._closed = True
             self._client._copier.close()
-            self._client._shell.close()
+            shell = self._client._shell
+            assert isinstance(shell, BlockingShell)  # set in __init__ where there is no loop
+            shell.close()
 
     def __enter__(self) -> Client:
         return self
@@ -1597,6 +1633,7 @@ class Client:
             if got is not None:
                 if not is_device_array(out):
                     return got
+                assert out is not None  # a tensor
                 return out if land is None else land()
         return self._call(self._client.read, name, out, **kwargs)
 

@@ -212,9 +212,12 @@ class ClusterConfig:
         for name in epoch.names:
             known = self._configured.get(name) or self._by_name.get(name)
             address = epoch.address_of(name)
-            if address is None and known is None:
+            if address is not None:
+                where = Address.parse(address)
+            elif known is not None:
+                where = known.address
+            else:
                 raise ConfigError(f"epoch {epoch.number}: no address for member {name!r}")
-            where = Address.parse(address) if address is not None else known.address  # type: ignore[union-attr]
             if known is not None:
                 nodes.append(replace(known, address=where))
             else:

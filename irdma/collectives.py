@@ -202,6 +202,7 @@ class Group:
         self.barrier()
         if self.rank != root:
             return None
+        assert out is not None  # the root's, made or checked above
         out[root] = arr
         # Each part straight into its row (a view, 0-d parts too): one-sided
         # where it can be, the requests to different daemons in flight

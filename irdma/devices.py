@@ -212,7 +212,7 @@ class CudaCopies:
         are kept from reuse until the current stream is done with them."""
         cur = self._current()
         if ready is not DONE:
-            cur.wait_event(ready)  # type: ignore[arg-type]
+            cur.wait_event(ready)
         for t in tensors:
             t.record_stream(cur)
 

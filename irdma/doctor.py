@@ -474,7 +474,7 @@ def check_memlock(
         pid = pids.get(node.name)
         found = memlock_of(host.proc, pid) if pid else None
         running = found is not None
-        if running:
+        if found is not None:
             whose = f"psd {node.name} (pid {pid})"
         else:
             whose = f"psd {node.name} (not running here: this shell's limit)"
@@ -506,13 +506,13 @@ def _own_memlock() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
-def _size(n: int | None) -> str:
+def _size(n: float | None) -> str:
     if n is None:
         return "unlimited"
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
+        n /= 1024
     return str(n)
 
 

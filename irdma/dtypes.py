@@ -41,8 +41,9 @@ def is_narrow_float(dtype: Any) -> bool:
 _NARROW = frozenset(NARROW_FLOATS.values())
 
 
-def npy_descr(dtype: Any) -> str:
-    """The .npy header's descr for ``dtype``: numpy's, or the name of a narrow float."""
+def npy_descr(dtype: Any) -> str | list[Any]:
+    """The .npy header's descr for ``dtype``: numpy's (a list of fields for a
+    structured dtype), or the name of a narrow float."""
     dt = np.dtype(dtype)
     if dt in _NARROW:
         return dt.name

@@ -21,7 +21,7 @@ from .dtypes import BFLOAT16
 from .protocol import DTYPE_CODES, WIRE_BFLOAT16, WIRE_NAMES
 
 # What each wire code's values are held in on this side (bfloat16: its bits).
-_HOLDERS = {
+_HOLDERS: dict[int, np.dtype] = {
     DTYPE_CODES["float16"]: np.dtype("<f2"),
     DTYPE_CODES["float32"]: np.dtype("<f4"),
     WIRE_BFLOAT16: np.dtype("<u2"),

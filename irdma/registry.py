@@ -29,6 +29,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Literal
 
 import trio
 
@@ -235,7 +236,7 @@ class Registry:
     async def propose(self, epoch: Epoch, after: int) -> bool:
         """Make ``epoch`` current if the record is still at mod revision ``after``
         (0: there is none yet); False if another change came first."""
-        target = "CREATE" if after == 0 else "MOD"
+        target: Literal["CREATE", "MOD"] = "CREATE" if after == 0 else "MOD"
         same = [Compare(self.epoch_key, target, "EQUAL", after)]
         ok, _ = await self.etcd.txn(same, [Put(self.epoch_key, epoch.to_json())])
         return ok

@@ -102,11 +102,11 @@ class Notifier:
         A failed send (manager gone, queue full) is logged, not raised: losing
         a status line must not stop the service.
         """
-        if self._sock is None:
+        if self._sock is None or self._target is None:  # both set, or neither
             return False
         text = "\n".join(f"{k}={_one_line(v)}" for k, v in fields.items())
         try:
-            self._sock.sendto(text.encode(), self._target)  # type: ignore[arg-type]
+            self._sock.sendto(text.encode(), self._target)
         except OSError as exc:
             log.warning("cannot notify the service manager at %s: %s", self.address, exc)
             return False

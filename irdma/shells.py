@@ -9,15 +9,19 @@ all its waiting, timing and concurrency through its shell:
 - ``BlockingShell`` (``Client``): each thread has its own connections and
   runs its requests itself; every wait is a blocking call bounded by the
   client's timeout. Calls that fan out (the shards of a large tensor, one
-  frame per daemon) take turns on the thread's connections: a request
-  yields once its frame is sent (``transport.blocking.Sent``), so the other
-  daemons get theirs before its answer is read, with one request in flight
-  per connection (``Busy``). ``drive`` runs a core coroutine to its end.
+  frame per daemon) take turns on the thread's connections
+  (``take_turns``): a request yields once its frame is sent
+  (``transport.blocking.Sent``), so the other daemons get theirs before its
+  answer is read; one request is in flight per connection (``Busy``); and a
+  request whose socket would block yields a ``Wait``, so one ``poll`` over
+  every waiting socket resumes whichever answer is arriving. ``drive`` runs
+  a core coroutine to its end.
 """
 
 from __future__ import annotations
 
 import contextlib
+import select
 import threading
 import time
 from collections import defaultdict, deque
@@ -28,8 +32,19 @@ import trio
 
 from .cluster import Node
 from .errors import ClientClosed
-from .transport.base import Connection
-from .transport.blocking import BlockingConnection, BlockingWaits, Busy, Sent, _yield
+from .transport.base import Connection, StreamBroken, StreamTimeout
+from .transport.blocking import (
+    BlockingConnection,
+    BlockingWaits,
+    Busy,
+    Nap,
+    Sent,
+    Wait,
+    _yield,
+    fanning,
+    in_fan_out,
+    timed_out,
+)
 from .transport.select import open_blocking_connection, open_connection
 
 if TYPE_CHECKING:
@@ -56,12 +71,17 @@ class Shell(Protocol):
 
 async def gather_under_trio(calls: list[Call]) -> list[Any]:
     """Run calls concurrently; return results in order, or raise the first error
-    (the others are cancelled)."""
-    results: list[Any] = [None] * len(calls)
+    (the others are cancelled).
+
+    Every call either gives its result or raises: one that did neither (a
+    ``Cancelled`` of another task's scope raised in it, which this nursery takes
+    for its own and swallows) is a bug, raised here rather than returned as a
+    missing result.
+    """
     if len(calls) == 1:
-        results[0] = await calls[0]()
-        return results
-    errors: list[BaseException] = []
+        return [await calls[0]()]
+    results: list[Any] = [_UNSET] * len(calls)
+    errors: list[Exception] = []
 
     async def run(i: int, call: Call) -> None:
         try:
@@ -75,7 +95,16 @@ async def gather_under_trio(calls: list[Call]) -> list[Any]:
             nursery.start_soon(run, i, call)
     if errors:
         raise errors[0]
+    missing = [i for i, r in enumerate(results) if r is _UNSET]
+    if missing:
+        raise RuntimeError(
+            f"irdma: calls {missing} of a gather ended with neither a result nor an error "
+            "(a cancellation from another task); please report this as a bug"
+        )
     return results
+
+
+_UNSET = object()  # a gather's result not given yet
 
 
 class TrioShell:
@@ -122,10 +151,22 @@ class TrioShell:
         self.conns.clear()
 
 
+class _Connecting:
+    """One request of this thread making the connection to a node; the others of
+    its fan-out that need that node wait for it (``Busy``) and then look again."""
+
+    def __init__(self) -> None:
+        self.busy = True
+        # Why it failed, for the waiters to raise without trying again (an
+        # Exception: a BaseException is never handed to another request).
+        self.failure: Exception | None = None
+
+
 class _ThreadState(threading.local):
     def __init__(self) -> None:
         self.conns: dict[str, BlockingConnection] = {}
         self.waits: BlockingWaits | None = None
+        self.connecting: dict[str, _Connecting] = {}
 
 
 class BlockingShell:
@@ -152,7 +193,10 @@ class BlockingShell:
         return self._thread.conns
 
     async def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
+        if in_fan_out():  # the call's other requests go on meanwhile
+            await _yield(Nap(time.monotonic() + seconds))
+        else:
+            time.sleep(seconds)
 
     def shielded(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()  # nothing cancels a blocking call from outside
@@ -166,13 +210,40 @@ class BlockingShell:
         return await take_turns(calls)
 
     async def connection(self, node: Node) -> BlockingConnection:
+        """This thread's connection to ``node``, made if it has none that works.
+
+        One request at a time makes it (``_Connecting``, the node's lock): the
+        others of the fan-out that need it wait, then use the one it made, or
+        raise what made it fail; a working connection is never replaced."""
         if self.closed:
             raise ClientClosed("client is closed")
         state = self._thread
         conn = state.conns.get(node.name)
-        if conn is None or conn.broken:
-            conn = state.conns[node.name] = await self._open(node)
-        return conn
+        if conn is not None and not conn.broken:
+            return conn
+        connecting = state.connecting.get(node.name)
+        if connecting is not None:
+            while connecting.busy:
+                await _yield(Busy(connecting))
+            conn = state.conns.get(node.name)
+            if conn is not None and not conn.broken:
+                return conn
+            again = _again(connecting.failure)
+            if again is not None:
+                raise again
+            # It was made and broke since, or failed in a way to see for oneself.
+            return await self.connection(node)
+        connecting = state.connecting[node.name] = _Connecting()
+        try:
+            conn = await self._open(node)
+            state.conns[node.name] = conn
+            return conn
+        except Exception as exc:
+            connecting.failure = exc
+            raise
+        finally:
+            connecting.busy = False
+            del state.connecting[node.name]
 
     async def _open(self, node: Node) -> BlockingConnection:
         c = self.client
@@ -197,58 +268,135 @@ class BlockingShell:
             self._all.clear()
 
 
-async def take_turns(calls: list[Call]) -> list[Any]:
-    """Run coroutines in this thread: each runs until it has sent a request
-    (``Sent``) or finds its connection held by another (``Busy``). When none
-    can go on, the oldest pending answer is read (blocking, bounded by the
-    client's timeout) and one waiter for that connection goes next.
+def _again(failure: Exception | None) -> Exception | None:
+    """What a request waiting for another's connect raises when the daemon could not
+    be reached: the same kind of error, new (each request raises its own). None
+    for anything else (a refused secret, say): the waiter connects itself."""
+    if isinstance(failure, StreamTimeout):
+        return StreamTimeout(str(failure))
+    if isinstance(failure, StreamBroken):
+        return StreamBroken(str(failure))
+    return None
 
-    So this never waits for ever, as an earlier fan-out under ``trio.run``
-    with lent sockets could when a daemon was killed mid-call. A fan-out
-    inside a call of another passes a wait for a connection held outside it
-    to the enclosing one.
+
+class _Turns:
+    """The requests of one fan-out and what each waits for (see ``take_turns``)."""
+
+    def __init__(self) -> None:
+        # Each entry: (index, coroutine, an exception to throw in or None).
+        self.ready: deque[tuple[int, Any, Exception | None]] = deque()
+        self.held: dict[Any, deque[tuple[int, Any]]] = {}  # Busy, by what is held
+        self.sockets: dict[int, list[tuple[int, Any, Wait]]] = {}  # Wait, by fd
+        self.naps: list[tuple[float, int, Any]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.ready or self.held or self.sockets or self.naps)
+
+    def park(self, i: int, coro: Any, token: object) -> None:
+        if isinstance(token, Sent):
+            self.ready.append((i, coro, None))  # the others send before its answer is read
+        elif isinstance(token, Busy):
+            self.held.setdefault(token.conn, deque()).append((i, coro))
+        elif isinstance(token, Wait):
+            if token.fd < 0:  # closed under it: its next system call says so
+                self.ready.append((i, coro, None))
+            else:
+                self.sockets.setdefault(token.fd, []).append((i, coro, token))
+        elif isinstance(token, Nap):
+            self.naps.append((token.until, i, coro))
+        else:
+            coro.close()
+            raise RuntimeError(f"a blocking irdma call yielded {token!r}; please report this")
+
+    def let_go(self) -> None:
+        """Whoever waits for something no longer held goes next, before the rest."""
+        for what in [w for w in self.held if not w.busy]:
+            queue = self.held[what]
+            self.ready.appendleft((*queue.popleft(), None))
+            if not queue:
+                del self.held[what]
+
+    def poll(self) -> None:
+        """Wait for any socket a request waits on, or the first deadline or nap's end;
+        make ready whoever may go on (past its deadline: with ``StreamTimeout``)."""
+        ends = [w.deadline for waits in self.sockets.values() for _, _, w in waits]
+        ends += [until for until, _, _ in self.naps]
+        wait_s = max(0.0, min(ends) - time.monotonic())
+        poller = select.poll()
+        for fd, waits in self.sockets.items():
+            events = 0
+            for _, _, w in waits:
+                events |= w.events
+            poller.register(fd, events)
+        for fd, _ in poller.poll(wait_s * 1000):
+            for i, coro, _ in self.sockets.pop(fd):
+                self.ready.append((i, coro, None))
+        now = time.monotonic()
+        for fd in [fd for fd, waits in self.sockets.items() if waits[0][2].deadline <= now]:
+            for i, coro, w in self.sockets.pop(fd):
+                self.ready.append((i, coro, timed_out(w.timeout)))
+        naps = []
+        for until, i, coro in self.naps:
+            if until <= now:
+                self.ready.append((i, coro, None))
+            else:
+                naps.append((until, i, coro))
+        self.naps = naps
+
+    def coroutines(self) -> list[Any]:
+        return [
+            *(coro for _, coro, _ in self.ready),
+            *(coro for q in self.held.values() for _, coro in q),
+            *(coro for waits in self.sockets.values() for _, coro, _ in waits),
+            *(coro for _, _, coro in self.naps),
+        ]
+
+
+async def take_turns(calls: list[Call]) -> list[Any]:
+    """Run coroutines together in this thread. Each runs until it has sent a request
+    (``Sent``: the others go first, so every daemon has its frame before any
+    answer is read), needs a connection another holds (``Busy``), would block
+    on its socket (``Wait``) or sleeps (``Nap``). When none can go on, one
+    ``poll`` over every waiting socket resumes those ready, so the answers of
+    all the daemons stream in together, each straight into its destination.
+
+    Every wait ends by its deadline (the client's timeout, thrown in as
+    ``StreamTimeout``), so a daemon killed or paused mid-call is an error
+    within the timeout, never a wait for ever. The first error is raised and
+    the unfinished requests are closed (a connection with an answer pending
+    then fails: its answer was never read). A fan-out inside a call of
+    another runs its own turns and passes a wait for a connection held
+    outside it to the enclosing one.
     """
     results: list[Any] = [None] * len(calls)
-    ready: deque[tuple[int, Any]] = deque((i, call()) for i, call in enumerate(calls))
-    holders: dict[BlockingConnection, tuple[int, Any]] = {}  # oldest sent first
-    waiting: dict[BlockingConnection, deque[tuple[int, Any]]] = {}
-    try:
-        while ready or holders or waiting:
-            if ready:
-                i, coro = ready.popleft()
-                try:
-                    token = coro.send(None)
-                except StopIteration as done:
-                    results[i] = done.value
-                    continue
-                if isinstance(token, Sent) and token.conn not in holders:
-                    holders[token.conn] = (i, coro)
-                elif isinstance(token, Busy):
-                    waiting.setdefault(token.conn, deque()).append((i, coro))
+    turns = _Turns()
+    with fanning():
+        try:
+            turns.ready.extend((i, call(), None) for i, call in enumerate(calls))
+            while turns:
+                if turns.ready:
+                    i, coro, exc = turns.ready.popleft()
+                    try:
+                        token = coro.send(None) if exc is None else coro.throw(exc)
+                    except StopIteration as done:
+                        results[i] = done.value
+                    else:
+                        turns.park(i, coro, token)
+                    turns.let_go()
+                elif turns.sockets or turns.naps:
+                    turns.poll()
                 else:
-                    raise RuntimeError(
-                        f"a blocking irdma call yielded {token!r}; please report this"
-                    )
-            elif holders:
-                conn = next(iter(holders))
-                ready.append(holders.pop(conn))  # reads its answer when resumed
-                queue = waiting.get(conn)
-                if queue:
-                    ready.append(queue.popleft())
-                    if not queue:
-                        del waiting[conn]
-            else:
-                # Only waits: for connections whose holder went on meanwhile, or
-                # that a call outside this fan-out holds (let it go on first).
-                if all(conn.busy for conn in waiting):
-                    await _yield(Busy(next(iter(waiting))))
-                for queue in waiting.values():
-                    ready.extend(queue)
-                waiting.clear()
-    except BaseException:
-        for _, coro in [*ready, *holders.values(), *(w for q in waiting.values() for w in q)]:
-            coro.close()
-        raise
+                    # Only waits for what a call outside this fan-out holds (let it
+                    # go on first), or for what was let go inside a nested one.
+                    if all(what.busy for what in turns.held):
+                        await _yield(Busy(next(iter(turns.held))))
+                    for queue in turns.held.values():
+                        turns.ready.extend((i, coro, None) for i, coro in queue)
+                    turns.held.clear()
+        except BaseException:
+            for coro in turns.coroutines():
+                coro.close()
+            raise
     return results
 
 

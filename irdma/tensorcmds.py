@@ -45,7 +45,11 @@ def progress_bar(total: int, desc: str) -> tuple[Callable[[int], None] | None, C
         leave=False,
         disable=None,
     )
-    return bar.update, bar.close
+
+    def advance(n: int) -> None:
+        bar.update(n)  # its bool (whether it redrew) is of no use to a Progress
+
+    return advance, bar.close
 
 
 def human(n: float) -> str:

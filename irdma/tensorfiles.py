@@ -244,7 +244,7 @@ def _npy_bytes(array: np.ndarray) -> Iterator[bytes | memoryview]:
     if array.nbytes:
         # Not np.ascontiguousarray: it makes a 0-d array 1-d.
         c = array if array.flags.c_contiguous else array.copy(order="C")
-        yield memoryview(c.reshape(-1).view(np.uint8))
+        yield c.reshape(-1).view(np.uint8).data
 
 
 def write_one(path: str, kind: Kind, array: np.ndarray) -> None:
@@ -269,7 +269,9 @@ def write_many(path: str, kind: Kind, arrays: dict[str, np.ndarray]) -> None:
     """Write named arrays to a .npz or .safetensors file."""
     if kind == Kind.NPZ:
         # As numpy.savez lays it out (one NAME.npy member each, stored), with
-        # headers that name bfloat16 and float8.
+        # headers that name bfloat16 and float8. Not np.savez itself: it takes the
+        # names as keyword arguments (a tensor named ``file`` or ``allow_pickle``
+        # would be taken for its own argument) and appends ".npz" to "X.NPZ".
         with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
             for name, array in arrays.items():
                 with z.open(f"{name}.npy", "w", force_zip64=True) as member:

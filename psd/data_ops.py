@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from time import perf_counter
 
+import numpy as np
 import trio
 
 from irdma.cluster import Node
@@ -350,6 +351,7 @@ class DataOps:
         views = []
         blocks: list[Block] = []
         total = len(entries) * ENTRY_SIZE
+        view: np.ndarray | memoryview  # the stored bytes, or new ones narrowed to the wire
         try:
             for e in entries:
                 try:

@@ -194,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trio.run(run_daemon, config, node, store, lifecycle, rdma)
     except* OSError as group:  # binding the address failed
-        exc = group.exceptions[0]
-        reason = getattr(exc, "strerror", None) or exc
+        first = group.exceptions[0]  # not `exc`: that name is unbound after the except above
+        reason = getattr(first, "strerror", None) or first
         print(f"psd: {node.name}: cannot serve on {node.address}: {reason}", file=sys.stderr)
         status = 1
     return status

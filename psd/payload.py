@@ -9,6 +9,8 @@ should. No handler skips bytes by hand.
 
 from __future__ import annotations
 
+import numpy as np
+
 from irdma.protocol.conversation import PayloadLeft
 from irdma.transport.tcp import FramedSocket
 
@@ -23,11 +25,11 @@ class RequestPayload(PayloadLeft):
         super().__init__(length)
         self.stream = stream
 
-    async def read_into(self, view: memoryview | bytearray | object) -> None:
-        """Fill ``view`` (a buffer) with the next bytes of the payload."""
-        n = memoryview(view).nbytes  # type: ignore[arg-type]
-        self.take(n)
-        await self.stream.recv_exactly_into(view)  # type: ignore[arg-type]
+    async def read_into(self, view: np.ndarray) -> None:
+        """Fill ``view`` (an update's landing buffer, a shard copy) with the next bytes
+        of the payload."""
+        self.take(view.nbytes)
+        await self.stream.recv_exactly_into(view.data)
 
     async def read_bytes(self, n: int) -> bytearray:
         """The next ``n`` bytes of the payload."""

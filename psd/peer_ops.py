@@ -95,7 +95,7 @@ class PeerOps:
                 buf = self.store.arena.view(staging, 0, length)
             await conn.payload.read_into(buf)
             self.replicator.check_sender(msg.sender, msg.key, msg.shard, whole=True)
-            self.replicator.install(msg, memoryview(buf))
+            self.replicator.install(msg, buf.data)
         finally:
             if staging is not None:
                 self.store.arena.free(staging)

@@ -115,20 +115,19 @@ class Presence:
         while True:
             try:
                 self.state = await self.registry.state()
-                self._changed()
+                self._changed(self.state)
                 async with self.registry.etcd.watch(
                     self.registry.prefix + b"/", self.state.revision + 1
                 ) as changes:
                     async for events in changes:
                         for e in events:
                             self.state.apply(self.registry, e.kv, deleted=e.kind == "delete")
-                        self._changed()
+                        self._changed(self.state)
             except EtcdError as exc:
                 log.info("%s: watching etcd: %s; again", self.node.name, exc)
                 await trio.sleep(RETRY)
 
-    def _changed(self) -> None:
-        state = self.state
+    def _changed(self, state: ClusterState) -> None:
         self.membership.saw_registered(frozenset(state.members))
         if state.epoch is not None:
             self.replicator.adopt(state.epoch)

@@ -35,7 +35,7 @@ import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import trio
@@ -693,7 +693,7 @@ class Replicator:
     def _budget(self, data: np.ndarray | memoryview) -> float:
         # A peer that is up answers within the failure timeout, plus the time
         # the bytes take at a modest 100 MB/s.
-        return self.config.failure_timeout + memoryview(data).nbytes / 100e6
+        return self.config.failure_timeout + data.nbytes / 100e6
 
     # -- serving peers' catch-up ---------------------------------------------
 
@@ -853,10 +853,8 @@ class Replicator:
                 candidates = [(me, mine.get((key, index)))] + [
                     (n, reports[n][1].get((key, index))) for n in others
                 ]
-                best = max(
-                    (c for c in candidates if c[1] is not None),
-                    key=lambda c: c[1][0],  # type: ignore[index]
-                )
+                have = [(n, r) for n, r in candidates if r is not None]
+                best = max(have, key=lambda c: c[1][0])
                 src, theirs = best
             if src != me and mine.get((key, index)) != theirs:
                 fetch.setdefault(src, []).append((key, index))
@@ -953,7 +951,7 @@ class Replicator:
                 f"{self.node.name} is at epoch {mine}, {asker} at {theirs}; ask again",
             )
 
-    def _is_peer(self, name: Any) -> bool:
+    def _is_peer(self, name: object) -> TypeGuard[str]:
         """Whether a name from a message body is another daemon's (a list is no name)."""
         return isinstance(name, str) and name in self.peers
 

@@ -81,7 +81,9 @@ class ShmSession(StagedMemory):
         self.view = None  # type: ignore[assignment]
         self.shared = None
         for mapping in (self._map, self._shared_map):
-            with contextlib.suppress(BufferError, AttributeError):  # a live view keeps it mapped
+            if mapping is None:  # no shared region
+                continue
+            with contextlib.suppress(BufferError):  # a live view keeps it mapped
                 mapping.close()
 
 

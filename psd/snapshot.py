@@ -45,6 +45,7 @@ training-mode bookkeeping afresh (its data and versions are those of the cut).
 from __future__ import annotations
 
 import contextlib
+import io
 import itertools
 import json
 import logging
@@ -240,7 +241,7 @@ def _write_file(
                     shard_entries = []
                     for s in t.shards:
                         crc = 0
-                        data = memoryview(s.view)
+                        data = s.view.data
                         for start in range(0, s.nbytes, CHUNK):
                             trio.from_thread.check_cancelled()
                             chunk = data[start : start + CHUNK]
@@ -412,7 +413,7 @@ def load_snapshot(store: Store, data_dir: Path) -> SnapshotInfo | None:
     return parsed.info
 
 
-def _parse(f: BinaryIO, path: Path) -> _Parsed:
+def _parse(f: io.FileIO, path: Path) -> _Parsed:
     """Check preamble, trailer, lengths and header checksum; decode and check the header."""
     size = os.fstat(f.fileno()).st_size
     if size == 0:
@@ -558,12 +559,12 @@ def _int(d: dict[str, Any], key: str, what: str, lo: int = 0, hi: int | None = N
 
 def _num(d: dict[str, Any], key: str, what: str) -> float:
     value = d.get(key)
-    if type(value) not in (int, float) or not math.isfinite(value):
+    if (type(value) is not int and type(value) is not float) or not math.isfinite(value):
         raise _Corrupt(f"header: {what}{key!r} must be a finite number, not {value!r}")
     return float(value)
 
 
-def _read_exact(f: BinaryIO, offset: int, n: int) -> bytes:
+def _read_exact(f: io.FileIO, offset: int, n: int) -> bytes:
     f.seek(offset)
     buf = bytearray(n)
     got = _readinto_exact(f, memoryview(buf))
@@ -572,7 +573,7 @@ def _read_exact(f: BinaryIO, offset: int, n: int) -> bytes:
     return bytes(buf)
 
 
-def _readinto_exact(f: BinaryIO, view: memoryview) -> int:
+def _readinto_exact(f: io.FileIO, view: memoryview) -> int:
     """Fill ``view`` from the current position; return how many bytes were there."""
     got = 0
     while got < len(view):
@@ -583,7 +584,7 @@ def _readinto_exact(f: BinaryIO, view: memoryview) -> int:
     return got
 
 
-def _verify_data(f: BinaryIO, parsed: _Parsed) -> None:
+def _verify_data(f: io.FileIO, parsed: _Parsed) -> None:
     """Check every shard's checksum, through one small buffer (nothing changes yet)."""
     buf = memoryview(bytearray(VERIFY_BUFFER))
     entries = [(s, t.meta.name) for t in parsed.tensors for s in t.shards]
@@ -623,7 +624,7 @@ def _move_aside(path: Path, problem: str) -> SnapshotError:
     return SnapshotError(f"snapshot {kept} (moved aside from {path.name}) is corrupt: {problem}")
 
 
-def _restore(store: Store, f: BinaryIO, parsed: _Parsed, path: Path) -> None:
+def _restore(store: Store, f: io.FileIO, parsed: _Parsed, path: Path) -> None:
     """Create the snapshot's tensors, then copy in the shards this store holds."""
     free = store.arena.allocator.free_bytes
     created: list[Tensor] = []
@@ -652,7 +653,7 @@ def _restore(store: Store, f: BinaryIO, parsed: _Parsed, path: Path) -> None:
                     )
                 targets.append((s, shard, t.meta.name))
         for s, shard, name in targets:
-            view = memoryview(store.arena.view(shard.block, 0, s.nbytes))
+            view = store.arena.view(shard.block, 0, s.nbytes).data
             f.seek(s.offset)
             try:
                 got = _readinto_exact(f, view)

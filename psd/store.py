@@ -27,6 +27,7 @@ allocation finds none, the older copies are freed, then the previous ones.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import heapq
 import math
@@ -393,7 +394,8 @@ class Store:
         key = meta.key
         mode, old, kept = self._admit(meta, replace, exclusive)
         if kept:
-            return old, False  # type: ignore[return-value]
+            assert old is not None  # kept: the tensor there already is the one asked for
+            return old, False
         shards = self._alloc_shards(meta)
         if old is not None:
             # Versions go on above the old tensor's, shard by shard (a shard's
@@ -407,7 +409,9 @@ class Store:
         for shard in shards.values():
             shard.slot = self.directory.place(key, meta.layout, shard.index)
             self.publish(shard)
-        coord = None if mode.kind == "async" else Coordinator(meta.name, mode, list(shards))
+        coord: Coordinator[PendingUpdate] | None = (
+            None if mode.kind == "async" else Coordinator(meta.name, mode, list(shards))
+        )
         tensor = Tensor(meta, shards, coord=coord)
         self.tensors[key] = tensor
         self.keys[meta.name] = key
@@ -854,7 +858,7 @@ class Store:
         if self.replicated and update.replicate:
             self.commits.append(held_commit(update, worker, step, update.shard.version))
 
-    def take_commits(self) -> list[Commit]:
+    def take_commits(self) -> builtins.list[Commit]:
         """The updates applied since the last call, oldest first."""
         out, self.commits = self.commits, []
         return out
@@ -945,7 +949,7 @@ class Store:
                 shard.remember(held.txn, shard.version)
                 self.abort(held)
 
-    def applied_steps(self, tensor: Tensor, index: int) -> list[int]:
+    def applied_steps(self, tensor: Tensor, index: int) -> builtins.list[int]:
         """The steps applied per group of a lockstep tensor's shard ([] otherwise)."""
         return tensor.coord.applied_steps(index) if tensor.coord is not None else []
 
@@ -956,9 +960,9 @@ class Store:
         version: int,
         data: np.ndarray,
         txns: dict[int, int],
-        steps: list[int] | None = None,
+        steps: builtins.list[int] | None = None,
         stamp: int = 0,
-        clocks: list[int] | None = None,
+        clocks: builtins.list[int] | None = None,
     ) -> Shard:
         """Replace this copy of a shard with the primary's (creating the tensor if needed).
 
@@ -1016,11 +1020,11 @@ class Store:
                 tensor.coord.follow_clocks(index, dict(enumerate(clocks)))
         return shard
 
-    def clocks(self, tensor: Tensor, index: int) -> list[int]:
+    def clocks(self, tensor: Tensor, index: int) -> builtins.list[int]:
         """The ssp clocks (steps pushed per worker) of a tensor's shard ([] otherwise)."""
         return tensor.coord.clocks(index) if tensor.coord is not None else []
 
-    def held_on(self, tensor: Tensor, index: int) -> list[tuple[int, int, PendingUpdate]]:
+    def held_on(self, tensor: Tensor, index: int) -> builtins.list[tuple[int, int, PendingUpdate]]:
         """(worker, step, push) held for a lockstep step on a tensor's shard."""
         return tensor.coord.held_on(index) if tensor.coord is not None else []
 
@@ -1048,7 +1052,7 @@ class Store:
 
     def checksum(self, shard: Shard) -> int:
         """CRC-32 of a shard's bytes: tells two copies at one version apart."""
-        return zlib.crc32(self.arena.view(shard.block, 0, shard.nbytes))
+        return zlib.crc32(self.arena.view(shard.block, 0, shard.nbytes).data)
 
     def _whole_shard(self, update: PendingUpdate) -> bool:
         return update.offset == 0 and update.size == update.shard.nbytes
@@ -1206,7 +1210,7 @@ class Store:
 
     def _apply_step(
         self,
-        items: list[PendingUpdate],
+        items: builtins.list[PendingUpdate],
         mode: Mode,
         group: int,
         applied: int,
@@ -1236,7 +1240,9 @@ class Store:
             first.shard.remember(txn, version)
         return version
 
-    def waits_for(self, key: int, index: int, worker: int, step: int, layout: int = 0) -> list[int]:
+    def waits_for(
+        self, key: int, index: int, worker: int, step: int, layout: int = 0
+    ) -> builtins.list[int]:
         """The workers a read of shard ``index`` by ``worker`` for ``step`` waits for.
 
         [] means the read may go now. Anonymous reads (NO_WORKER) and async
@@ -1249,7 +1255,7 @@ class Store:
         coord.check_worker(worker, self.clock())
         return coord.blockers(index, worker, step)
 
-    def expire(self, key: int, index: int, worker: int, step: int) -> list[int]:
+    def expire(self, key: int, index: int, worker: int, step: int) -> builtins.list[int]:
         """After a read waited: handle the workers it waits for that fell silent.
 
         Per the mode's ``on_timeout``: raise WORKER_LOST naming them, or

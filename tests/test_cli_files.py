@@ -70,6 +70,29 @@ def test_one_tensor_to_each_output_type(cluster: Cluster, weights: str, tmp_path
     assert np.array_equal(np.load(io.BytesIO(proc.stdout)), want)
 
 
+def test_get_into_npz_keeps_tensors_named_like_savez_arguments(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # np.savez(path, **arrays) took these names for its own arguments: a
+    # tensor called allow_pickle was left out of the file, one called file
+    # failed the get. An upper-case .NPZ path got ".npz" appended.
+    arrays = {
+        "allow_pickle": np.arange(3, dtype=np.float32),
+        "file": np.ones(2, np.int64),
+        "fc.weight": np.zeros((2, 2), np.float16),
+    }
+    with Client(cluster.config_path) as c:
+        for name, array in arrays.items():
+            c.write(f"savez_names/{name}", array)
+    out = tmp_path / "W.NPZ"
+    irdma(cluster, "get", "savez_names/", "-o", str(out))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["W.NPZ"]
+    with np.load(out) as z:
+        assert sorted(z.files) == sorted(arrays)
+        for name, array in arrays.items():
+            assert z[name].dtype == array.dtype and np.array_equal(z[name], array)
+
+
 def test_get_a_group_into_a_directory_and_not_into_one_npy(
     cluster: Cluster, weights: str, tmp_path: Path
 ) -> None:

@@ -32,24 +32,7 @@ from .conftest import Cluster
 from .test_cli import irdma
 
 # What every format carries (safetensors has no complex128: it goes by .npz and .npy).
-DTYPES = [
-    "bool",
-    "int8",
-    "uint8",
-    "int16",
-    "uint16",
-    "int32",
-    "uint32",
-    "int64",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-    "complex64",
-    "bfloat16",
-    "float8_e4m3fn",
-    "float8_e5m2",
-]
+DTYPES = [name for name in DTYPE_CODES if name != "complex128"]
 NARROW = ["bfloat16", "float8_e4m3fn", "float8_e5m2"]
 _counter = itertools.count()
 

@@ -27,6 +27,7 @@ ASYMMETRIC_SECONDS = 30.0  # enough for a handful of broken links
 ELASTIC_SECONDS = 45.0  # a handful of drains and replacements
 SHARED_SECONDS = 20.0  # dozens of violations in that time
 SECONDS = 80.0  # of client operations under faults; the whole test takes about 1.5-2 min
+BUSY_SECONDS = 30.0  # the same faults with both cores kept busy
 
 
 class NemesisViolation(AssertionError):
@@ -50,6 +51,14 @@ def check(config: RunConfig, tmp_path: Path) -> None:
 @pytest.mark.timeout(420)
 def test_no_acknowledged_update_is_lost_or_doubled_under_faults(tmp_path: Path) -> None:
     check(RunConfig(seed=seed(), seconds=SECONDS, kinds=SYMMETRIC), tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_with_the_cores_busy_no_acknowledged_update_is_lost_or_doubled(tmp_path: Path) -> None:
+    """Two processes spin on the machine's two cores while the clients and the nemesis
+    run: daemons and clients are preempted at any step (the defects of the data
+    path showed on a loaded machine and hid on an idle one)."""
+    check(RunConfig(seed=seed(), seconds=BUSY_SECONDS, kinds=SYMMETRIC, busy=2), tmp_path)
 
 
 @pytest.mark.timeout(300)

@@ -6,8 +6,12 @@ Real daemons (64 KiB shards, so a 1 MB tensor spans all three of them).
 from __future__ import annotations
 
 import signal
+import socket
 import threading
+import time
+from collections import Counter
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,12 +19,16 @@ import trio
 
 from irdma import Client
 from irdma.client import AsyncClient
+from irdma.cluster import Node
 from irdma.errors import DaemonTimeout
-from irdma.shells import BlockingShell, drive, take_turns
-from irdma.transport.blocking import BlockingConnection, Busy, Sent, _yield
+from irdma.protocol import tensor_key
+from irdma.shells import BlockingShell, drive, gather_under_trio, take_turns
+from irdma.transport.base import StreamTimeout
+from irdma.transport.blocking import BlockingConnection, BlockingWaits, Busy, Nap, Sent, _yield
 from irdma.transport.select import may_use_rdma
+from irdma.transport.tcp import FramedSocket
 
-from .conftest import Cluster
+from .conftest import Cluster, make_cluster
 
 N = 250_000  # float32: ~1 MB, 15 shards of 64 KiB
 
@@ -255,3 +263,183 @@ def test_a_calls_shards_are_in_flight_on_several_daemons_at_once(
         assert np.array_equal(c.read(f"shell/inflight-{transport}"), 2 * x + 1)
     assert len(conns) == 3 and seen
     assert max(sum(s) for s in seen) == 3
+
+
+def test_take_turns_reads_whichever_socket_is_ready_and_times_out_a_silent_one() -> None:
+    """Real sockets: a request waiting on a peer that has sent nothing yet does not
+    hold up one whose bytes came (the first peer writes only once the second's
+    read is done); a peer that never writes gets StreamTimeout at the deadline,
+    which is raised, and the rest of the fan-out is closed."""
+    waits = BlockingWaits(timeout=0.5)
+    pairs = [socket.socketpair() for _ in range(2)]
+    log: list[str] = []
+    try:
+        for ours, _ in pairs:
+            ours.setblocking(False)
+        first, second = (
+            FramedSocket(ours, peer, waits) for (ours, _), peer in zip(pairs, "ab", strict=True)
+        )
+
+        async def read(stream: FramedSocket) -> bytes:
+            got = bytes(await stream.recv_bytes(4))
+            log.append(f"{stream.peer} {got.decode()}")
+            return got
+
+        async def peers() -> None:
+            pairs[1][1].send(b"bbbb")
+            while "b bbbb" not in log:
+                await _yield(Nap(time.monotonic()))  # the reads go on
+            pairs[0][1].send(b"aaaa")
+
+        out = drive(take_turns([partial(read, first), partial(read, second), peers]))
+        assert out == [b"aaaa", b"bbbb", None]
+        assert log == ["b bbbb", "a aaaa"]
+        log.clear()
+        pairs[1][1].send(b"more")
+        with pytest.raises(StreamTimeout, match=r"no answer within 0\.5 s"):
+            drive(take_turns([partial(read, first), partial(read, second)]))
+        assert log == ["b more"]
+    finally:
+        for pair in pairs:
+            for s in pair:
+                s.close()
+
+
+def _shard_counts(client: Client, name: str, shards: int) -> Counter[str]:
+    config = client.config
+    return Counter(config.primary_for(tensor_key(name), i).name for i in range(shards))
+
+
+def test_the_other_daemons_answers_are_read_while_one_daemon_is_paused(
+    fresh_cluster: Cluster,
+) -> None:
+    """The shards of one read are in flight on every daemon together, and each answer
+    is read as it arrives: with one daemon paused (SIGSTOP) before the read, every
+    shard on the other two is answered and read while it is still paused; only
+    then does the test (on seeing that, from inside the read) let it go on."""
+    c = fresh_cluster
+    x = np.arange(N, dtype=np.float32)
+    name = "shell/paused-one"
+    paused = "n1"
+    with Client(c.config_path, transport="tcp") as client:
+        client.write(name, x)  # connections to every daemon made, layout known
+        shards = -(-x.nbytes // client.config.shard_size)
+        want = _shard_counts(client, name, shards)
+        assert len(want) == 3 and all(k >= 2 for k in want.values()), want
+        answers: list[str] = []
+        resumed: list[int] = []
+        for node_name, conn in client._client._conns.items():
+            exchange = conn.exchange
+
+            async def counted(*args, node_name=node_name, exchange=exchange):  # type: ignore[no-untyped-def]
+                reply = await exchange(*args)
+                answers.append(node_name)
+                others = Counter(a for a in answers if a != paused)
+                if not resumed and all(others[n] >= k for n, k in want.items() if n != paused):
+                    resumed.append(len(answers))
+                    c.signal(paused, signal.SIGCONT)
+                return reply
+
+            conn.exchange = counted  # type: ignore[method-assign]
+        c.signal(paused, signal.SIGSTOP)
+        try:
+            got = client.read(name)
+        finally:
+            c.signal(paused, signal.SIGCONT)
+    assert np.array_equal(got, x)
+    # Every shard of the other two daemons was read before the paused one answered.
+    assert resumed == [sum(k for n, k in want.items() if n != paused)], (resumed, answers)
+    assert answers[resumed[0] :] == [paused] * want[paused]
+
+
+@pytest.fixture
+def replicated_cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Three daemons, two copies of each shard (2 s client timeout)."""
+    c = make_cluster(tmp_path, replicas=2, timeout=2.0)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def test_requests_that_wait_for_one_connect_share_it_when_the_daemon_is_killed(
+    replicated_cluster: Cluster,
+) -> None:
+    """A read whose connections all broke: every shard asks for its daemon's
+    connection at once. The connect to one daemon is held open (its ``_open``
+    waits, letting the read's other requests run) until a second shard asks
+    for that daemon; then the daemon is killed with SIGKILL and the connect
+    goes on and fails. Both shards get that failure once and fail over to the
+    other copy: one connect at a time per daemon, nothing replaced, and the
+    read returns the tensor."""
+    c = replicated_cluster
+    x = np.arange(N, dtype=np.float32) * 3
+    name = "shell/killed-while-connecting"
+    victim = "n2"
+    with Client(c.config_path, transport="tcp") as client:
+        client.write(name, x)
+        shell = client._client._shell
+        assert isinstance(shell, BlockingShell)
+        asked: Counter[str] = Counter()
+        opening: Counter[str] = Counter()  # connects under way, by daemon
+        most: Counter[str] = Counter()  # the most under way at once
+        killed: list[int] = []
+        connection, open_ = shell.connection, shell._open
+
+        async def counted(node: Node) -> BlockingConnection:
+            asked[node.name] += 1
+            return await connection(node)
+
+        async def delayed(node: Node) -> BlockingConnection:
+            opening[node.name] += 1
+            most[node.name] = max(most[node.name], opening[node.name])
+            try:
+                if node.name == victim and not killed:
+                    first = asked[victim]
+                    while asked[victim] == first:  # until another shard asks for it
+                        await shell.sleep(0)  # the read's other requests run meanwhile
+                    killed.append(asked[victim])
+                    c.kill(victim)
+                return await open_(node)
+            finally:
+                opening[node.name] -= 1
+
+        shell.connection = counted  # type: ignore[method-assign]
+        shell._open = delayed  # type: ignore[method-assign]
+        for conn in client._client._conns.values():
+            conn.close()  # as if each daemon had dropped it
+        got = client.read(name)
+        conns = dict(client._client._conns)
+        live = [k for k in shell._all if not k.broken]
+    assert np.array_equal(got, x)
+    assert killed and killed[0] >= 2  # a second shard asked while the connect waited
+    # One connect at a time to each daemon, the killed one included.
+    assert most == {"n1": 1, "n2": 1, "n3": 1}, most
+    # Nothing replaced or leaked: the only connections open are the thread's own.
+    assert sorted(map(id, live)) == sorted(id(conns[n]) for n in ("n1", "n3")), (live, conns)
+    assert victim not in conns or conns[victim].broken
+
+
+async def test_a_gather_raises_when_a_call_gives_neither_result_nor_error() -> None:
+    """A call that raises another task's Cancelled (as an RDMA pull handed one did)
+    is swallowed by the gather's nursery, which takes it for its own: the gather
+    says so instead of returning a result that is not there."""
+    foreign: trio.Cancelled | None = None
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            await trio.sleep(1)
+        except trio.Cancelled as exc:
+            foreign = exc
+    assert foreign is not None
+
+    async def handed_a_cancellation() -> int:
+        await trio.sleep(0)
+        raise foreign
+
+    async def fine() -> int:
+        await trio.sleep(0)
+        return 1
+
+    with pytest.raises(RuntimeError, match="neither a result nor an error"):
+        await gather_under_trio([handed_a_cancellation, fine])

@@ -55,7 +55,7 @@ class ScriptedLink:
 
     def __post_init__(self) -> None:
         self.local = np.zeros(STAGING + 4 * SCRATCH_CELL, np.uint8)
-        self.buffer = SimpleNamespace(view=memoryview(self.local))
+        self.buffer = SimpleNamespace(view=self.local)
 
     def _read(self, local: int, remote: int, length: int) -> None:
         dst, src = self.local[local : local + length], self.arena[remote : remote + length]
@@ -108,6 +108,22 @@ class Daemon:
 
 def pull_for(daemon: Daemon, block: int) -> _Pull:
     return _Pull(KEY, LAYOUT, INDEX, 0, BLOCK, 0, CELL, 0, slot=daemon.slot, block=block * BLOCK)
+
+
+async def read_block(path: RdmaPath, link: ScriptedLink, daemon: Daemon) -> object:
+    """A one-sided read of the whole shard through the path's pull loop."""
+    return await path._read_direct(
+        link,  # type: ignore[arg-type]
+        daemon.remote(),
+        KEY,
+        LAYOUT,
+        INDEX,
+        0,
+        BLOCK,
+        0,
+        CELL,
+        0,
+    )
 
 
 async def judged(path: RdmaPath, link: ScriptedLink, daemon: Daemon, pull: _Pull) -> object:
@@ -195,18 +211,7 @@ async def test_a_failed_connection_fails_its_pulls_with_their_own_error() -> Non
         nursery.start_soon(pull_loop)
         nursery.start_soon(sibling)
         try:
-            await path._read_direct(
-                link,  # type: ignore[arg-type]
-                daemon.remote(),
-                KEY,
-                LAYOUT,
-                INDEX,
-                0,
-                BLOCK,
-                0,
-                CELL,
-                0,
-            )
+            await read_block(path, link, daemon)
         except StreamClosed as exc:
             failed = exc
     # A foreign Cancelled raised here would have been swallowed by this nursery
@@ -215,18 +220,7 @@ async def test_a_failed_connection_fails_its_pulls_with_their_own_error() -> Non
     assert sibling_ran
     # A pull queued after the loop ended fails at once instead of waiting for ever.
     with pytest.raises(StreamClosed):
-        await path._read_direct(
-            link,  # type: ignore[arg-type]
-            daemon.remote(),
-            KEY,
-            LAYOUT,
-            INDEX,
-            0,
-            BLOCK,
-            0,
-            CELL,
-            0,
-        )
+        await read_block(path, link, daemon)
 
 
 async def test_a_pull_loop_without_a_link_ends_its_pulls() -> None:

@@ -148,12 +148,12 @@ def read_slot(table: np.ndarray, slot: int) -> SlotRecord | None:
     return SlotRecord(seq, *words[1:])
 
 
-def slot_record(raw: np.ndarray | bytes) -> SlotRecord | None:
+def slot_record(raw: np.ndarray) -> SlotRecord | None:
     """A slot read as 64 bytes in one go (an RDMA READ), or None if its seq was odd.
 
     One read is not atomic against the daemon's writes: the reader checks the
     seq again in a later read before it trusts what this says."""
-    words = SLOT.unpack_from(raw)
+    words = SLOT.unpack_from(raw.data)
     if words[SEQ] & 1:
         return None
     return SlotRecord(*words)

@@ -14,6 +14,7 @@ No I/O here, as in ``frame``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Self
 
@@ -630,7 +631,7 @@ Request = (
     | RdmaConnect
 )
 
-_DECODERS = {
+_DECODERS: dict[Op, Callable[[Header], Request]] = {
     Op.HELLO: Hello.decode,
     Op.CREATE: Create.decode,
     Op.DELETE: Delete.decode,

@@ -118,7 +118,8 @@ def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.F
             with copies.side(down=True):
                 buffer.copy_(total)
         except Exception as exc:
-            fut.set_exception(exc)
+            # torch annotates set_exception's argument as the result type.
+            fut.set_exception(exc)  # type: ignore[arg-type]
             return
         with copies.side(down=True):
             fut.set_result(buffer)

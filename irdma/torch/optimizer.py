@@ -70,6 +70,13 @@ def staging_bytes(params: list[tuple[str, torch.Tensor]]) -> int:
     return 2 * on_gpu
 
 
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    """``p.grad`` of a parameter whose gradient is summed: never None there
+    (a worker whose backward passes left none sends zeros)."""
+    assert p.grad is not None
+    return p.grad
+
+
 def compression_for(choice: CompressionChoice, name: str, param: torch.Tensor) -> Compression:
     """The compression of one parameter: one for all, a table by name (NONE if absent), or a
     function of the name and the parameter."""
@@ -278,7 +285,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 members,
                 self.reducer.reduce(
                     f"grads/{c.describe()}",
-                    [p.grad for _, p in members],
+                    [_grad(p) for _, p in members],
                     c,
                     average=self._average,
                 ),
@@ -293,14 +300,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     for (_, p), total in zip(members, fut.result(), strict=True):
                         # Made on the reducer's side stream: kept until this stream has read it.
                         copies_for(total).wait_here(DONE, [total])
-                        p.grad.copy_(total)  # type: ignore[union-attr]
+                        _grad(p).copy_(total)
                 except Exception as exc:
                     error = error or exc
         if error is not None:
             raise error
         self._synchronized = True
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Synchronize (unless done since the last backward), then step the wrapped optimizer."""
         if closure is not None:
             raise ValueError(

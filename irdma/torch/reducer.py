@@ -258,7 +258,10 @@ class Reducer:
             by_step[job.step, job.compression.wire].append(job)
         sent: list[_Job] = []
         for (step, wire), jobs in by_step.items():
-            deltas = {j.name: j.wire for j in jobs}
+            deltas: dict[str, np.ndarray] = {}
+            for j in jobs:
+                assert j.wire is not None  # encoded above, or it is not in by_step
+                deltas[j.name] = j.wire
             try:
                 self.client.accumulate_many(deltas, worker=self.rank, step=step, wire=wire)
             except StepMismatch as exc:

@@ -10,26 +10,34 @@ differs (``BlockingWaits``).
 Waits happen in the calling thread (``poll`` with the client's timeout).
 
 Within one call that fans out (the shards of a large tensor), the shell
-(``irdma.shells.BlockingShell.gather``) lets requests to different daemons
-overlap: a request yields ``Sent`` once its frame is out, so the shell can
-send to the other daemons before it reads this answer, and ``Busy`` while
-another request of the same call waits for its answer on this connection
-(one request in flight per connection). The daemons then copy and apply in
-parallel, and the caller fills the next shard meanwhile. Outside a fan-out
-nothing is held, and ``drive`` resumes a ``Sent`` at once.
+(``irdma.shells.take_turns``) runs the requests to different daemons
+together in this thread. A request yields ``Sent`` once its frame is out
+(so the other daemons get theirs before any answer is read), ``Busy``
+while another request of the same call has this connection (one request
+in flight per connection), and, where its socket would block, ``Wait``
+instead of polling it alone: the shell polls every waiting socket at once
+and resumes whichever is ready, so each daemon's answer streams into its
+destination while the others' do, and a large write's payloads go out to
+every daemon together. Every ``Wait`` carries its deadline (the client's
+timeout from when it began); past it the request gets ``StreamTimeout``,
+as a poll of its own would have raised. Outside a fan-out (``fanning``)
+nothing is held, waits poll the one socket, and ``drive`` resumes a
+``Sent`` at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket as stdsocket
+import threading
 import time
 import types
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import AuthFailed
 from ..protocol import (
@@ -57,6 +65,13 @@ PINNED = int(Flag.PINNED)
 OK = int(Status.OK)
 
 
+class Holdable(Protocol):
+    """Something one request of a fan-out holds at a time (a connection, a connect)."""
+
+    @property
+    def busy(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class Sent:
     """Yielded by a request whose frame is out: its answer is read when it is resumed."""
@@ -66,33 +81,86 @@ class Sent:
 
 @dataclass(frozen=True)
 class Busy:
-    """Yielded by a request whose connection has another request's answer pending."""
+    """Yielded by a request that needs what another request of its fan-out holds
+    (a connection with an answer pending, a connection being made)."""
 
-    conn: BlockingConnection
+    conn: Holdable
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Yielded inside a fan-out instead of a poll of one socket: resume when ``fd`` is
+    ready for ``events``, or throw ``StreamTimeout`` in once ``deadline`` (monotonic
+    clock) passes first."""
+
+    fd: int
+    events: int
+    deadline: float
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Nap:
+    """Yielded inside a fan-out instead of ``time.sleep``: resume at ``until``."""
+
+    until: float
+
+
+Token = Sent | Busy | Wait | Nap
 
 
 @types.coroutine
-def _yield(token: Sent | Busy) -> Generator[Sent | Busy, None, None]:
+def _yield(token: Token) -> Generator[Token, None, None]:
     yield token
 
 
+class _FanOut(threading.local):
+    depth = 0  # fan-outs (``irdma.shells.take_turns``) running in this thread
+
+
+_FAN_OUT = _FanOut()
+
+
+@contextlib.contextmanager
+def fanning() -> Iterator[None]:
+    """While a fan-out runs in this thread its requests' waits yield ``Wait``."""
+    _FAN_OUT.depth += 1
+    try:
+        yield
+    finally:
+        _FAN_OUT.depth -= 1
+
+
+def in_fan_out() -> bool:
+    return _FAN_OUT.depth > 0
+
+
+def timed_out(timeout: float) -> StreamTimeout:
+    return StreamTimeout(f"no answer within {timeout:g} s")
+
+
 class BlockingWaits:
-    """How one thread's blocking connections wait: ``poll`` bounded by ``timeout``."""
+    """How one thread's blocking connections wait: ``poll`` bounded by ``timeout``,
+    or, inside a fan-out, a ``Wait`` for the fan-out to poll with the others."""
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
 
-    def _poll(self, sock: stdsocket.socket, events: int) -> None:
+    async def _wait(self, sock: stdsocket.socket, events: int) -> None:
+        if _FAN_OUT.depth:
+            deadline = time.monotonic() + self.timeout
+            await _yield(Wait(sock.fileno(), events, deadline, self.timeout))
+            return
         poller = select.poll()
         poller.register(sock, events)
         if not poller.poll(self.timeout * 1000):
-            raise StreamTimeout(f"no answer within {self.timeout:g} s")
+            raise timed_out(self.timeout)
 
     async def readable(self, sock: stdsocket.socket) -> None:
-        self._poll(sock, select.POLLIN)
+        await self._wait(sock, select.POLLIN)
 
     async def writable(self, sock: stdsocket.socket) -> None:
-        self._poll(sock, select.POLLOUT)
+        await self._wait(sock, select.POLLOUT)
 
     async def checkpoint(self) -> None:
         pass
@@ -156,12 +224,17 @@ class BlockingConnection:
     Ctrl-C) fails the connection: its socket may hold half a frame.
     """
 
-    def __init__(self, stream: FramedSocket, waits: BlockingWaits, bulk: BulkPath = SOCKET) -> None:
+    def __init__(
+        self,
+        stream: FramedSocket,
+        waits: BlockingWaits,
+        bulk: BulkPath[BlockingConnection] = SOCKET,
+    ) -> None:
         self.stream = stream
         self.waits = waits
         self.bulk = bulk
         self._next_id = 1
-        self._failure: BaseException | None = None
+        self._failure: Exception | None = None
         self._closed = False
         self._poll: select.poll | None = None
         self._alive_at = -1.0  # when daemon_alive last found the socket quiet
@@ -200,7 +273,7 @@ class BlockingConnection:
         self._alive_at = now
         return True
 
-    def _fail(self, exc: BaseException) -> None:
+    def _fail(self, exc: Exception) -> None:
         if self._failure is None:
             self._failure = exc
         self.stream.close()
@@ -252,8 +325,9 @@ class BlockingConnection:
         except Exception as exc:  # a malformed answer (ProtocolError) and the like
             self._fail(exc)
             raise StreamBroken(f"{stream.peer}: {exc}") from exc
-        except BaseException as exc:  # cancelled, Ctrl-C: half a frame may be in flight
-            self._fail(exc)
+        except BaseException as exc:  # closed by its fan-out, Ctrl-C: half a frame may be in flight
+            # Kept for later requests as an Exception: a BaseException is never handed on.
+            self._fail(StreamBroken(f"{stream.peer}: a request was abandoned part-way ({exc!r})"))
             raise
 
     async def aclose(self) -> None:

@@ -28,6 +28,7 @@ shared by pulls and pushes.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import os
 import struct
@@ -62,6 +63,7 @@ from ..protocol.messages import RdmaConnect
 from ..sizes import RDMA_BATCH_BYTES, RDMA_STAGING_MIN, STAGING_ALIGN
 from .base import (
     Buffer,
+    ByteStream,
     MemoryStream,
     Reply,
     Sink,
@@ -237,7 +239,7 @@ class _Located(Sink):
         self.sink = sink
         self.offset: int | None = None
 
-    async def receive(self, stream, header: Header) -> None:  # type: ignore[no-untyped-def]
+    async def receive(self, stream: ByteStream, header: Header) -> None:
         await self.sink.receive(stream, header)
 
 
@@ -257,12 +259,20 @@ class _Remote:
 
     @classmethod
     def from_answer(cls, answer: dict[str, Any]) -> _Remote:
-        remote = cls(*(int(answer[k]) for k in RDMA_ANSWER_KEYS[2:]))
+        # Six ints for the six int fields; mypy cannot count a starred generator.
+        remote = cls(*(int(answer[k]) for k in RDMA_ANSWER_KEYS[2:]))  # type: ignore[arg-type]
         remote.directory = directory_of(answer, remote.arena_size)
         return remote
 
 
-_RETRY = object()  # a one-sided pull to send again (the shard changed or moved)
+class _Retry(enum.Enum):
+    """A one-sided pull to send again (the shard changed or moved); an enum so
+    that the type checker can tell the sentinel from an answer."""
+
+    RETRY = enum.auto()
+
+
+_RETRY = _Retry.RETRY
 SEQ_WORD = struct.Struct("<Q")
 
 
@@ -303,7 +313,7 @@ class _Pull:
     block: int = 0
     tries: int = 0
     done: trio.Event = dataclasses.field(default_factory=trio.Event)
-    answer: tuple[int, int, int] | object | None = None
+    answer: tuple[int, int, int] | _Retry | None = None
     # Why its chain failed: always an Exception (never the loop's own Cancelled,
     # which belongs to the loop's task and would cancel the reader's scope).
     error: Exception | None = None
@@ -800,7 +810,7 @@ class RdmaPath:
                 await pull.done.wait()
             if pull.error is not None:
                 raise for_this_task(pull.error)
-            if pull.answer != _RETRY:
+            if pull.answer is not _RETRY:
                 return pull.answer
         self.direct_contended += 1
         return None
@@ -890,21 +900,21 @@ class RdmaPath:
             return exc
         self.direct_batches += 1
         view = link.buffer.view
-        serving = SLOT.unpack_from(view, chain.pulls[0].cell + HEADER_AT)[SERVING_WORD] == 1
+        serving = SLOT.unpack_from(view.data, chain.pulls[0].cell + HEADER_AT)[SERVING_WORD] == 1
         for p in chain.pulls:
             p.answer = self._judge(p, serving, remote.directory[0], view)
         return None
 
     def _judge(
-        self, p: _Pull, serving: bool, table_at: int, view: memoryview
-    ) -> tuple[int, int, int] | object | None:
+        self, p: _Pull, serving: bool, table_at: int, view: np.ndarray
+    ) -> tuple[int, int, int] | _Retry | None:
         """What a pull's READs say: its answer, None (ask the daemon) or _RETRY."""
         if not serving:
             return None  # the daemon would refuse the read now: let it say why
         where = (p.key, p.index)
         first = slot_record(view[p.cell : p.cell + SLOT_BYTES])
-        (before,) = SEQ_WORD.unpack_from(view, p.cell + SEQ_BEFORE)
-        (after,) = SEQ_WORD.unpack_from(view, p.cell + SEQ_AFTER)
+        (before,) = SEQ_WORD.unpack_from(view.data, p.cell + SEQ_BEFORE)
+        (after,) = SEQ_WORD.unpack_from(view.data, p.cell + SEQ_AFTER)
         p.tries += 1
         if first is None or not before == first.seq == after:
             self.direct_retries += 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 
 import trio
 
@@ -109,7 +110,7 @@ async def open_connection(
     )
 
 
-def may_use_rdma(nodes: list[Node], forced: str) -> bool:
+def may_use_rdma(nodes: Sequence[Node], forced: str) -> bool:
     """Whether a client with these daemons and this choice may reach one over RDMA.
 
     The blocking client runs requests in the calling thread over TCP and shm

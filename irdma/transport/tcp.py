@@ -14,7 +14,7 @@ import os
 import socket as stdsocket
 import struct
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import trio
 
@@ -35,6 +35,7 @@ from .base import (
     SOCKET_ERRORS,
     TRIO_WAITS,
     Buffer,
+    ByteStream,
     Connection,
     Reply,
     Sink,
@@ -175,7 +176,7 @@ class FramedSocket:
     async def send_all(self, buffers: Sequence[Buffer]) -> None:
         """Send every buffer in order (scatter/gather, no joining)."""
         try:
-            views = [m for m in map(memoryview, buffers) if m.nbytes]
+            views = [m for m in (memoryview(b) for b in buffers) if m.nbytes]
             while views:
                 try:
                     sent = self.sock.sendmsg(views[:64])
@@ -241,7 +242,7 @@ class BytesSink(Sink):
         self.limit = limit
         self.data = b""
 
-    async def receive(self, stream, header: Header) -> None:  # type: ignore[no-untyped-def]
+    async def receive(self, stream: ByteStream, header: Header) -> None:
         if header.length > self.limit:
             raise ProtocolError(f"reply of {header.length} bytes is over the {self.limit} limit")
         buf = bytearray(header.length)
@@ -317,7 +318,12 @@ class Exchanger(Protocol):
     ) -> Reply: ...
 
 
-class BulkPath(Protocol):
+# The connection a bulk path works for: SOCKET and SharedMemory take any
+# Exchanger, RdmaPath needs a trio FramedConnection (it releases and abandons).
+_Conn = TypeVar("_Conn", contravariant=True)
+
+
+class BulkPath(Protocol[_Conn]):
     """How a connection moves bulk data beside its frames: over the socket itself
     (``SOCKET``), through shared memory (``shm.SharedMemory``) or RDMA verbs
     (``rdma.RdmaPath``). A FramedConnection has one and may switch it."""
@@ -325,12 +331,12 @@ class BulkPath(Protocol):
     transport: str
 
     async def request(
-        self, conn: Exchanger, header: Header, payload: Sequence[Buffer], sink: Sink | None
+        self, conn: _Conn, header: Header, payload: Sequence[Buffer], sink: Sink | None
     ) -> Reply:
         """Send one request (placing its payload where this path puts it) via
         ``conn.exchange`` and return the answer."""
 
-    async def receive(self, conn: Exchanger, header: Header, sink: Sink) -> bool:
+    async def receive(self, conn: _Conn, header: Header, sink: Sink) -> bool:
         """Hand a successful answer's payload to ``sink``. True: the bytes are not
         taken yet, and the path sends RELEASE for a pinned answer itself."""
 
@@ -377,7 +383,10 @@ class FramedConnection(Connection):
     """
 
     def __init__(
-        self, stream: FramedSocket, timeout: float = 10.0, bulk: BulkPath = SOCKET
+        self,
+        stream: FramedSocket,
+        timeout: float = 10.0,
+        bulk: BulkPath[FramedConnection] = SOCKET,
     ) -> None:
         self.stream = stream
         self.timeout = timeout
@@ -434,7 +443,7 @@ class FramedConnection(Connection):
     def transport(self) -> str:
         return self.bulk.transport
 
-    def use(self, bulk: BulkPath) -> None:
+    def use(self, bulk: BulkPath[FramedConnection]) -> None:
         """Move bulk data over ``bulk`` from now on, its background loops started."""
         self.bulk = bulk
         if self._nursery is not None:

@@ -11,6 +11,7 @@ import contextlib
 import mmap
 import os
 import socket as stdsocket
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -40,7 +41,7 @@ def host_identity() -> str:
 
 
 @contextlib.contextmanager
-def short_address(path: Path):  # type: ignore[no-untyped-def]
+def short_address(path: Path) -> Iterator[str]:
     """A sun_path for ``path``, through an O_PATH descriptor of its directory if too long."""
     text = os.fsencode(path)
     if len(text) < SUN_PATH_MAX:
@@ -111,14 +112,16 @@ def map_shared(fd: int, size: int, *, writable: bool) -> tuple[mmap.mmap, np.nda
 
 
 class AttachSocket(Protocol):
-    """What the ATTACH exchange needs of a unix socket (trio's, or a WaitingSocket)."""
+    """What the ATTACH exchange needs of a unix socket (trio's, or a WaitingSocket).
 
-    async def connect(self, address: str) -> None: ...
+    Positional-only, returning awaitables: trio's socket methods are typed so."""
 
-    async def sendmsg(self, buffers: list[bytes], ancdata: list) -> int: ...
+    def connect(self, address: str, /) -> Awaitable[None]: ...
 
-    async def send(self, data: bytes) -> int: ...
+    def sendmsg(self, buffers: list[bytes], ancdata: list, /) -> Awaitable[int]: ...
 
-    async def recvmsg(self, bufsize: int, ancbufsize: int) -> tuple: ...
+    def send(self, data: bytes, /) -> Awaitable[int]: ...
+
+    def recvmsg(self, bufsize: int, ancbufsize: int, /) -> Awaitable[tuple]: ...
 
     def fileno(self) -> int: ...

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,9 @@ class RunConfig:
     # Membership in etcd (an etcd member on a host of its own, out of the nemesis's
     # reach): daemons are up while their 1 s leases are, not by heartbeats.
     etcd: bool = False
+    # Processes spinning on the CPU while the clients run: races that hide on an
+    # idle machine (a task preempted between two steps) show under contention.
+    busy: int = 0
 
 
 @dataclass
@@ -231,6 +234,20 @@ HEALTH = (
 )
 
 
+@contextlib.contextmanager
+def busy_cores(n: int) -> Iterator[None]:
+    """``n`` processes spinning on the CPU for the block's duration, killed after it
+    whatever happens (each also ends by itself after an hour, if this one is killed)."""
+    spin = "import time\nend = time.monotonic() + 3600\nwhile time.monotonic() < end: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(10)
+
+
 def _readline(proc: subprocess.Popen, timeout: float) -> str:
     """One line from a helper's stdout, or RuntimeError after ``timeout`` (never hangs)."""
     assert proc.stdout is not None
@@ -293,10 +310,11 @@ def run(config: RunConfig, workdir: Path, log: Callable[[str], None] = print) ->
         nemesis_file = workdir / "nemesis.jsonl"
         with history.HistoryWriter(nemesis_file) as writer:
             nemesis = Nemesis(cluster, writer, log)
-            nemesis.run(faults, until=until)
-            for proc in clients:
-                # Bounded: an operation gives up within its timeout plus failover time.
-                proc.wait(max(0.0, until - time.monotonic()) + 120)
+            with busy_cores(config.busy):
+                nemesis.run(faults, until=until)
+                for proc in clients:
+                    # Bounded: an operation gives up within its timeout plus failover time.
+                    proc.wait(max(0.0, until - time.monotonic()) + 120)
             cluster.heal_everything()
             final = cluster.wait_ready(90)
             writer.write(

@@ -265,6 +265,10 @@ def _wait_for_go(go: Path, ready: Path, timeout: float = 120.0) -> float:
 
 
 def client_main(args: argparse.Namespace) -> None:
+    # Every client seeds Python's random alike, as training scripts do on every rank
+    # (seed_everything): nothing irdma makes unique may come from it (update ids,
+    # stamps). The client's own choices come from its own generator (ClientProcess).
+    random.seed(args.seed)
     with Client(args.config, transport=TRANSPORT) as client, HistoryWriter(args.history) as history:
         for name in COUNTERS + REGISTERS:
             _retry(name, lambda n=name: client.stat(n))  # metadata cached before the clock starts
