@@ -93,9 +93,20 @@ def mode_for(kind: str, workers: int, slack: int, groups: int | None, timeout: f
 def accuracy(model, x: np.ndarray, y: np.ndarray) -> float:
     import torch
 
+    device = next(model.parameters()).device
     with torch.no_grad():
-        pred = model(torch.from_numpy(x)).argmax(1).numpy()
+        pred = model(torch.from_numpy(x).to(device)).argmax(1).cpu().numpy()
     return float((pred == y).mean())
+
+
+def rank_device(kind: str):
+    """``cpu``, or ``cuda``: the GPU of this rank's LOCAL_RANK (several ranks may share one)."""
+    import torch
+
+    if kind == "cpu":
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    return torch.device("cuda", local % torch.cuda.device_count())
 
 
 # -- one worker process --------------------------------------------------------------

@@ -28,7 +28,7 @@ import irdma.torch
 
 # The model and the data of bench/train_digits.py (one definition for bench, tests, examples).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from train_digits import accuracy, load_data, make_model
+from train_digits import accuracy, load_data, make_model, rank_device
 
 
 def main() -> int:
@@ -38,6 +38,7 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--compression", default="none", help="none, fp16, bf16 or topk:RATIO")
     ap.add_argument("--min-accuracy", type=float, default=0.95)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (each rank its LOCAL_RANK's GPU)")
     args = ap.parse_args()
 
     torch.set_num_threads(1)  # one core per rank; torchrun starts several per host
@@ -45,10 +46,12 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     x_train, y_train, x_test, y_test = load_data()
     per = len(x_train) // world
-    xs = torch.from_numpy(x_train[rank * per : (rank + 1) * per])
-    ys = torch.from_numpy(y_train[rank * per : (rank + 1) * per])
+    device = rank_device(args.device)
+    xs = torch.from_numpy(x_train[rank * per : (rank + 1) * per]).to(device)
+    ys = torch.from_numpy(y_train[rank * per : (rank + 1) * per]).to(device)
 
-    model = DistributedDataParallel(make_model())
+    gpus = [device] if device.type == "cuda" else None
+    model = DistributedDataParallel(make_model().to(device), device_ids=gpus)
     state = irdma.torch.HookState(compression=irdma.torch.Compression.parse(args.compression))
     model.register_comm_hook(state, irdma.torch.allreduce_hook)
 
@@ -59,7 +62,7 @@ def main() -> int:
     for epoch in range(args.epochs):
         order = torch.randperm(per, generator=generator)
         for i in range(0, per - args.batch + 1, args.batch):
-            idx = order[i : i + args.batch]
+            idx = order[i : i + args.batch].to(device)
             opt.zero_grad()
             loss = loss_fn(model(xs[idx]), ys[idx])
             loss.backward()

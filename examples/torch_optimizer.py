@@ -29,7 +29,7 @@ from irdma.modes import worker_identity
 
 # The model and the data of bench/train_digits.py (one definition for bench, tests, examples).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from train_digits import accuracy, load_data, make_model
+from train_digits import accuracy, load_data, make_model, rank_device
 
 
 def main() -> int:
@@ -39,16 +39,18 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=0.003)
     ap.add_argument("--compression", default="none", help="none, fp16, bf16 or topk:RATIO")
     ap.add_argument("--min-accuracy", type=float, default=0.95)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (each rank its LOCAL_RANK's GPU)")
     args = ap.parse_args()
 
     torch.set_num_threads(1)  # one core per rank; torchrun starts several per host
     me = worker_identity()  # RANK / WORLD_SIZE (or mpirun's, or Slurm's)
     x_train, y_train, x_test, y_test = load_data()
     per = len(x_train) // me.world_size
-    xs = torch.from_numpy(x_train[me.rank * per : (me.rank + 1) * per])
-    ys = torch.from_numpy(y_train[me.rank * per : (me.rank + 1) * per])
+    device = rank_device(args.device)
+    xs = torch.from_numpy(x_train[me.rank * per : (me.rank + 1) * per]).to(device)
+    ys = torch.from_numpy(y_train[me.rank * per : (me.rank + 1) * per]).to(device)
 
-    model = make_model()
+    model = make_model().to(device)  # on a GPU, irdma moves the gradients itself
     opt = irdma.torch.DistributedOptimizer(
         torch.optim.Adam(model.parameters(), lr=args.lr),
         model.named_parameters(),
@@ -62,7 +64,7 @@ def main() -> int:
     for epoch in range(args.epochs):
         order = torch.randperm(per, generator=generator)
         for i in range(0, per - args.batch + 1, args.batch):
-            idx = order[i : i + args.batch]
+            idx = order[i : i + args.batch].to(device)
             opt.zero_grad()
             loss = loss_fn(model(xs[idx]), ys[idx])
             loss.backward()  # buckets of gradients leave as they are ready

@@ -27,6 +27,7 @@ from .agreement import Runner, Served, agree, settle_at
 from .auth import cluster_secret
 from .batching import Batches
 from .cluster import ClusterConfig, Node, load_config, parse_size
+from .devices import Transfers, is_device_array
 from .epochs import Epoch, epoch_tag
 from .errors import (
     ClientClosed,
@@ -215,6 +216,8 @@ class AsyncClient:
     ) -> None:
         self.config = config if isinstance(config, ClusterConfig) else load_config(config)
         self.shared = shared_region(shared_memory)
+        # Tensors (CUDA ones too) in and out through host memory of this client's.
+        self.transfers = Transfers(self.shared)
         self.timeout = timeout if timeout is not None else self.config.timeout
         self.transport = forced_transport(transport)
         # One-sided reads from same-host arenas (``IRDMA_ONE_SIDED=0``: always ask the daemon).
@@ -1131,7 +1134,8 @@ class AsyncClient:
         step: int = 0,
         wire: str | None = None,
     ) -> np.ndarray:
-        """The whole tensor, into ``out`` if given (same shape and dtype, C-contiguous).
+        """The whole tensor, into ``out`` if given (same shape and dtype, C-contiguous;
+        or a torch tensor of them, on the CPU or a GPU, which is returned).
 
         With ``worker``, the read is that training worker's pull for ``step``:
         it waits until the tensor's mode lets the step proceed (sync: step
@@ -1139,6 +1143,11 @@ class AsyncClient:
         (``"float16"``, ``"bfloat16"``) sends a float tensor's values rounded
         to that narrower dtype, widened again here (``irdma.narrowing``).
         """
+        if is_device_array(out):  # a tensor: read into host memory, then land it there
+            host, land = self.transfers.sink(out)
+            await self.read(name, host, progress=progress, worker=worker, step=step, wire=wire)
+            assert out is not None  # a tensor, handed back as read() hands back out
+            return out if land is None else land()
         code = narrowing.wire_code(wire)
         cached = self._meta.get(name)
         if out is not None and cached is not None and not _fits_out(cached, out):
@@ -1215,13 +1224,14 @@ class AsyncClient:
         mode: Mode | None = None,
         progress: Progress | None = None,
     ) -> None:
-        """Store ``array`` as tensor ``name``, creating it from the array's dtype and shape.
+        """Store ``array`` (an array, or a torch tensor on the CPU or a GPU) as tensor
+        ``name``, creating it from the array's dtype and shape.
 
         An existing tensor of another dtype or shape raises DtypeMismatch or
         ShapeMismatch unless ``replace``. ``options`` and ``mode`` are stored
         with a tensor this call creates.
         """
-        arr = as_stored_array(array)
+        arr = as_stored_array(self.transfers.source(array))
         meta = self._meta.get(name)
         shard_size = meta.shard_size if meta else self.config.shard_size
         buf = _byte_view(arr)
@@ -1274,6 +1284,7 @@ class AsyncClient:
         sum keeps the tensor's precision. A delta may also come already
         narrowed: float16 values, or bfloat16 as uint16 bit patterns.
         """
+        delta = self.transfers.source(delta)
         code = narrowing.wire_code(wire)
         arr = delta if code and _is_wire_array(delta, code) else as_stored_array(delta)
 
@@ -1350,7 +1361,7 @@ class AsyncClient:
 
     async def write_many(self, arrays: Mapping[str, Any]) -> None:
         """Write many tensors (creating new ones) with one batch frame per daemon."""
-        arrs = {n: as_stored_array(a) for n, a in arrays.items()}
+        arrs = {n: as_stored_array(self.transfers.source(a)) for n, a in arrays.items()}
         metas: dict[str, TensorMeta] = {}
 
         async def ensure(name: str, arr: np.ndarray) -> None:
@@ -1380,9 +1391,10 @@ class AsyncClient:
         the whole call, so every tensor must be a float wider than it).
         """
         code = narrowing.wire_code(wire)
+        sources = {n: self.transfers.source(a) for n, a in deltas.items()}
         arrs = {
             n: a if code and _is_wire_array(a, code) else as_stored_array(a)
-            for n, a in deltas.items()
+            for n, a in sources.items()
         }
         metas = await self._metas(arrs)
         _batch_wire(metas.values(), code)
@@ -1598,6 +1610,11 @@ class Client:
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
+    @property
+    def transfers(self) -> Transfers:
+        """How this client stages tensors through its host memory (``irdma.devices``)."""
+        return self._client.transfers
+
     def shared_empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> np.ndarray:
         """See AsyncClient.shared_empty."""
         return self._client.shared_empty(shape, dtype)
@@ -1611,9 +1628,13 @@ class Client:
     def read(self, name: str, out: np.ndarray | None = None, **kwargs: Any) -> np.ndarray:
         """See AsyncClient.read."""
         if not kwargs and self._loop is None:
-            got = self._client.read_now(name, out)
+            host, land = self._client.transfers.sink(out)
+            got = self._client.read_now(name, host)
             if got is not None:
-                return got
+                if not is_device_array(out):
+                    return got
+                assert out is not None  # a tensor
+                return out if land is None else land()
         return self._call(self._client.read, name, out, **kwargs)
 
     def read_bytes(

@@ -14,6 +14,8 @@ calls the same collectives in the same order:
 Each takes ``out=``, an array the result is written into and returned (as
 mpi4py's receive buffers and torch.distributed's in-place tensors): a loop
 that reuses it saves allocating, and first touching, a new array per call.
+Arrays may be torch tensors, on the CPU or a GPU (``irdma.devices``); the
+result is a numpy array, or lands in ``out`` when that is a tensor.
 
 allreduce is a sync-mode tensor (see ``irdma.modes``) whose steps replace
 it with the sum of the step's contributions, added in rank order, so the
@@ -37,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from .client import Client
+from .devices import is_device_array
 from .errors import DtypeMismatch, ShapeMismatch, StepMismatch, TensorNotFound
 from .modes import DEFAULT_WORKER_TIMEOUT, Mode, worker_identity
 from .protocol import validate_name
@@ -123,7 +126,9 @@ class Group:
         (in ``out`` if given: the array's shape, and the result's dtype)."""
         if op not in ("sum", "mean"):
             raise ValueError(f"allreduce op must be 'sum' or 'mean', not {op!r}")
-        arr = _as_c_array(array)
+        if is_device_array(out):  # a tensor: the result lands there (irdma.devices)
+            return self.client.transfers.put(out, self.allreduce(array, op))
+        arr = self._as_c_array(array)
         if arr.dtype.kind == "b":
             raise TypeError("allreduce of bool arrays is not supported; use uint8")
         # numpy's accumulator types, so results equal np.sum / np.mean over the
@@ -161,9 +166,11 @@ class Group:
         """The root's array on every member (others may pass None); elsewhere
         than the root, read into ``out`` if given (the root's shape and dtype)."""
         self._check_root(root)
+        if is_device_array(out):
+            return self.client.transfers.put(out, self.broadcast(array, root))
         slot = f"{self.prefix}/broadcast/{self._next_slot()}"
         if self.rank == root:
-            arr = _as_c_array(array)
+            arr = self._as_c_array(array)
             self._put(slot, arr)
             self.barrier()
             if out is None:
@@ -180,7 +187,10 @@ class Group:
         """On the root, every member's array stacked in rank order (in ``out`` if
         given: shape ``(size, *array.shape)``); None elsewhere."""
         self._check_root(root)
-        arr = _as_c_array(array)
+        if is_device_array(out):
+            got = self.gather(array, root)
+            return None if got is None else self.client.transfers.put(out, got)
+        arr = self._as_c_array(array)
         slot = f"{self.prefix}/gather/{self._next_slot()}"
         if self.rank == root:
             if out is None:
@@ -229,6 +239,11 @@ class Group:
             self.client.write(slot, arr)
         except (DtypeMismatch, ShapeMismatch):
             self.client.write(slot, arr, replace=True)
+
+    def _as_c_array(self, array: Any) -> np.ndarray:
+        """``array`` as a C-ordered numpy array; a tensor (on a GPU too) through the
+        client's host memory (``irdma.devices``)."""
+        return _as_c_array(self.client.transfers.source(array))
 
     def _check_root(self, root: int) -> None:
         if not 0 <= root < self.size:

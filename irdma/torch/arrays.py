@@ -21,6 +21,14 @@ for _name, _np in (("float8_e4m3fn", FLOAT8_E4M3FN), ("float8_e5m2", FLOAT8_E5M2
 _BY_NUMPY = {np_dt: (t_dt, via) for t_dt, (np_dt, via) in _VIEWED.items()}
 
 
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype of torch ``dtype`` (bfloat16 and float8 through ml_dtypes)."""
+    viewed = _VIEWED.get(dtype)
+    if viewed is not None:
+        return viewed[0]
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
 def to_numpy(t: torch.Tensor) -> np.ndarray:
     """``t`` (detached, on the CPU, C-contiguous) as a numpy array of the same dtype and shape."""
     t = t.detach().cpu().contiguous()

@@ -16,6 +16,8 @@
   what was not sent is added to the next step's gradient.
 
 Every worker computes the same result bit for bit: sums go in rank order.
+Encoding and selection run on the gradient's device (a GPU's, for a CUDA
+model), so only the compressed bytes cross to the host.
 """
 
 from __future__ import annotations
@@ -109,26 +111,37 @@ def dense_sum_dtype(c: Compression, dtype: torch.dtype) -> np.dtype:
     return np.dtype(_DENSE_SUM.get(dtype, np.float32))
 
 
-def encode_dense(c: Compression, flat: torch.Tensor, world_size: int, average: bool) -> np.ndarray:
+def encode_dense(
+    c: Compression, flat: torch.Tensor, world_size: int, average: bool
+) -> torch.Tensor:
     """A 1-d gradient as this worker's contribution to the daemon's sum, in the
-    wire's dtype (bfloat16 as uint16 bits)."""
+    wire's dtype, on the gradient's device."""
     if c.kind == "fp16":
         t = flat.detach().to(torch.float16, copy=True)
         if average:
             # Before the sum, exactly as torch's fp16_compress_hook (cast, then divide).
             t.div_(world_size)
-        return t.numpy()
+        return t
     if c.kind == "bf16":
         t = flat.detach()
-        return bf16_bits(t.to(torch.float32) / world_size if average else t)
+        return (t.to(torch.float32) / world_size if average else t).to(torch.bfloat16)
     # No copy for a float32 gradient: the client sends its bytes as they are.
     wire = dense_sum_dtype(c, flat.dtype)
-    return flat.detach().to(_torch_dtype(wire)).contiguous().numpy()
+    return flat.detach().to(_torch_dtype(wire)).contiguous()
 
 
-def decode_dense(c: Compression, total: np.ndarray, world_size: int, average: bool) -> torch.Tensor:
-    """The daemon's sum (a fresh array, widened by the client) as the reduced 1-d gradient."""
+def decode_dense(
+    c: Compression,
+    total: np.ndarray,
+    world_size: int,
+    average: bool,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """The daemon's sum (a fresh array, widened by the client) as the reduced 1-d
+    gradient, on ``device`` (default: the CPU, sharing ``total``'s memory)."""
     t = torch.from_numpy(total)
+    if device is not None and device.type != "cpu":
+        t = t.to(device, non_blocking=True)
     if c.wire is not None:
         return t  # averaged before the sum already
     return t.div_(world_size) if average else t
@@ -184,7 +197,8 @@ class TopK:
         if c.error_feedback:
             g[idx] = 0.0
             self.residuals[key] = g  # what was not sent this step
-        return idx.to(torch.int32).numpy(), values.numpy()
+        # Chosen on the gradient's device; only the pairs come to the host.
+        return idx.to(torch.int32).cpu().numpy(), values.cpu().numpy()
 
 
 def pack_pairs(parts: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
@@ -207,10 +221,13 @@ def unpack_pairs(row: np.ndarray, counts: list[int]) -> list[tuple[np.ndarray, n
     return out
 
 
-def sum_pairs(rows: list[tuple[np.ndarray, np.ndarray]], n: int) -> torch.Tensor:
-    """The dense float32 sum of every worker's pairs, added in rank order."""
-    total = torch.zeros(n, dtype=torch.float32)
+def sum_pairs(
+    rows: list[tuple[np.ndarray, np.ndarray]], n: int, device: torch.device | None = None
+) -> torch.Tensor:
+    """The dense float32 sum of every worker's pairs, added in rank order (on ``device``)."""
+    total = torch.zeros(n, dtype=torch.float32, device=device)
     for idx, values in rows:
         # Indices are distinct within one worker's pairs, so this is one add per element.
-        total[torch.from_numpy(idx.astype(np.int64))] += torch.from_numpy(values.copy())
+        at = torch.from_numpy(idx.astype(np.int64)).to(total.device)
+        total[at] += torch.from_numpy(values.copy()).to(total.device)
     return total

@@ -11,6 +11,9 @@ DDP calls the hook once per bucket as soon as the bucket's gradients are
 ready (in bucket order, on every rank) and goes on with the backward pass;
 the hook hands the bucket to the reducer and returns a future that completes
 with the bucket averaged over the ranks, as DDP's own allreduce does.
+
+On a GPU model the future is CUDA-aware: the sum lands in the bucket on the
+reducer's side stream, and DDP's stream waits for that with an event.
 """
 
 # No ``from __future__ import annotations``: DDP's register_comm_hook compares
@@ -23,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from irdma.client import Client
+from irdma.devices import copies_for
 from irdma.modes import DEFAULT_WORKER_TIMEOUT, worker_identity
 
 from .compression import NONE, Compression
@@ -99,18 +103,26 @@ def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.F
     done = state.reducer.reduce(
         f"bucket/{bucket.index()}", [buffer], state.compression_for(bucket), average=True
     )
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    on_gpu = buffer.device.type == "cuda"
+    # A CUDA-aware future: set_result records an event on the setting stream that
+    # DDP's stream waits for, so no one waits on the host.
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(
+        devices=[buffer.device] if on_gpu else None
+    )
+    copies = copies_for(buffer)
 
     def finish(reduced: Future[list[torch.Tensor]]) -> None:
         # On the reducer's thread; DDP leaves the bucket alone until fut completes.
         try:
             (total,) = reduced.result()
-            buffer.copy_(total)
+            with copies.side(down=True):
+                buffer.copy_(total)
         except Exception as exc:
             # torch annotates set_exception's argument as the result type.
             fut.set_exception(exc)  # type: ignore[arg-type]
             return
-        fut.set_result(buffer)
+        with copies.side(down=True):
+            fut.set_result(buffer)
 
     done.add_done_callback(finish)
     return fut

@@ -18,6 +18,11 @@ the sums travel while the backward pass goes on. ``step()`` (or
 ``synchronize()``) waits for them, writes them into ``p.grad`` and steps
 the wrapped optimizer. Gradients under a gathered compression (top-k)
 are sent together in ``synchronize()``, in parameter order.
+
+On a GPU the hook only records an event on the backward pass's stream; the
+copy to the host, the push, the pull and the copy back run on the reducer's
+threads and a side stream (``irdma.torch.reducer``), so the training
+thread waits only in ``step()``, for sums that are mostly there already.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any
 import torch
 
 from irdma.client import Client
+from irdma.devices import DONE, copies_for
 from irdma.modes import DEFAULT_WORKER_TIMEOUT, worker_identity
 
 from .compression import NONE, Compression, dense_sum_dtype
@@ -55,6 +61,13 @@ class _Bucket:
     compression: Compression
     members: list[tuple[str, torch.Tensor]] = field(default_factory=list)
     nbytes: int = 0
+
+
+def staging_bytes(params: list[tuple[str, torch.Tensor]]) -> int:
+    """Shared memory for an owned client: room for two steps of every GPU parameter's
+    gradient (pinned once, so device-to-host copies land there by DMA); none on the CPU."""
+    on_gpu = sum(p.numel() * p.element_size() for _, p in params if p.device.type == "cuda")
+    return 2 * on_gpu
 
 
 def _grad(p: torch.Tensor) -> torch.Tensor:
@@ -151,7 +164,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False  # synchronize() ran since the last step()
         ident = worker_identity(rank, world_size)
         self._owns_client = client is None
-        self.client = Client() if client is None else client
+        if client is None:
+            client = Client(shared_memory=staging_bytes(self._params) or None)
+        self.client = client
         try:
             self.reducer = Reducer(
                 self.client,
@@ -283,6 +298,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for members, fut in waits:
                 try:
                     for (_, p), total in zip(members, fut.result(), strict=True):
+                        # Made on the reducer's side stream: kept until this stream has read it.
+                        copies_for(total).wait_here(DONE, [total])
                         _grad(p).copy_(total)
                 except Exception as exc:
                     error = error or exc

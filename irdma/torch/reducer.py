@@ -16,6 +16,13 @@ pass goes on while gradients travel:
   exchanged here too, behind the group's barriers, so they run in the order
   they were submitted: every worker must submit those in the same order.
 
+Tensors on a GPU take the same path: ``reduce`` only records an event on
+the caller's stream (the gradients are done there); the push thread encodes
+on the GPU on a side stream after that event and stages the encoded bytes
+into the client's pinned host memory (``irdma.devices``), one copy per
+batch queued before it waits; the pull thread copies each sum to the GPU
+and decodes it there. The training thread never waits for the device.
+
 Every key is a tensor of its own with its own step count, so keys may be
 submitted in any order across workers (each exactly once per step); only the
 gathered compressions need the same order everywhere (DDP calls its hook in
@@ -42,6 +49,7 @@ import torch
 
 from irdma.client import Client
 from irdma.collectives import Group, default_group_name
+from irdma.devices import DONE, CpuCopies, CudaCopies, Ready, copies_for
 from irdma.errors import StepMismatch
 from irdma.modes import DEFAULT_WORKER_TIMEOUT, Mode
 from irdma.protocol import validate_name
@@ -96,6 +104,9 @@ class _Job:
     step: int = 0
     root: int = 0
     wire: np.ndarray | None = None
+    # The tensors' device copies, and the point on the caller's stream they are done at.
+    copies: CpuCopies | CudaCopies | None = None
+    ready: Ready = DONE
 
 
 class Reducer:
@@ -154,6 +165,11 @@ class Reducer:
         """
         parts = list(tensors)
         n = sum(t.numel() for t in parts)
+        devices = {t.device for t in parts}
+        if len(devices) > 1:
+            raise ValueError(
+                f"tensors of {key!r} are on several devices: {sorted(map(str, devices))}"
+            )
         if compression.summed_on_daemon:
             wires = {dense_sum_dtype(compression, t.dtype) for t in parts}
             if len(wires) > 1:
@@ -169,6 +185,8 @@ class Reducer:
         if n == 0:  # nothing to send; every worker knows it
             job.future.set_result([t.detach().clone() for t in parts])
             return job.future
+        job.copies = copies_for(parts[0])
+        job.ready = job.copies.mark()  # no wait: an event on the caller's stream
         self._submit(job, self._push_q if compression.summed_on_daemon else self._pull_q)
         return job.future
 
@@ -216,13 +234,23 @@ class Reducer:
         """Send the batch's contributions; return the jobs sent (failed ones have their error)."""
         # One call per step and wire dtype (a batch frame has one of each).
         by_step: dict[tuple[int, str | None], list[_Job]] = defaultdict(list)
-        for job in batch:
+        staged: list[tuple[_Job, Ready]] = []
+        for job in batch:  # every job's encoding and copy queued before any is waited for
             try:
-                parts = [
-                    encode_dense(job.compression, t.reshape(-1), self.size, job.average)
-                    for t in job.tensors
-                ]
-                job.wire = parts[0] if len(parts) == 1 else np.concatenate(parts)
+                assert job.copies is not None
+                with job.copies.side(job.ready):
+                    parts = [
+                        encode_dense(job.compression, t.reshape(-1), self.size, job.average)
+                        for t in job.tensors
+                    ]
+                    flat = parts[0] if len(parts) == 1 else torch.cat(parts)
+                    job.wire, copied = self.client.transfers.stage(flat)
+                staged.append((job, copied))
+            except Exception as exc:
+                job.future.set_exception(exc)
+        for job, copied in staged:
+            try:
+                copied.synchronize()  # on this thread: the training thread goes on
                 self._ensure(job)
             except Exception as exc:
                 job.future.set_exception(exc)
@@ -313,8 +341,16 @@ class Reducer:
             self._count(received=sum(wire_nbytes(j.compression, got[j.name]) for j in jobs))
             for j in jobs:
                 try:
-                    total = decode_dense(j.compression, got[j.name], self.size, j.average)
-                    j.future.set_result(self._split(j, total))
+                    assert j.copies is not None
+                    device = j.tensors[0].device
+                    with j.copies.side(down=True):  # to the device, decoded there
+                        total = decode_dense(
+                            j.compression, got[j.name], self.size, j.average, device
+                        )
+                        out = self._split(j, total)
+                        done = j.copies.mark()
+                    done.synchronize()  # here, not on the training thread
+                    j.future.set_result(out)
                 except Exception as exc:
                     j.future.set_exception(exc)
 
@@ -334,10 +370,12 @@ class Reducer:
     def _topk_allreduce(self, job: _Job) -> list[torch.Tensor]:
         """Every worker's top-k pairs gathered; the dense float32 sum taken in rank order."""
         c = job.compression
-        pairs = [
-            self._topk.select(f"{job.name}#{i}", c, t.reshape(-1))
-            for i, t in enumerate(job.tensors)
-        ]
+        assert job.copies is not None
+        with job.copies.side(job.ready):  # chosen on the gradients' device
+            pairs = [
+                self._topk.select(f"{job.name}#{i}", c, t.reshape(-1))
+                for i, t in enumerate(job.tensors)
+            ]
         counts = [len(idx) for idx, _ in pairs]
         row = pack_pairs(pairs)
         # Two slots in turn: a worker rewrites a slot only after the barrier of the
@@ -353,11 +391,14 @@ class Reducer:
         self._count(received=sum(a.nbytes for a in got.values()))
         rows = [unpack_pairs(row if r == me else got[f"{slot}/{r}"], counts) for r in range(size)]
         out = []
-        for i, t in enumerate(job.tensors):
-            total = sum_pairs([rows[r][i] for r in range(size)], t.numel())
-            if job.average:
-                total.div_(size)
-            out.append(total.reshape(t.shape).to(t.dtype))
+        with job.copies.side(down=True):
+            for i, t in enumerate(job.tensors):
+                total = sum_pairs([rows[r][i] for r in range(size)], t.numel(), t.device)
+                if job.average:
+                    total.div_(size)
+                out.append(total.reshape(t.shape).to(t.dtype))
+            done = job.copies.mark()
+        done.synchronize()
         return out
 
     def _broadcast(self, job: _Job) -> list[torch.Tensor]:

@@ -2,7 +2,9 @@
 
 - ``push_state_dict(client, prefix, module)`` stores every tensor of a
   module's ``state_dict`` as ``<prefix>/<key>``;
-  ``pull_state_dict(client, prefix, module)`` loads them back in place.
+  ``pull_state_dict(client, prefix, module)`` loads them back in place,
+  straight into the module's tensors wherever they are (a GPU's included:
+  through the client's pinned host memory, ``irdma.devices``).
 - ``ParameterServerOptimizer(module, worker, lr)``: call ``step()`` after
   ``loss.backward()``; it pushes the gradients as this worker's step and
   pulls the parameters for the next one (waiting as the model's training
@@ -17,6 +19,7 @@ import numpy as np
 import torch
 
 from irdma.client import Client
+from irdma.sizes import INLINE_MAX
 from irdma.training import Worker
 
 from .arrays import from_numpy
@@ -26,19 +29,25 @@ from .arrays import to_numpy as _to_numpy
 def push_state_dict(client: Client, prefix: str, module: Any, **write_kw: Any) -> list[str]:
     """Store a module's (or a state dict's) tensors under ``prefix``; return their names."""
     state = module.state_dict() if hasattr(module, "state_dict") else module
-    arrays = {f"{prefix}/{k}": _to_numpy(v) for k, v in state.items()}
-    for name, arr in arrays.items():
-        client.write(name, arr, replace=True, **write_kw)
-    return list(arrays)
+    names = []
+    for k, v in state.items():
+        client.write(f"{prefix}/{k}", v, replace=True, **write_kw)  # a CUDA tensor too
+        names.append(f"{prefix}/{k}")
+    return names
 
 
 def pull_state_dict(client: Client, prefix: str, module: torch.nn.Module) -> None:
-    """Load ``<prefix>/<key>`` into every entry of the module's state dict, in place."""
+    """Load ``<prefix>/<key>`` into every entry of the module's state dict, in place:
+    large tensors are read straight into the module's own (on the CPU or a GPU),
+    small ones together in one batch per daemon and then copied."""
     state = module.state_dict()
-    got = client.read_many([f"{prefix}/{k}" for k in state])
+    large = {f"{prefix}/{k}": v for k, v in state.items() if v.nbytes >= INLINE_MAX}
+    small = {f"{prefix}/{k}": v for k, v in state.items() if v.nbytes < INLINE_MAX}
     with torch.no_grad():
-        for k, v in state.items():
-            v.copy_(from_numpy(got[f"{prefix}/{k}"]).reshape(v.shape))
+        client.read_into(large)
+        got = client.read_many(small) if small else {}
+        for name, v in small.items():
+            v.copy_(from_numpy(got[name]).reshape(v.shape))
 
 
 class ParameterServerOptimizer:
