@@ -219,7 +219,7 @@ def two_workers(cluster: Cluster, fn: Callable[[int, Client], object]) -> list[o
         try:
             with Client(cluster.config_path, transport="shm", shared_memory="8MiB") as c:
                 results[rank] = fn(rank, c)
-        except BaseException as exc:  # handed to the test's thread below
+        except Exception as exc:  # handed to the test's thread below
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
