@@ -752,6 +752,18 @@ def test_store_accumulate_paths_bit_identical(seed: int, alpha: float) -> None:
     n = PAGE // 4
     init = random_float32(n, seed)
     delta = random_float32(n, seed + 1)
+    results = accumulated_on_every_path(init, delta, alpha)
+    with np.errstate(all="ignore"):
+        expected = (init + delta * np.float32(alpha)).tobytes()
+    assert results == [expected] * 6
+
+
+def accumulated_on_every_path(init: np.ndarray, delta: np.ndarray, alpha: float) -> list[bytes]:
+    """The shard bytes ``init`` becomes after accumulating ``delta`` (one page) on each
+    store path: unpinned (in place), pinned whole shard (into staging) and pinned
+    partial (copy-on-write, two halves), each from a received payload and from the
+    client's memory: six results."""
+    n = len(init)
     arena = Arena(16 * PAGE)
     try:
         store = Store(arena, everything)
@@ -759,7 +771,7 @@ def test_store_accumulate_paths_bit_identical(seed: int, alpha: float) -> None:
         with np.errstate(all="ignore"):
             cases = [("a", False, False), ("b", True, False), ("c", True, True)]
             for (name, pinned, split), source in itertools.product(cases, (False, True)):
-                meta = TensorMeta(f"{name}{source}", "float32", (n,), PAGE)
+                meta = TensorMeta(f"{name}{source}", init.dtype.name, (n,), PAGE)
                 tensor, _ = store.create(meta)
                 write(store, meta.key, 0, 0, init)
                 if pinned:
@@ -771,8 +783,7 @@ def test_store_accumulate_paths_bit_identical(seed: int, alpha: float) -> None:
                 for offset, part in halves:
                     accumulate(store, meta.key, 0, offset, part, alpha, from_source=source)
                 results.append(shard_bytes(store, meta.key, 0))
-            expected = (init + delta * np.float32(alpha)).tobytes()
-        assert results == [expected] * 6
+        return results
     finally:
         arena.close()
 
@@ -789,31 +800,13 @@ def test_narrow_floats_accumulate_in_float32_rounded_once(dtype: str) -> None:
     init = rng.integers(0, np.iinfo(bits).max, n, dtype=bits, endpoint=True).view(dt)
     delta = rng.integers(0, np.iinfo(bits).max, n, dtype=bits, endpoint=True).view(dt)
     alpha = 0.3
-    arena = Arena(16 * PAGE)
-    try:
-        store = Store(arena, everything)
-        results = []
-        with np.errstate(all="ignore"):
-            cases = [("a", False, False), ("b", True, False), ("c", True, True)]
-            for (name, pinned, split), source in itertools.product(cases, (False, True)):
-                meta = TensorMeta(f"{name}{source}", dtype, (n,), PAGE)
-                tensor, _ = store.create(meta)
-                write(store, meta.key, 0, 0, init)
-                if pinned:
-                    store.pin(tensor.shards[0].block)
-                halves = (
-                    ((0, delta[: n // 2]), (PAGE // 2, delta[n // 2 :])) if split else ((0, delta),)
-                )
-                for offset, part in halves:
-                    accumulate(store, meta.key, 0, offset, part, alpha, from_source=source)
-                results.append(shard_bytes(store, meta.key, 0))
-            wide = init.astype(np.float32) + delta.astype(np.float32) * np.float32(alpha)
-            expected = wide.astype(dt).tobytes()
-            own_arithmetic = (init + delta * alpha).tobytes()
-        assert results == [expected] * 6
-        assert expected != own_arithmetic  # the rule is not what ml_dtypes' ufuncs give
-    finally:
-        arena.close()
+    results = accumulated_on_every_path(init, delta, alpha)
+    with np.errstate(all="ignore"):
+        wide = init.astype(np.float32) + delta.astype(np.float32) * np.float32(alpha)
+        expected = wide.astype(dt).tobytes()
+        own_arithmetic = (init + delta * alpha).tobytes()
+    assert results == [expected] * 6
+    assert expected != own_arithmetic  # the rule is not what ml_dtypes' ufuncs give
 
 
 # -- pins and copy-on-write --------------------------------------------------
