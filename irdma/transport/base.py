@@ -49,8 +49,8 @@ def for_this_task(err: Exception) -> Exception:
     Only Exceptions are ever recorded for other tasks: a task's ``Cancelled``
     belongs to its own cancel scopes.
     """
-    fresh = type(err)(str(err)) if isinstance(err, StreamBroken | StreamClosed) else None
-    fresh = fresh or StreamBroken(str(err))
+    kind = type(err) if isinstance(err, StreamBroken | StreamClosed) else StreamBroken
+    fresh = kind(str(err))
     fresh.__cause__ = err
     return fresh
 
