@@ -177,7 +177,7 @@ def test_one_sided_with_replicas_follows_the_daemons_gates(tmp_path: Path) -> No
     """With replicas, reads are one-sided from any up-to-date replica; a daemon that
     lost the majority says so in its directory, and is asked (NO_QUORUM) instead."""
     x = np.arange(N, dtype=np.float32)
-    replicated = make_cluster(tmp_path / "r", replicas=2)
+    replicated = make_cluster(tmp_path / "r", replicas=2, timeout=2.0)
     try:
         with Client(replicated.config_path) as c:
             c.write("one/r", x)
