@@ -24,6 +24,7 @@ from irdma.protocol.directory import SERVING_WORD
 from irdma.protocol.messages import Update
 from irdma.routing import new_stamp
 from irdma.shells import drive
+from irdma.transport.direct import DirectReader
 
 from .conftest import Cluster, make_cluster, name_on, start_mount
 
@@ -311,9 +312,36 @@ def reader(request, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterat
         yield c
 
 
-def test_a_whole_tensor_write_is_atomic_for_readers(cluster: Cluster, reader: Client) -> None:
+def record_one_sided_pieces(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[int, int], object]:
+    """Each one-sided piece's last answer, by (shard, offset): (version, stamp, previous
+    stamp) or None, and the first value copied; for a failure's message (the record
+    asked for when a mix was seen once and never reproduced)."""
+    record: dict[tuple[int, int], object] = {}
+    real = DirectReader.read
+
+    def read(
+        self: DirectReader,
+        key: int,
+        layout: int,
+        index: int,
+        offset: int,
+        out: np.ndarray,
+        min_version: int = 0,
+    ) -> tuple[int, int, int] | None:
+        got = real(self, key, layout, index, offset, out, min_version)
+        record[index, offset] = (got, out[:4].view(np.float32).tolist())
+        return got
+
+    monkeypatch.setattr(DirectReader, "read", read)
+    return record
+
+
+def test_a_whole_tensor_write_is_atomic_for_readers(
+    cluster: Cluster, reader: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Readers see all shards of one write or all of the one before, while a writer
     rewrites the tensor whole; reads that met two writes were reconciled."""
+    pieces = record_one_sided_pieces(monkeypatch)
     # A name of its own: the one-sided and shm cases share a transport, and a
     # client's id() can be reused once the one before it is gone.
     name = f"atomic/{reader._client.transport}-{uuid.uuid4().hex}"
@@ -323,7 +351,13 @@ def test_a_whole_tensor_write_is_atomic_for_readers(cluster: Cluster, reader: Cl
     with Rewriter(w, name, N) as writer:
         for _ in range(20_000):
             y = reader.read(name)
-            assert uniform(y), f"shards of two writes: {np.unique(y)}"
+            assert uniform(y), (
+                f"shards of two writes: {np.unique(y)}; first value of each shard "
+                f"{y.reshape(-1, SHARD // 4)[:, 0].tolist()}; one-sided pieces "
+                f"(shard, offset) -> ((version, stamp, prev), first values): {pieces}; "
+                f"reads reconciled {reader._client.reads_reconciled}"
+            )
+            pieces.clear()
             seen.add(float(y[0]))
             # Three of the rewriter's values (not the first zeros): at least three
             # of its writes were applied, and the last of them is acknowledged by
