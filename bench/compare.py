@@ -4,6 +4,7 @@
     python bench/compare.py [--sizes 4KiB,1MiB,64MiB,256MiB] [--rounds 5] [--procs 2,4]
                             [--only limits,redis,irdma,mpi,gloo,group]
                             [--json bench/results/compare.json] [--png bench/results/compare.png]
+    python bench/compare.py --from-json bench/results/compare.json [--png out.png]
 
 Install the peers first with ``sudo bench/setup.sh``; a peer that is missing
 gets one row saying how to install it and the rest still runs.
@@ -28,6 +29,11 @@ GB/s over the reference named beside it (> 1: irdma is faster): tcp against
 iperf3, shm against the numpy copy, sizes up to 64 KiB against Redis GET (read)
 or SET (write, accumulate), collectives against Gloo and MPI with the same op
 and process count.
+
+The chart (--png) has one panel per family the run measured (small requests,
+large transfers, each collective) and one fixed colour per system, named in
+its legend. ``--from-json`` prints the table and draws the chart again from a
+saved --json file without measuring.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -854,9 +860,14 @@ def references(row: Row) -> list[tuple[tuple[str, str, int, int], str]]:
     return []
 
 
+def system_key(system: str) -> str:
+    """A system without its detail in brackets: "redis (hiredis)" is "redis"."""
+    return system.split(" (")[0]
+
+
 def add_ratios(rows: list[Row]) -> None:
     # Keyed without the "(hiredis)" detail, so references need not know it.
-    measured = {(r.system.split(" (")[0], r.op, r.size, r.procs): r for r in rows if r.gbps}
+    measured = {(system_key(r.system), r.op, r.size, r.procs): r for r in rows if r.gbps}
     for row in rows:
         if not row.gbps:
             continue
@@ -946,57 +957,150 @@ def write_json(
     path.write_text(json.dumps(body, indent=2))
 
 
-def grouped_bars(
-    ax: Any, cats: list[str], series: dict[str, dict[str, float]], colors: dict[str, Any]
-) -> None:
-    """One group of bars per category, one bar per series; ``colors`` keeps a
-    series' colour the same in every chart."""
-    if not series:
-        ax.text(0.5, 0.5, "nothing measured", ha="center", transform=ax.transAxes)
-        return
-    width = 0.8 / len(series)
-    for i, (label, values) in enumerate(series.items()):
-        xs = [c + (i - (len(series) - 1) / 2) * width for c in range(len(cats))]
-        color = colors.setdefault(label, f"C{len(colors) % 10}")
-        ax.bar(xs, [values.get(c, 0) for c in cats], width, label=label, color=color)
-    ax.set_xticks(range(len(cats)), cats)
+# -- the chart -------------------------------------------------------------------------
+
+# One colour per system, the same in every chart and run, and no two systems
+# alike (tests/test_bench_compare_chart.py checks): a legend then names each
+# bar's system once for the whole figure. A system's key drops the detail in
+# brackets ("redis (hiredis)" is "redis").
+SYSTEM_COLOURS = {
+    "iperf3": "#000000",
+    "numpy": "#7f7f7f",
+    "redis": "#d62728",
+    "mpi": "#8c564b",
+    "gloo": "#e377c2",
+    "irdma tcp": "#1f77b4",
+    "irdma shm": "#2ca02c",
+    "irdma shm via daemon": "#98df8a",
+    "irdma shm shared": "#17becf",
+    "irdma rdma": "#9467bd",
+    "irdma tcp R=2": "#aec7e8",
+    "irdma shm R=2": "#bcbd22",
+    "irdma rdma R=2": "#c5b0d5",
+    "irdma group tcp": "#ff7f0e",
+    "irdma group shm": "#ffbb78",
+    "irdma group shm shared": "#8c6d31",
+    "irdma group rdma": "#393b79",
+}
+# For systems the mapping does not name (another replica count, say), in order
+# of name; none of these is in SYSTEM_COLOURS.
+SPARE_COLOURS = ("#f7b6d2", "#9edae5", "#637939", "#843c39", "#7b4173", "#5254a3", "#e7ba52")
+SMALL = "small requests"
+LARGE = "large transfers"
+# The chart's panels, in order: one per family of rows, drawn only when measured.
+FAMILIES = (SMALL, LARGE, *COLLECTIVES)
+# Point-to-point ops in the order their bars are drawn; Redis's GET and SET
+# stand beside irdma's read and write, as the table compares them.
+OP_ORDER = ("read", "write", "accumulate", "copy", "copy by shard", "stream")
+OP_AS = {"GET": "read", "SET": "write"}
+
+
+def system_colours(systems: Iterable[str]) -> dict[str, str]:
+    """Each system's colour: fixed for those SYSTEM_COLOURS names, the others a
+    spare colour each, by name; ValueError when there are more than spares."""
+    keys = sorted({system_key(s) for s in systems})
+    others = [k for k in keys if k not in SYSTEM_COLOURS]
+    if len(others) > len(SPARE_COLOURS):
+        raise ValueError(f"{len(others)} systems without a colour of their own: {others}")
+    spare = dict(zip(others, SPARE_COLOURS, strict=False))
+    return {s: SYSTEM_COLOURS.get(system_key(s)) or spare[system_key(s)] for s in systems}
+
+
+def system_rank(system: str) -> tuple[int, str]:
+    """Bars and legend entries in SYSTEM_COLOURS' order, the others after, by name."""
+    order = list(SYSTEM_COLOURS)
+    key = system_key(system)
+    return (order.index(key) if key in order else len(order), system)
+
+
+def family_of(row: Row) -> str:
+    if row.op in COLLECTIVES:
+        return row.op
+    return SMALL if 0 < row.size <= LATENCY_MAX else LARGE
+
+
+def panels(rows: list[Row]) -> list[tuple[str, list[Row]]]:
+    """The chart's panels: each family with measured rows, and those rows."""
+    measured = [r for r in rows if r.gbps and not r.note]
+    found = [(f, [r for r in measured if family_of(r) == f]) for f in FAMILIES]
+    return [(f, rs) for f, rs in found if rs]
+
+
+def category_of(row: Row) -> tuple[tuple[int, int, str], str]:
+    """Where a row's bar stands in its panel: (sort key, tick label)."""
+    if row.op in COLLECTIVES:
+        return (row.size, row.procs, ""), f"{human_size(row.size)} x{row.procs}"
+    if row.system == "iperf3":
+        return (-1, 0, ""), "link\n(iperf3)"
+    op = OP_AS.get(row.op, row.op)
+    rank = OP_ORDER.index(op) if op in OP_ORDER else len(OP_ORDER)
+    return (row.size, rank, op), f"{op}\n{human_size(row.size)}"
+
+
+def bar_value(family: str, row: Row) -> float:
+    """Small requests in microseconds per op (their table compares times);
+    the rest in GB/s."""
+    return (row.seconds or 0) * 1e6 if family == SMALL else row.gbps or 0
+
+
+def draw_panel(ax: Any, family: str, rows: list[Row], colours: dict[str, str]) -> None:
+    """Bars by category; each category holds only the systems measured there."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    cats: dict[tuple[int, int, str], tuple[str, list[Row]]] = {}
+    for r in rows:
+        key, label = category_of(r)
+        cats.setdefault(key, (label, []))[1].append(r)
+    width = 0.8 / max(len(rs) for _, rs in cats.values())
+    for x, key in enumerate(sorted(cats)):
+        rs = sorted(cats[key][1], key=lambda r: system_rank(r.system))
+        for i, r in enumerate(rs):
+            xs = x + (i - (len(rs) - 1) / 2) * width
+            bar = ax.bar(xs, bar_value(family, r), width, color=colours[r.system])
+            ax.bar_label(bar, fmt=lambda v: f"{v:.3g}" if v < 1000 else f"{v:.0f}", fontsize=6)
+    ax.set_xticks(range(len(cats)), [cats[k][0] for k in sorted(cats)], fontsize=8)
     ax.set_yscale("log")
-    ax.set_ylabel("GB/s (log)")
+    # Plain numbers at 1, 2 and 5 of each decade ("20", not "2 x 10^1"), so a
+    # panel that spans less than a decade still reads.
+    ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.margins(y=0.15)
+    if family == SMALL:
+        ax.set_ylabel("us per op (log; lower is faster)")
+        ax.set_title(f"{family} (<= {human_size(LATENCY_MAX)}), median time per op")
+    else:
+        ax.set_ylabel("GB/s (log)")
+        per = " (size per member x processes)" if family in COLLECTIVES else ", per op"
+        ax.set_title(f"{family}{per}")
     ax.grid(axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=4)
 
 
-def write_png(rows: list[Row], path: Path, args: argparse.Namespace) -> str:
+def write_png(rows: list[Row], path: Path) -> str:
     if not has_module("matplotlib"):
         return f"no chart: {INSTALL['matplotlib']}"
+    found = panels(rows)
+    if not found:
+        return "no chart: nothing was measured"
+    drawn = [r.system for _, rs in found for r in rs]
+    try:
+        colours = system_colours(drawn)
+    except ValueError as exc:
+        return f"no chart: {exc}"
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
-    ok = [r for r in rows if r.gbps]
-    fig, axes = plt.subplots(1 + len(COLLECTIVES), 1, figsize=(13, 18))
-    sizes = [human_size(s) for s in args.sizes]
-    p2p: dict[str, dict[str, float]] = {}
-    for r in ok:
-        if r.op not in COLLECTIVES and r.size:
-            p2p.setdefault(f"{r.system} {r.op}", {})[human_size(r.size)] = r.gbps
-    grouped_bars(axes[0], sizes, p2p, {})
-    for r in ok:
-        if r.system == "iperf3":
-            axes[0].axhline(r.gbps, color="k", linestyle="--", label="iperf3 (link)")
-            axes[0].legend(fontsize=7, ncol=4)
-    axes[0].set_title("point to point (per op)")
-    cats = [f"{s} x{p}" for s in sizes for p in args.procs]
-    colors: dict[str, Any] = {}
-    for ax, op in zip(axes[1:], COLLECTIVES, strict=True):
-        series: dict[str, dict[str, float]] = {}
-        for r in ok:
-            if r.op == op:
-                series.setdefault(r.system, {})[f"{human_size(r.size)} x{r.procs}"] = r.gbps
-        grouped_bars(ax, cats, series, colors)
-        ax.set_title(f"{op} (size per member x processes)")
-    fig.tight_layout()
+    fig, axes = plt.subplots(len(found), 1, figsize=(13, 1.2 + 3.8 * len(found)), squeeze=False)
+    for ax, (family, rs) in zip(axes[:, 0], found, strict=True):
+        draw_panel(ax, family, rs, colours)
+    names = sorted(set(drawn), key=system_rank)
+    handles = [Patch(color=colours[n], label=n) for n in names]
+    fig.legend(handles=handles, loc="upper center", ncol=min(6, len(names)), fontsize=8)
+    legend_rows = -(-len(names) // 6)
+    fig.tight_layout(rect=(0, 0, 1, 1 - (0.25 + 0.25 * legend_rows) / fig.get_figheight()))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -1025,6 +1129,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--worker-timeout", type=float, default=1800.0)
     ap.add_argument("--json", type=Path, default=RESULTS / "compare.json")
     ap.add_argument("--png", type=Path, default=RESULTS / "compare.png")
+    ap.add_argument(
+        "--from-json",
+        type=Path,
+        metavar="FILE",
+        help="measure nothing: print the table and draw --png from FILE, a previous --json",
+    )
     hidden = argparse.SUPPRESS  # the options the script passes to its own workers
     kinds = ap.add_mutually_exclusive_group()
     for kind in WORKERS:
@@ -1061,6 +1171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for kind in WORKERS:
         if getattr(args, kind):
             return run_worker(args, kind)
+    if args.from_json:
+        return replay(args)
     signal.signal(signal.SIGTERM, on_sigterm)
     started = time.monotonic()
     memory: list[dict[str, Any]] = []
@@ -1071,10 +1183,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     add_ratios(rows)
     rows.sort(key=sort_key)
-    print(
+    print_report(
+        rows,
+        memory,
         f"irdma vs limits and peers, loopback, {os.cpu_count()} cores, {NODES} daemons, "
-        f"median of {args.rounds} rounds, {time.monotonic() - started:.0f} s"
+        f"median of {args.rounds} rounds, {time.monotonic() - started:.0f} s",
     )
+    write_json(rows, args.json, args, memory)
+    print(f"json: {args.json}; {write_png(rows, args.png)}")
+    return 0
+
+
+def print_report(rows: list[Row], memory: list[dict[str, Any]], headline: str) -> None:
+    print(headline)
     print("GB/s = size / time per op (1e9 B/s); ratio = irdma GB/s / reference GB/s (> 1: faster)")
     print(
         f"references: tcp -> iperf3, shm -> numpy copy, <= {human_size(LATENCY_MAX)} -> "
@@ -1086,8 +1207,43 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"memory: {m['what']}: {m['bytes'] / 2**20:.0f} MiB "
             f"({m['bytes'] / m['limit']:.2f} of {m['limit_is']}, {m['limit'] / 2**20:.0f} MiB)"
         )
-    write_json(rows, args.json, args, memory)
-    print(f"json: {args.json}; {write_png(rows, args.png, args)}")
+
+
+def load_run(path: Path) -> tuple[list[Row], list[dict[str, Any]], dict[str, Any]]:
+    """A previous run's rows, memory figures and meta, as ``--json`` wrote them;
+    ValueError saying what is wrong with the file."""
+    try:
+        body = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not JSON: {exc}") from exc
+    if not isinstance(body, dict) or not isinstance(body.get("rows"), list):
+        raise ValueError(f"{path} has no list of rows (is it a bench/compare.py --json file?)")
+    rows = []
+    for i, r in enumerate(body["rows"]):
+        try:
+            rows.append(Row(**r))
+        except TypeError as exc:
+            raise ValueError(f"{path}: row {i} is not a compare.py row: {exc}") from exc
+    return rows, body.get("memory", []), body.get("meta", {})
+
+
+def replay(args: argparse.Namespace) -> int:
+    """``--from-json``: the table and the chart of a previous run, nothing measured."""
+    try:
+        rows, memory, meta = load_run(args.from_json)
+    except ValueError as exc:
+        print(f"--from-json: {exc}", file=sys.stderr)
+        return 2
+    print_report(
+        rows,
+        memory,
+        f"irdma vs limits and peers, from {args.from_json} (measured {meta.get('when', '?')}, "
+        f"{meta.get('cores', '?')} cores, {meta.get('nodes', '?')} daemons, "
+        f"median of {meta.get('rounds', '?')} rounds)",
+    )
+    print(write_png(rows, args.png))
     return 0
 
 
