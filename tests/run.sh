@@ -8,7 +8,8 @@ deploy/setup.sh || exit 1
 .venv/bin/ruff format --check . || exit 1
 # Static types of irdma, psd and fuse ([tool.mypy] in pyproject.toml).
 .venv/bin/mypy || exit 1
-.venv/bin/python -m pytest -p no:cacheprovider "$@"
+# The slowest tests are listed at the end: the suite is kept well under 30 minutes.
+.venv/bin/python -m pytest -p no:cacheprovider --durations=30 "$@"
 status=$?
 if [ "$status" -eq 5 ]; then
     echo "tests/run.sh: pytest collected no tests; that is a failure" >&2
