@@ -56,9 +56,9 @@ from irdma.protocol.messages import Catchup, Ping, ReplicaUpdate, ShardCopy, Syn
 from irdma.transport.base import StreamBroken, StreamClosed
 from irdma.transport.tcp import FramedConnection
 
-from .errors import StoreError
-from .membership import Membership
-from .store import Commit, Store, held_commit
+from ..errors import StoreError
+from ..membership import Membership
+from ..store import Commit, Store, held_commit
 
 log = logging.getLogger("psd")
 
