@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import trio
 
-from irdma.cluster import ClusterConfig
+from irdma.cluster import DEFAULT_SHARD_SIZE, ClusterConfig
 from irdma.protocol import Status
 from irdma.protocol.messages import Catchup, SyncRequest
 
@@ -24,6 +24,7 @@ from ..membership import Membership
 from ..store import Store
 from .bodies import BadBody, CatchupAnswer, CatchupQuestion, CopyRequest, ShardId
 from .catchup_plan import Plan, Report, Undecided, plan
+from .delivery import MODEST_RATE
 from .heartbeats import Heartbeats
 from .links import PeerError
 from .peers import Peers
@@ -38,12 +39,6 @@ RETRY_PAUSE = 0.2
 # What a peer may take beyond the failure timeout to answer a catch-up question or
 # a copy request (it walks its shards, or sends them after its queue).
 PEER_WORK = 30.0
-
-# The shard size a copy request's timeout counts for a shard it does not know.
-ASSUMED_SHARD = 1 << 22
-
-# The slowest rate a peer that is up sends copies at (bytes per second).
-COPY_RATE = 100e6
 
 
 def drop_unkept(config: ClusterConfig, store: Store, me: str) -> None:
@@ -193,10 +188,11 @@ class CatchUp:
             for k, s in shards
             if k in tensors and s in tensors[k].shards
         )
+        # At least the default shard size per shard (one not held here has no size).
         timeout = (
             self.config.failure_timeout
             + PEER_WORK
-            + max(total, len(shards) * ASSUMED_SHARD) / COPY_RATE
+            + max(total, len(shards) * DEFAULT_SHARD_SIZE) / MODEST_RATE
         )
         self.asked.add(source)
         try:

@@ -18,8 +18,8 @@ from ..store import Commit, Store, held_commit
 from .bodies import ShardCopyBody
 from .links import Link, PeerError, Refused
 
-# The rate a peer that is up takes bytes at, at the least (bytes per second): a
-# request's timeout is the failure timeout plus its bytes at this rate.
+# The rate a peer that is up takes and sends bytes at, at the least (bytes per
+# second): a request's timeout is the failure timeout plus its bytes at this rate.
 MODEST_RATE = 100e6
 
 
