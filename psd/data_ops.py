@@ -42,7 +42,7 @@ from .admission import Admission
 from .arena import Block
 from .conn import Conn, Replies, no_payload
 from .metrics import RequestMetrics
-from .replication import Replicator
+from .replication import Forwarding
 from .store import PendingUpdate, Store, StoreError
 
 log = logging.getLogger("psd")
@@ -56,7 +56,7 @@ class DataOps:
         node: Node,
         store: Store,
         admission: Admission,
-        replicator: Replicator,
+        forwarding: Forwarding,
         replies: Replies,
         metrics: RequestMetrics,
         *,
@@ -66,7 +66,7 @@ class DataOps:
         self.node = node
         self.store = store
         self.admission = admission
-        self.replicator = replicator
+        self.forwarding = forwarding  # to the backups, and what acknowledging waits for
         self.replies = replies
         self.metrics = metrics
         # Longest a read waits for a training step before it is answered NOT_READY.
@@ -83,7 +83,7 @@ class DataOps:
     def forward(self) -> list:
         """Queue what was just applied for the backups (call with no await in between)."""
         commits = self.store.take_commits()
-        return self.replicator.forward(commits) if commits else []
+        return self.forwarding.forward(commits) if commits else []
 
     async def read(self, conn: Conn, header: Header, msg: Read) -> None:
         no_payload(conn, msg)
@@ -276,9 +276,9 @@ class DataOps:
             self.store.abort(update)
             raise
         version, retried = self._apply_once(update, msg.worker, msg.step)
-        await self.replicator.wait(self.forward())
+        await self.forwarding.wait(self.forward())
         if retried:
-            await self.replicator.confirm([(msg.key, msg.shard)])
+            await self.forwarding.confirm([(msg.key, msg.shard)])
         await self.replies.reply(conn, header, [], version=version)
 
     def _abort_all(self, updates: list[PendingUpdate | StoreError]) -> None:
@@ -291,7 +291,7 @@ class DataOps:
         """Apply a client's update unless its txn was applied before: (version, was a retry).
 
         A retry is not applied twice; its caller answers it only after
-        ``replicator.confirm``, once every other copy surely has the original.
+        ``Forwarding.confirm``, once every other copy surely has the original.
         """
         done = self.store.applied(update, worker)
         if done is not None:
@@ -442,7 +442,7 @@ class DataOps:
                 self._abort_all(updates[i:])  # those not applied yet
                 raise
             answers.append(BatchEntry(e.key, e.shard, e.offset, e.length, version))
-        await self.replicator.wait(self.forward())
+        await self.forwarding.wait(self.forward())
         if retried:
-            await self.replicator.confirm(retried)
+            await self.forwarding.confirm(retried)
         await self.replies.reply(conn, header, [pack_entries(answers)])

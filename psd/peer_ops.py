@@ -1,5 +1,6 @@
 """The requests daemons send each other: heartbeats, catch-up questions, forwarded
-updates and whole-shard copies (the rules are ``replication.Replicator``'s)."""
+updates and whole-shard copies (the rules are ``psd.replication``'s: its heartbeats,
+catch-up service and vetting)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from irdma.transport.base import StreamBroken, StreamClosed
 
 from .conn import Conn, Replies, payload_json
 from .data_ops import DataOps
-from .replication import Replicator
+from .replication import Item, Replicator
 from .store import Store, StoreError
 
 
@@ -22,12 +23,14 @@ class PeerOps:
         self, store: Store, replicator: Replicator, replies: Replies, data: DataOps
     ) -> None:
         self.store = store
-        self.replicator = replicator
+        self.heartbeats = replicator.heartbeats
+        self.service = replicator.service
+        self.vetting = replicator.vetting
         self.replies = replies
         self.data = data  # receives a forwarded update's payload as a client's
 
     async def replica_update(self, conn: Conn, header: Header, msg: ReplicaUpdate) -> None:
-        self.replicator.check_sender(msg.sender, msg.key, msg.shard)
+        self.vetting.check_sender(msg.sender, msg.key, msg.shard)
         tensor = self.store.tensors.get(msg.key)
         if tensor is not None and msg.shard not in tensor.shards:
             # Placed here by a move (check_sender saw to that) and not copied yet: the
@@ -41,7 +44,7 @@ class PeerOps:
         update.stamp = msg.stamp
         try:
             # The view may have moved while the payload came in.
-            self.replicator.check_sender(msg.sender, msg.key, msg.shard)
+            self.vetting.check_sender(msg.sender, msg.key, msg.shard)
         except StoreError:
             self.store.abort(update)
             raise
@@ -55,26 +58,26 @@ class PeerOps:
 
     async def ping(self, conn: Conn, header: Header, msg: Ping) -> None:
         body = await payload_json(conn)
-        answer = await self.replicator.received_ping(body)
+        answer = await self.heartbeats.received(body)
         await self.replies.reply(conn, header, [answer])
 
     async def catchup(self, conn: Conn, header: Header, msg: Catchup) -> None:
         body = await payload_json(conn)
-        await self.replies.reply(conn, header, [self.replicator.catchup_answer(body)])
+        await self.replies.reply(conn, header, [self.service.answer(body)])
 
     async def sync_request(self, conn: Conn, header: Header, msg: SyncRequest) -> None:
         body = await payload_json(conn)
-        items = self.replicator.queue_sync_request(body)
+        items = self.service.queue_copies(body)
         # Answered by its own task once the shards are delivered: meanwhile this
         # connection serves the asker's other requests (two daemons copying from
         # each other at once would otherwise wait on each other's connection).
         conn.deferred = True
         conn.nursery.start_soon(self._answer_when_sent, conn, header, items)
 
-    async def _answer_when_sent(self, conn: Conn, header: Header, items: list) -> None:
+    async def _answer_when_sent(self, conn: Conn, header: Header, items: list[Item]) -> None:
         try:
             try:
-                await self.replicator.sent(items)
+                await self.service.sent(items)
             except StoreError as exc:
                 await self.replies.error(conn, header, exc.status, exc.message)
             else:
@@ -86,7 +89,7 @@ class PeerOps:
         length = conn.payload.left
         if msg.meta_length > MAX_META_PAYLOAD or msg.meta_length + msg.size != length:
             raise StoreError(Status.BAD_FRAME, "shard copy: lengths do not add up")
-        self.replicator.check_sender(msg.sender, msg.key, msg.shard, whole=True)
+        self.vetting.check_sender(msg.sender, msg.key, msg.shard, whole=True)
         staging = self.store.reserve(length)
         try:
             if staging is None:  # arena full: the copy waits in process memory
@@ -94,8 +97,8 @@ class PeerOps:
             else:
                 buf = self.store.arena.view(staging, 0, length)
             await conn.payload.read_into(buf)
-            self.replicator.check_sender(msg.sender, msg.key, msg.shard, whole=True)
-            self.replicator.install(msg, buf.data)
+            self.vetting.check_sender(msg.sender, msg.key, msg.shard, whole=True)
+            self.vetting.install(msg, buf.data)
         finally:
             if staging is not None:
                 self.store.arena.free(staging)

@@ -44,7 +44,7 @@ class Presence:
         self.steward = Steward(config, node, self.registry, self.membership)
         self.state: ClusterState | None = None
         self._wake = trio.Event()
-        replicator.on_gained = self.say_gained
+        replicator.epochs.on_gained = self.say_gained
 
     def record(self) -> MemberRecord:
         n = self.node

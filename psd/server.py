@@ -120,13 +120,13 @@ class Server:
         admission = Admission(config, node, self.membership)
         self._admission = admission
         self.membership.on_ready = self._refresh_serving  # the directory says so at once
-        self.replicator.on_adopted = self._refresh_serving
+        self.replicator.epochs.on_adopted = self._refresh_serving
         poll = min(MAX_POLL, config.timeout / 4)
         data = DataOps(
             node,
             store,
             admission,
-            self.replicator,
+            self.replicator.forwarding,
             replies,
             self.metrics,
             poll=poll,

@@ -298,19 +298,17 @@ class Harness:
             for listener in self._peer_listeners:
                 sock = trio.socket.from_stdlib_socket(listener.dup())
                 nursery.start_soon(_answer_everything_ok, sock)
-            replicator._nursery = nursery
+            replicator.serve_in(nursery)
             for peer in replicator.peers.values():
-                nursery.start_soon(replicator._sender, peer)
+                nursery.start_soon(replicator.forwarding.run, peer)
             try:
                 yield
             finally:
                 with trio.CancelScope(shield=True):
                     for peer in replicator.peers.values():
-                        if peer.conn is not None:
-                            await peer.conn.aclose()
-                            peer.conn = None
-                        peer.skip_all()
-                replicator._nursery = None
+                        await peer.link.aclose()
+                        peer.queue.skip_all()
+                replicator.serve_in(None)
                 nursery.cancel_scope.cancel()
 
     def _reset_membership(self) -> None:
@@ -321,7 +319,7 @@ class Harness:
         if self.replicated:
             m.heard(OTHER, ready=True)
             m.became_ready()
-            self.server.replicator._asked.clear()
+            self.server.replicator.catchup.asked.clear()
 
     def _restore(self, meta: TensorMeta) -> None:
         """Put a baseline tensor back: its metadata, version 0, its golden bytes."""
@@ -362,7 +360,7 @@ class Harness:
             if coord or now.get(key) != self.baseline[key]:
                 self._restore(meta)
         for peer in self.server.replicator.peers.values():
-            peer.skip_all()
+            peer.queue.skip_all()
         self.store.commits.clear()
 
     # -- inputs --------------------------------------------------------------
@@ -449,7 +447,7 @@ class Harness:
         # blocks pinned) by the replicator's sender, which outlives the connection that
         # asked: they are the replicator's, not the connection's, so let them go first.
         with trio.move_on_after(self.hang_timeout) as flushing:
-            await self.server.replicator.flush()
+            await self.server.replicator.forwarding.flush()
         if flushing.cancelled_caught:
             out.problems.append(f"hang: shard copies not sent within {self.hang_timeout} s")
         now = self.fingerprint()

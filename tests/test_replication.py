@@ -24,13 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import trio
-from irdma_psd.main import build_store
-from irdma_psd.replication import Item, PeerError, Replicator
-from irdma_psd.store import StoreError
 
 from irdma.cluster import ClusterConfig, load_config, render_config
-from irdma.local import psd_command, write_config
+from irdma.local import psd_command
 from irdma.protocol import tensor_key
 
 from .netns import NetnsUnavailable, Network, netns_problem
@@ -425,77 +421,3 @@ def test_training_loop_over_delayed_lossy_links(lossy_cluster: NetCluster) -> No
             with contextlib.suppress(Exception):
                 c.net.shape(h)
     assert out["errors"] == [], out
-
-
-# -- acknowledgements (psd.replication.Replicator.wait, no daemons) -----------------------
-
-
-def test_an_update_queued_before_a_loss_of_readiness_is_never_acknowledged(
-    tmp_path: Path,
-) -> None:
-    """Found by tests/test_elastic.py: a primary applied an update, a backup refused the
-    forward (it saw the next epoch), the primary gave up being ready, caught up at
-    once (it had nothing to catch up on) and, ready again when the wait ended,
-    acknowledged the update no copy kept. The wait remembers the loss."""
-    path = write_config(tmp_path, 3, replicas=2, arena_size=1 << 20)
-    path.write_text(path.read_text() + '\n[etcd]\nendpoints = ["http://127.0.0.1:9"]\n')
-    config = load_config(path)
-    node = config.node("n1")
-    store = build_store(config, node)
-    try:
-        replicator = Replicator(config, node, store)
-        replicator.membership.holds_lease_until(time.monotonic() + 60)
-        replicator.membership.ready = True  # as after catching up
-
-        async def main() -> None:
-            delivered = Item(1, 0, None, losses=replicator.losses)
-            delivered.delivered = True
-            delivered.done.set()
-            await replicator.wait([delivered])  # delivered: acknowledged
-            skipped = Item(1, 0, None, losses=replicator.losses)
-            replicator._on_lost()  # a refusal made it give up being ready...
-            skipped.done.set()
-            replicator.membership.ready = True  # ...and it is ready again already
-            with pytest.raises(StoreError, match="not acknowledged"):
-                await replicator.wait([skipped])
-            refused = Item(1, 0, None, losses=replicator.losses)
-            refused.refused = True
-            refused.done.set()
-            with pytest.raises(StoreError, match="not acknowledged"):
-                await replicator.wait([refused])
-
-        trio.run(main)
-    finally:
-        store.arena.close()
-
-
-def test_a_peer_that_left_while_its_catch_up_question_was_starting_is_skipped(
-    tmp_path: Path,
-) -> None:
-    """Found by the nemesis (drains and replacements with etcd): a catch-up asked every
-    peer that was up, and a task started for one found it gone, as the new epoch had
-    just let it go; the KeyError killed the daemon. A peer that left is now one that
-    does not answer."""
-    path = write_config(tmp_path, 3, replicas=2, arena_size=1 << 20)
-    config = load_config(path)
-    node = config.node("n1")
-    store = build_store(config, node)
-    try:
-        replicator = Replicator(config, node, store)
-        # The peers up when the tasks were started; n2 has left by the time they run.
-        replicator.membership.up_peers = lambda now=None: ["n2", "n3"]  # type: ignore[method-assign]
-        del replicator.peers["n2"]
-
-        async def main() -> None:
-            with trio.fail_after(60):
-                async with trio.open_nursery() as nursery:
-                    replicator._nursery = nursery  # where its connections run
-                    await replicator._plan()  # n3 has no daemon: no answer from either
-                    await replicator._handoff()
-                    with pytest.raises(PeerError, match="n2 left the cluster"):
-                        await replicator._fetch("n2", [(1, 0)])
-                    nursery.cancel_scope.cancel()
-
-        trio.run(main)
-    finally:
-        store.arena.close()

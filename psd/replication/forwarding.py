@@ -1,0 +1,210 @@
+"""Forwarding and acknowledgement: updates applied here as a shard's primary, queued for
+its backups in the order they were applied, sent in that order, and waited for.
+
+The interface the daemon uses: ``forward`` (queue what was just applied),
+``wait`` (until the backups that are up have it; refuses to acknowledge an
+update this daemon may no longer be in charge of), ``confirm`` (a retried
+update's shard sent whole first), ``send_whole`` (shards a peer asked for),
+``drain`` (what was queued for one peer). ``run`` is the one task per peer
+that sends its queue in order over its link: backups apply the same updates
+in the same order, so copies stay byte-identical. A backup that missed
+updates answers BEHIND and gets the whole shard instead (``delivery``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import trio
+
+from irdma.protocol import Status
+
+from ..errors import StoreError
+from ..membership import Membership
+from ..store import Commit
+from .delivery import Delivery
+from .links import PeerError, Refused
+from .peers import Peer, Peers
+from .queues import Item
+
+log = logging.getLogger("psd")
+
+
+class Forwarding:
+    """The forward queues of one daemon and what acknowledging an update waits for."""
+
+    def __init__(
+        self,
+        me: str,
+        membership: Membership,
+        peers: Peers,
+        delivery: Delivery,
+        retry_pause: float,
+    ) -> None:
+        self.me = me
+        self.membership = membership
+        self.peers = peers
+        self.delivery = delivery
+        self.retry_pause = retry_pause  # between tries to reach a peer that is up
+        # Times this daemon gave up being ready: an update queued before one of them
+        # is not acknowledged even if it is ready again by the time it is answered.
+        self.losses = 0
+        # Why this daemon gives up being ready, when a refusal here is the cause.
+        self._refusal = ""
+
+    # -- queueing ---------------------------------------------------------------
+
+    def forward(self, commits: list[Commit]) -> list[Item]:
+        """Queue updates just applied here for the shards' backups; call with no await since."""
+        return [
+            self._queue(name, c.key, c.shard, c)
+            for c in commits
+            for name in self.membership.backups(c.key, c.shard)
+        ]
+
+    def send_whole(self, peer_name: str, shards: Iterable[tuple[int, int]]) -> list[Item]:
+        """Queue whole shards for a peer (after anything queued for it before)."""
+        return [self._queue(peer_name, key, index, None) for key, index in shards]
+
+    def _queue(self, peer_name: str, key: int, index: int, commit: Commit | None) -> Item:
+        """Queue an update (None: the whole shard) for a peer, marked with how many
+        times this daemon had given up being ready (``wait`` compares)."""
+        return self.peers[peer_name].queue.put(Item(key, index, commit, losses=self.losses))
+
+    # -- waiting ------------------------------------------------------------------
+
+    async def wait(self, items: list[Item]) -> None:
+        """Wait until the backups have these updates, or were declared down.
+
+        Raises StoreError (NO_QUORUM) when one was not delivered and was refused,
+        or this daemon gave up being ready (lost its majority or lease, or was
+        refused) since it was queued, or is not ready now: it is applied here
+        only, another replica may be primary by now and this copy will be
+        replaced, so it must not be acknowledged; the client retries it
+        elsewhere with the same txn.
+        """
+        for item in items:
+            await item.done.wait()
+        m = self.membership
+        # A refusal, or a loss of readiness since the items were queued, means another
+        # replica may be in charge: not acknowledged, even if this daemon is ready
+        # again by now (caught up meanwhile, with its copy replaced).
+        stale = any(i.refused or i.losses != self.losses for i in items)
+        if any(not i.delivered for i in items) and (stale or not (m.ready and m.has_quorum())):
+            why = "its lease or a backup's acceptance" if m.leased else "contact with a majority"
+            raise StoreError(
+                Status.NO_QUORUM,
+                f"{self.me} lost {why} before its backups had the "
+                "update; it is not acknowledged: retry it on another replica",
+            )
+
+    async def confirm(self, shards: list[tuple[int, int]]) -> None:
+        """Before a retried update is answered (it was applied here before, as primary
+        or as a backup): every other copy that is up gets these shards whole from
+        here. The original may never have reached one of them (refused by a daemon
+        that saw another primary, a move's gaining daemon among them), and that copy
+        must not outlive this one without it. StoreError (RECOVERING) if a copy
+        that is still up did not take it: the client asks again.
+        """
+        if not self.membership.replicated:
+            return
+        log.info(
+            "%s: a retried update was applied here before (%s); every copy gets it whole first",
+            self.me,
+            ", ".join(f"shard {index} of tensor {key:#x}" for key, index in shards),
+        )
+        sent = [
+            (name, self._queue(name, key, index, None))
+            for key, index in shards
+            for name in self.membership.backups(key, index)
+        ]
+        await self.wait([item for _, item in sent])
+        missing = sorted({n for n, i in sent if not i.delivered and self.membership.up(n)})
+        if missing:
+            raise StoreError(
+                Status.RECOVERING,
+                f"{self.me} could not give {', '.join(missing)} its copy of a retried "
+                "update; ask again",
+            )
+
+    async def drain(self, peer_name: str) -> None:
+        """Wait until everything queued for a peer so far was delivered (or it went down)."""
+        peer = self.peers.get(peer_name)
+        if peer is not None:
+            await peer.queue.drain()
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far was delivered (or its peer went down)."""
+        for name in list(self.peers):
+            await self.drain(name)
+
+    # -- what changes it -------------------------------------------------------------
+
+    def let_go_of_down_peers(self) -> None:
+        """A peer that went down no longer holds up acknowledgements."""
+        for name, peer in self.peers.items():
+            if not self.membership.up(name):
+                peer.queue.skip_all()
+
+    def lost(self) -> str:
+        """This daemon gave up being ready: count it. Why, if a refusal here caused it
+        (else "")."""
+        self.losses += 1
+        why, self._refusal = self._refusal, ""
+        return why
+
+    # -- sending --------------------------------------------------------------------
+
+    async def run(self, peer: Peer) -> None:
+        """Send ``peer``'s queue in order, until cancelled."""
+        while True:
+            item = await peer.queue.first()
+            try:
+                if item.commit is not None and not self.membership.ready:
+                    # Applied as primary before this daemon lost its majority:
+                    # another replica may have taken over since. Not sent.
+                    pass
+                else:
+                    await self._deliver(peer, item)
+                    item.delivered = True
+            except Refused as exc:
+                log.warning("%s: %s; dropped", self.me, exc)
+                item.refused = True
+                if self.membership.leased and item.commit is not None:
+                    # Applied here as primary, refused by a copy that sees another
+                    # primary (an epoch switch): this copy may hold an update no
+                    # other has. Not acknowledged; caught up from the primary.
+                    self._refusal = f"{peer.name} refused an update it forwarded"
+                    self.membership.lose()
+            except PeerError as exc:
+                # Keep trying while the peer is up; once it is down the
+                # queue is dropped (it catches up when it returns).
+                if self.membership.up(peer.name):
+                    log.info("%s: forwarding to %s failed (%s); retrying", self.me, peer.name, exc)
+                    await trio.sleep(self.retry_pause)
+                    continue
+            peer.queue.done(item)
+
+    async def _deliver(self, peer: Peer, item: Item) -> None:
+        if item.commit is not None:
+            status, why = await self.delivery.update(peer.link, item.commit)
+            if status == Status.OK:
+                return
+            if status == Status.NOT_OWNER:
+                raise Refused(
+                    f"{peer.name} refused an update to shard {item.shard} of tensor "
+                    f"{item.key:#x}: {why.decode(errors='replace')}"
+                )
+            # The backup missed updates, or lacks the tensor: send the shard.
+            log.info(
+                "%s: %s answered %s to an update of shard %d of tensor %#x (%s); sending "
+                "the shard whole",
+                self.me,
+                peer.name,
+                Status(status).name,
+                item.shard,
+                item.key,
+                why.decode(errors="replace"),
+            )
+        await self.delivery.shard(peer.link, item.key, item.shard)

@@ -1,0 +1,72 @@
+"""What waits to be sent to one peer: forwarded updates and whole shards, in order."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import trio
+
+from ..store import Commit
+
+
+@dataclass(eq=False)
+class Item:
+    """One message queued for a peer: a forwarded update, or a whole shard."""
+
+    key: int
+    shard: int
+    commit: Commit | None  # None: send the whole shard (SYNC)
+    done: trio.Event = field(default_factory=trio.Event)
+    delivered: bool = False  # done can also mean skipped (the peer went down)
+    refused: bool = False  # the peer would not take it (it sees another primary)
+    queued: float = field(default_factory=time.monotonic)  # for the lag metric
+    # How many times this daemon had given up being ready when the item was queued.
+    losses: int = 0
+
+
+class ForwardQueue:
+    """The items for one peer, sent in order by one task (``Forwarding.run``)."""
+
+    def __init__(self) -> None:
+        self._items: deque[Item] = deque()
+        self._wake = trio.Event()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Item]:
+        return iter(self._items)
+
+    def __getitem__(self, index: int) -> Item:
+        return self._items[index]
+
+    def put(self, item: Item) -> Item:
+        self._items.append(item)
+        self._wake.set()
+        return item
+
+    async def first(self) -> Item:
+        """The oldest item, once there is one (it stays queued until ``done``)."""
+        while not self._items:
+            self._wake = trio.Event()
+            await self._wake.wait()
+        return self._items[0]
+
+    def done(self, item: Item) -> None:
+        """``item`` was sent (or given up on): off the queue, and its waiters woken."""
+        if self._items and self._items[0] is item:
+            self._items.popleft()
+        item.done.set()
+
+    def skip_all(self) -> None:
+        """The peer is down: what was queued for it is not waited for (it catches up later)."""
+        while self._items:
+            self._items.popleft().done.set()
+
+    async def drain(self) -> None:
+        """Wait until everything queued so far was delivered (or skipped)."""
+        if self._items:
+            await self._items[-1].done.wait()

@@ -1,0 +1,128 @@
+"""psd.replication.catchup_plan: which shards a catch-up copies from whom (pure, no daemons)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from irdma_psd.replication.catchup_plan import Plan, Report, Undecided, plan
+
+# Every shard of tensor 1 and 2 is placed on n1, n2, n3 in that order unless a test says.
+ORDER = ("n1", "n2", "n3")
+
+
+def replicas(order: tuple[str, ...] = ORDER) -> Callable[[int, int], tuple[str, ...]]:
+    return lambda key, index: order
+
+
+def primary(name: str | None) -> Callable[[int, int], str | None]:
+    return lambda key, index: name
+
+
+def test_a_served_shard_is_copied_from_its_acting_primary_only() -> None:
+    """n1 catches up; n2 (the acting primary) and n3 are ready. n3's copy is newer than
+    n2's report (say a forward n2 sent n3 was counted there first), yet n2's is taken:
+    a backup's copy may lag forwards the primary already sent here."""
+    mine = {(1, 0): (3, 0xAA)}
+    reports = {
+        "n2": Report(True, {(1, 0): (5, 0xBB)}),
+        "n3": Report(True, {(1, 0): (6, 0xCC)}),
+    }
+    decided = plan("n1", mine, reports, replicas(), primary("n2"))
+    assert decided == Plan({"n2": [(1, 0)]}, [])
+
+
+def test_nothing_is_copied_where_the_primary_holds_the_same_copy() -> None:
+    mine = {(1, 0): (5, 0xBB)}
+    reports = {"n2": Report(True, {(1, 0): (5, 0xBB)})}
+    assert plan("n1", mine, reports, replicas(), primary("n2")) == Plan({}, [])
+
+
+def test_the_same_version_with_other_bytes_is_copied() -> None:
+    mine = {(1, 0): (5, 0x01)}
+    reports = {"n2": Report(True, {(1, 0): (5, 0x02)})}
+    assert plan("n1", mine, reports, replicas(), primary("n2")) == Plan({"n2": [(1, 0)]}, [])
+
+
+def test_a_shard_its_primary_no_longer_holds_is_dropped() -> None:
+    """Deleted while this daemon was away: the primary answered without it."""
+    mine = {(1, 0): (5, 0xBB), (2, 0): (1, 0x11)}
+    reports = {"n2": Report(True, {(2, 0): (1, 0x11)})}
+    assert plan("n1", mine, reports, replicas(), primary("n2")) == Plan({}, [(1, 0)])
+
+
+def test_it_waits_while_the_acting_primary_did_not_answer_ready() -> None:
+    """Views differ for a moment: the primary this daemon sees is not among the ready
+    replicas that answered. Nothing is decided, and nothing to say in the log."""
+    mine = {(1, 0): (3, 0xAA)}
+    reports = {"n3": Report(True, {(1, 0): (6, 0xCC)})}
+    decided = plan("n1", mine, reports, replicas(), primary("n2"))
+    assert isinstance(decided, Undecided)
+    assert decided.waiting_for == ()
+    assert "acting primary (n2)" in decided.why
+    assert isinstance(plan("n1", mine, reports, replicas(), primary(None)), Undecided)
+
+
+def test_with_nobody_serving_it_waits_for_every_replica() -> None:
+    """The whole cluster starting: no ready replica, and n3 has not answered."""
+    mine = {(1, 0): (3, 0xAA)}
+    reports = {"n2": Report(False, {(1, 0): (4, 0xBB)})}
+    decided = plan("n1", mine, reports, replicas(), primary(None))
+    assert isinstance(decided, Undecided)
+    assert decided.waiting_for == ("n3",)
+    assert "n3" in decided.why and "tensor 0x1" in decided.why
+
+
+def test_with_nobody_serving_it_the_highest_version_wins() -> None:
+    mine = {(1, 0): (3, 0xAA), (2, 0): (9, 0x99)}
+    reports = {
+        "n2": Report(False, {(1, 0): (4, 0xBB), (2, 0): (2, 0x22)}),
+        "n3": Report(False, {(1, 0): (7, 0xCC)}),
+    }
+    decided = plan("n1", mine, reports, replicas(), primary(None))
+    # Tensor 2's newest copy is this daemon's own: nothing to copy for it.
+    assert decided == Plan({"n3": [(1, 0)]}, [])
+
+
+def test_a_shard_this_daemon_lacks_is_copied() -> None:
+    reports = {"n2": Report(True, {(1, 0): (2, 0x12), (1, 1): (1, 0x34)})}
+    decided = plan("n1", {}, reports, replicas(), primary("n2"))
+    assert decided == Plan({"n2": [(1, 0), (1, 1)]}, [])
+    assert isinstance(decided, Plan) and decided.copies == 2
+
+
+def test_only_the_shards_the_filter_accepts_are_considered() -> None:
+    """A move's gains: just the shards this daemon gains are copied, and a shard that
+    would block the decision is not looked at."""
+    reports = {
+        "n2": Report(True, {(1, 0): (2, 0x12)}),
+        "n3": Report(True, {(2, 0): (1, 0x34)}),
+    }
+
+    def acting(key: int, index: int) -> str | None:
+        return "n2" if key == 1 else "n9"  # tensor 2's primary did not answer
+
+    decided = plan("n1", {}, reports, replicas(), acting, only=lambda key, index: key == 1)
+    assert decided == Plan({"n2": [(1, 0)]}, [])
+    assert isinstance(plan("n1", {}, reports, replicas(), acting), Undecided)
+
+
+def test_copies_are_grouped_by_source_in_shard_order() -> None:
+    """Each shard from its own acting primary; a source's shards in (key, index) order."""
+    reports = {
+        "n2": Report(True, {(2, 1): (1, 1), (1, 0): (1, 1)}),
+        "n3": Report(True, {(1, 1): (1, 1)}),
+    }
+
+    def acting(key: int, index: int) -> str:
+        return "n3" if (key, index) == (1, 1) else "n2"
+
+    decided = plan("n1", {}, reports, replicas(), acting)
+    assert decided == Plan({"n2": [(1, 0), (2, 1)], "n3": [(1, 1)]}, [])
+
+
+def test_this_daemon_not_placed_first_still_counts_only_the_others() -> None:
+    """n1 is the last replica: its own name never becomes a source."""
+    mine = {(1, 0): (1, 0x1)}
+    reports = {"n2": Report(False, {(1, 0): (1, 0x1)}), "n3": Report(False, {})}
+    decided = plan("n1", mine, reports, replicas(("n2", "n3", "n1")), primary(None))
+    assert decided == Plan({}, [])

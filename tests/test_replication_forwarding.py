@@ -1,0 +1,111 @@
+"""psd.replication.forwarding: what an update's acknowledgement waits for, and which
+backups its forwards are queued for (a real replicator and store, no daemons)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+from irdma_psd.main import build_store
+from irdma_psd.replication import Item, Replicator
+from irdma_psd.store import Commit, StoreError
+
+from irdma.cluster import load_config
+from irdma.local import write_config
+from irdma.protocol import Op
+
+
+def test_an_update_queued_before_a_loss_of_readiness_is_never_acknowledged(
+    tmp_path: Path,
+) -> None:
+    """Found by tests/test_elastic.py: a primary applied an update, a backup refused the
+    forward (it saw the next epoch), the primary gave up being ready, caught up at
+    once (it had nothing to catch up on) and, ready again when the wait ended,
+    acknowledged the update no copy kept. The wait remembers the loss."""
+    path = write_config(tmp_path, 3, replicas=2, arena_size=1 << 20)
+    path.write_text(path.read_text() + '\n[etcd]\nendpoints = ["http://127.0.0.1:9"]\n')
+    config = load_config(path)
+    node = config.node("n1")
+    store = build_store(config, node)
+    try:
+        replicator = Replicator(config, node, store)
+        replicator.membership.holds_lease_until(time.monotonic() + 60)
+        replicator.membership.ready = True  # as after catching up
+
+        async def main() -> None:
+            forwarding = replicator.forwarding
+            delivered = Item(1, 0, None, losses=forwarding.losses)
+            delivered.delivered = True
+            delivered.done.set()
+            await forwarding.wait([delivered])  # delivered: acknowledged
+            skipped = Item(1, 0, None, losses=forwarding.losses)
+            replicator.membership.lose()  # a refusal made it give up being ready...
+            skipped.done.set()
+            replicator.membership.ready = True  # ...and it is ready again already
+            with pytest.raises(StoreError, match="not acknowledged"):
+                await forwarding.wait([skipped])
+            refused = Item(1, 0, None, losses=forwarding.losses)
+            refused.refused = True
+            refused.done.set()
+            with pytest.raises(StoreError, match="not acknowledged"):
+                await forwarding.wait([refused])
+
+        trio.run(main)
+    finally:
+        store.arena.close()
+
+
+def commit(key: int, shard: int, version: int) -> Commit:
+    """An update applied here as the shard's primary (4 bytes written at offset 0)."""
+    return Commit(key, shard, Op.WRITE, 0, 1.0, 0, 0, np.zeros(4, np.uint8), 0, version)
+
+
+def test_forwards_are_queued_in_order_for_the_backups_that_are_up(tmp_path: Path) -> None:
+    """Three copies of every shard, n1 primary: each update goes to n2 and n3 while they
+    are registered, in the order applied; one that leaves holds no acknowledgement up."""
+    path = write_config(tmp_path, 3, replicas=3, arena_size=1 << 20)
+    path.write_text(path.read_text() + '\n[etcd]\nendpoints = ["http://127.0.0.1:9"]\n')
+    config = load_config(path)
+    node = config.node("n1")
+    store = build_store(config, node)
+    try:
+        replicator = Replicator(config, node, store)
+        m, forwarding = replicator.membership, replicator.forwarding
+        m.holds_lease_until(time.monotonic() + 60)
+        m.saw_registered(frozenset({"n2", "n3"}))
+        m.became_ready()
+
+        async def main() -> None:
+            first, second = commit(1, 0, 1), commit(1, 0, 2)
+            items = forwarding.forward([first, second])
+            assert len(items) == 4
+            for name in ("n2", "n3"):
+                queued = list(replicator.peers[name].queue)
+                assert [i.commit for i in queued] == [first, second]
+            m.saw_registered(frozenset({"n2"}))  # n3 left: its forwards are let go
+            assert len(replicator.peers["n3"].queue) == 0
+            assert sum(i.done.is_set() and not i.delivered for i in items) == 2
+            waited: list[str] = []
+
+            async def acknowledge() -> None:
+                await forwarding.wait(items)
+                waited.append("acknowledged")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(acknowledge)
+                await trio.testing.wait_all_tasks_blocked()
+                assert waited == []  # n2 has neither yet
+                queue = replicator.peers["n2"].queue
+                for _ in range(2):
+                    item = await queue.first()
+                    item.delivered = True
+                    queue.done(item)
+            assert waited == ["acknowledged"]
+
+        trio.run(main)
+    finally:
+        store.arena.close()
