@@ -596,7 +596,7 @@ def start_cluster(
     need = biggest * 2 * max(args.procs) if "group" in args.only else biggest
     arena = f"{int(1.5 * need / NODES) // (1 << 20) + 128}MiB"
     directory = tmp / f"cluster-r{replicas}"
-    cmd = [sys.executable, "-m", "irdma.cli", "local", "--nodes", str(NODES)]
+    cmd = [sys.executable, "-m", "irdma", "local", "--nodes", str(NODES)]
     cmd += ["--dir", str(directory), "--arena", arena, "--replicas", str(replicas)]
     proc = start(stack, cmd, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline().strip() if proc.stdout else ""

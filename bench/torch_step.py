@@ -299,7 +299,7 @@ def main() -> int:
     from link import start_local
     from train_digits import stop
 
-    from irdma.local import free_ports
+    from irdma.cli.local import free_ports
 
     # SIGTERM unwinds like Ctrl-C, so the cluster started here stops too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

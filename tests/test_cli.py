@@ -27,7 +27,7 @@ def irdma(
     if cluster is not None:
         env["IRDMA_CONFIG"] = str(cluster.config_path)
     proc = subprocess.run(
-        [sys.executable, "-m", "irdma.cli", *args],
+        [sys.executable, "-m", "irdma", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -227,7 +227,7 @@ def test_local_starts_and_stops_cleanly(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "irdma.cli",
+            "irdma",
             "local",
             "--nodes",
             "2",

@@ -29,8 +29,8 @@ from irdma_psd.main import build_store
 from irdma_psd.replication import Item, PeerError, Replicator
 from irdma_psd.store import StoreError
 
+from irdma.cli.local import psd_command, write_config
 from irdma.cluster import ClusterConfig, load_config, render_config
-from irdma.local import psd_command, write_config
 from irdma.protocol import tensor_key
 
 from .netns import NetnsUnavailable, Network, netns_problem
