@@ -27,8 +27,9 @@ from .agreement import Runner, Served, agree, settle_at
 from .auth import cluster_secret
 from .batching import Batches
 from .cluster import ClusterConfig, Node, load_config, parse_size
+from .cluster.epochs import Epoch, epoch_tag
+from .cluster.registry import current_epoch
 from .devices import Transfers, is_device_array
-from .epochs import Epoch, epoch_tag
 from .errors import (
     ClientClosed,
     ConfigError,
@@ -71,7 +72,6 @@ from .protocol.messages import (
     served_stamps,
 )
 from .ranges import Piece, shard_pieces
-from .registry import current_epoch
 from .routing import Router, asks_primary, new_stamp, new_txn, worker_field
 from .shells import BlockingShell, Shell, TrioShell, drive
 from .sinks import IntoSink

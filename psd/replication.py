@@ -42,7 +42,7 @@ import trio
 
 from irdma.auth import cluster_secret
 from irdma.cluster import ClusterConfig, Node
-from irdma.epochs import Epoch
+from irdma.cluster.epochs import Epoch
 from irdma.errors import AuthFailed
 from irdma.protocol import (
     Header,

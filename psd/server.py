@@ -27,7 +27,7 @@ import trio
 
 from irdma.auth import cluster_secret
 from irdma.cluster import ClusterConfig, Node
-from irdma.epochs import epoch_tag
+from irdma.cluster.epochs import epoch_tag
 from irdma.protocol import (
     PROTOCOL_VERSION,
     Flag,

@@ -21,7 +21,7 @@ from irdma.cluster import (
     render_config,
     rendezvous_order,
 )
-from irdma.epochs import Epoch
+from irdma.cluster.epochs import Epoch
 from irdma.errors import ConfigError, IrdmaError
 from irdma.protocol import tensor_key
 

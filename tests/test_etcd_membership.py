@@ -23,10 +23,10 @@ import trio
 import irdma
 from irdma import Client
 from irdma.cli.local import write_config
-from irdma.epochs import Epoch
-from irdma.etcd import Etcd
+from irdma.cluster.epochs import Epoch
+from irdma.cluster.etcd import Etcd
+from irdma.cluster.registry import Registry
 from irdma.protocol import tensor_key
-from irdma.registry import Registry
 
 from .conftest import Cluster, hello, make_cluster
 from .etcd_server import EtcdServer, etcd_server

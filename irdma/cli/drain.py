@@ -16,8 +16,8 @@ import sys
 import trio
 
 from ..cluster import load_config
+from ..cluster.registry import Registry
 from ..errors import ConfigError
-from ..registry import Registry
 
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 POLL = 0.2

@@ -24,10 +24,10 @@ import trio
 
 from ..client import AsyncClient
 from ..cluster import Address, ClusterConfig, Node
+from ..cluster.etcd import EtcdError
+from ..cluster.registry import ClusterState, Registry
 from ..errors import AuthFailed, DaemonTimeout, IrdmaError
-from ..etcd import EtcdError
 from ..protocol import TensorMeta
-from ..registry import ClusterState, Registry
 from . import localdir
 from .supervisor import FAILED, RESTARTING, STOPPED, DaemonRecord
 
