@@ -304,7 +304,7 @@ def gloo_worker(args: argparse.Namespace) -> dict[str, Any]:
 def group_worker(args: argparse.Namespace) -> dict[str, Any]:
     """irdma's Group broadcast / gather / allreduce, one Client per process."""
     from irdma.client import Client
-    from irdma.collectives import Group
+    from irdma.training.collectives import Group
 
     results = []
     shared = args.shared_memory or None

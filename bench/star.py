@@ -191,7 +191,7 @@ def touched(nbytes: int) -> np.ndarray:
 
 def irdma_worker(args: argparse.Namespace, settings: Settings) -> int:
     from irdma.client import Client
-    from irdma.collectives import Group
+    from irdma.training.collectives import Group
 
     largest = max(settings.nbytes(k) for k in settings.models)
     shared = 2 * largest if args.shared else None

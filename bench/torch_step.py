@@ -127,8 +127,8 @@ def run_worker(args: argparse.Namespace) -> int:
     from torch import nn
 
     import irdma.torch
-    from irdma.modes import worker_identity
     from irdma.torch import BF16, FP16, NONE, Compression
+    from irdma.training.modes import worker_identity
 
     torch.set_num_threads(1)
     me = worker_identity()

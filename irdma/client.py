@@ -45,7 +45,6 @@ from .errors import (
     TensorNotFound,
     error_for_status,
 )
-from .modes import Mode
 from .protocol import (
     DTYPE_CODES,
     MAX_NAME_BYTES,
@@ -76,6 +75,7 @@ from .routing import Router, asks_primary, new_stamp, new_txn, worker_field
 from .shells import BlockingShell, Shell, TrioShell, drive
 from .sinks import IntoSink
 from .sizes import PARALLEL_COPY_MIN
+from .training.modes import Mode
 from .transport.base import (
     Buffer,
     Reply,

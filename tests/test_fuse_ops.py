@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from irdma import Client
-from irdma.modes import Mode
+from irdma.training.modes import Mode
 
 from .conftest import Cluster, Mount, mount_command, start_mount
 

@@ -21,9 +21,9 @@ import numpy as np
 from .. import names as namesmod
 from ..client import AsyncClient, TensorInfo, as_stored_array
 from ..errors import DtypeMismatch, IrdmaError, ShapeMismatch, TensorNotFound
-from ..modes import describe_options
 from ..names import base_name, is_internal, is_pattern, literal_prefix, matches, relative
 from ..protocol import validate_name
+from ..training.modes import describe_options
 from . import tensorfiles
 from .tensorfiles import FileProblem, Kind
 
