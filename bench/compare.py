@@ -310,7 +310,7 @@ def gloo_worker(args: argparse.Namespace) -> dict[str, Any]:
 def group_worker(args: argparse.Namespace) -> dict[str, Any]:
     """irdma's Group broadcast / gather / allreduce, one Client per process."""
     from irdma.client import Client
-    from irdma.collectives import Group
+    from irdma.training.collectives import Group
 
     results = []
     shared = args.shared_memory or None
@@ -602,7 +602,7 @@ def start_cluster(
     need = biggest * 2 * max(args.procs) if "group" in args.only else biggest
     arena = f"{int(1.5 * need / NODES) // (1 << 20) + 128}MiB"
     directory = tmp / f"cluster-r{replicas}"
-    cmd = [sys.executable, "-m", "irdma.cli", "local", "--nodes", str(NODES)]
+    cmd = [sys.executable, "-m", "irdma", "local", "--nodes", str(NODES)]
     cmd += ["--dir", str(directory), "--arena", arena, "--replicas", str(replicas)]
     proc = start(stack, cmd, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline().strip() if proc.stdout else ""

@@ -147,7 +147,7 @@ def start_mount(command: list[str], where: Path, what: str) -> subprocess.Popen:
 
 
 def irdma_mount(config: Path, where: Path, *extra: str) -> Target:
-    command = [sys.executable, "-m", "irdma.cli", "--config", str(config), "mount", str(where)]
+    command = [sys.executable, "-m", "irdma", "--config", str(config), "mount", str(where)]
     proc = start_mount([*command, "--foreground", *extra], where, "irdma mount")
     (where / "bench").mkdir(exist_ok=True)
     return Target(f"mount{''.join(extra)}", where, proc, lambda name: where / "bench" / name)

@@ -228,7 +228,7 @@ def other_cases(config: str, device: str, failures: list[str]) -> None:
             landing = CudaArray(torch.empty_like(y))
             c.read("gpucheck/cai", out=landing)
             check("__cuda_array_interface__", torch.equal(landing.t, y))
-        from irdma.collectives import Group
+        from irdma.training.collectives import Group
 
         g = Group(c, "gpucheck-group", rank=0, world_size=1)
         z = torch.randn(300, 7, device=device)
@@ -283,7 +283,7 @@ def digits_worker(kind: str, world: int, epochs: int, out: Path, device: str, po
     import torch.distributed as dist
 
     import irdma.torch as it
-    from irdma.modes import worker_identity
+    from irdma.training.modes import worker_identity
 
     COMPRESSIONS = {"none": it.NONE, "fp16": it.FP16, "topk": it.Compression.topk(0.1)}
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))

@@ -32,10 +32,10 @@ import trio
 # A sibling script (bench/ is on sys.path when this runs as a script).
 from compare import iperf3_round
 
-from irdma.bench import run as irdma_bench
+from irdma.cli.bench import run as irdma_bench
+from irdma.cli.local import free_ports
 from irdma.client import AsyncClient
 from irdma.cluster import parse_size
-from irdma.local import free_ports
 
 
 def numpy_copy(size: int, rounds: int) -> float:
@@ -59,7 +59,7 @@ def start_local(directory: Path, nodes: int, arena: str) -> tuple[subprocess.Pop
         [
             sys.executable,
             "-m",
-            "irdma.cli",
+            "irdma",
             "local",
             "--nodes",
             str(nodes),

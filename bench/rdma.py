@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from irdma import Client
+from irdma.cli.local import psd_command, write_config
 from irdma.cluster import parse_size
-from irdma.local import psd_command, write_config
 from irdma.transport.verbs import MTU_BYTES, find_gid
 
 PERFTEST_MSG = 4 << 20

@@ -127,7 +127,7 @@ def wait_join(args: argparse.Namespace) -> None:
     import trio
 
     from irdma import AsyncClient
-    from irdma.registry import Registry
+    from irdma.cluster.registry import Registry
 
     config = load_config(args.config)
     assert config.etcd is not None

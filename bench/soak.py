@@ -63,11 +63,11 @@ from typing import Any
 import numpy as np
 
 from irdma import Client
+from irdma.cli.local import free_ports, psd_command
 from irdma.cluster import load_config, parse_size
 from irdma.errors import IrdmaError, TensorNotFound
-from irdma.local import free_ports, psd_command
 
-IRDMA = [sys.executable, "-m", "irdma.cli"]
+IRDMA = [sys.executable, "-m", "irdma"]
 RESULTS = Path(__file__).resolve().parent / "results"
 MIB = 1 << 20
 SHARD_SIZE = 1 << 20

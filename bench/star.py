@@ -191,7 +191,7 @@ def touched(nbytes: int) -> np.ndarray:
 
 def irdma_worker(args: argparse.Namespace, settings: Settings) -> int:
     from irdma.client import Client
-    from irdma.collectives import Group
+    from irdma.training.collectives import Group
 
     largest = max(settings.nbytes(k) for k in settings.models)
     shared = 2 * largest if args.shared else None
@@ -425,7 +425,7 @@ def child_env(**extra: str) -> dict[str, str]:
 # `irdma local`'s own runner (start, wait until ready, print the config path,
 # stop on SIGTERM), on a config written here.
 LOCAL_RUNNER = (
-    "import sys, trio; from pathlib import Path; from irdma.local import run_local; "
+    "import sys, trio; from pathlib import Path; from irdma.cli.local import run_local; "
     "sys.exit(trio.run(run_local, Path(sys.argv[1])))"
 )
 
@@ -433,7 +433,7 @@ LOCAL_RUNNER = (
 @contextlib.contextmanager
 def irdma_cluster(nodes: int, arena_bytes: int, directory: Path) -> Iterator[Path]:
     """Daemons on loopback as ``irdma local`` runs them; yields the config path."""
-    from irdma.local import write_config
+    from irdma.cli.local import write_config
 
     # No periodic snapshots: writing a large model to disk mid-run would be
     # timed as communication.
@@ -509,7 +509,7 @@ def run_mpi(
 def run_gloo(
     workers: list[int], settings: Settings, args: argparse.Namespace, tmp: Path
 ) -> dict[int, Launch]:
-    from irdma.local import free_ports
+    from irdma.cli.local import free_ports
 
     missing = not_installed("torch", None)
     if missing:

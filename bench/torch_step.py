@@ -127,8 +127,8 @@ def run_worker(args: argparse.Namespace) -> int:
     from torch import nn
 
     import irdma.torch
-    from irdma.modes import worker_identity
     from irdma.torch import BF16, FP16, NONE, Compression
+    from irdma.training.modes import worker_identity
 
     torch.set_num_threads(1)
     me = worker_identity()
@@ -299,7 +299,7 @@ def main() -> int:
     from link import start_local
     from train_digits import stop
 
-    from irdma.local import free_ports
+    from irdma.cli.local import free_ports
 
     # SIGTERM unwinds like Ctrl-C, so the cluster started here stops too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

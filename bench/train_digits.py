@@ -79,7 +79,7 @@ def make_model():
 
 
 def mode_for(kind: str, workers: int, slack: int, groups: int | None, timeout: float):
-    from irdma.modes import Mode
+    from irdma.training.modes import Mode
 
     if kind == "async":
         return Mode()
@@ -117,9 +117,9 @@ def run_worker(args: argparse.Namespace) -> int:
     from torch import nn
 
     from irdma import Client
-    from irdma.modes import worker_identity
     from irdma.pytorch import ParameterServerOptimizer
-    from irdma.training import Worker
+    from irdma.training.modes import worker_identity
+    from irdma.training.worker import Worker
 
     torch.set_num_threads(1)
     ident = worker_identity()  # RANK / WORLD_SIZE from the launcher

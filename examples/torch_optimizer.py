@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 import irdma.torch
-from irdma.modes import worker_identity
+from irdma.training.modes import worker_identity
 
 # The model and the data of bench/train_digits.py (one definition for bench, tests, examples).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))

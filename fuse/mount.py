@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _background(args: argparse.Namespace, mountpoint: Path) -> int:
     """Start the same mount in the foreground of a detached child; wait until it is up."""
-    argv = spawn.python_module("irdma.cli")
+    argv = spawn.python_module("irdma")
     if args.config:
         argv += ["--config", args.config]
     if args.timeout is not None:

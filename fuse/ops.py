@@ -41,7 +41,8 @@ from irdma.errors import (
 
 from . import paths
 from .buffers import BufferPool
-from .files import FileBuffer, Handle, file_size, identity, is_raw, load, plan_outflow, push
+from .content import file_size, identity, is_raw
+from .files import FileBuffer, Handle, load, plan_outflow, push
 from .mover import Mover
 from .npyfile import BadNpy
 from .paths import DIR_MARKER, NPY, Kind, Target

@@ -29,7 +29,7 @@ import trio
 from irdma import AsyncClient, ClientClosed, TensorInfo
 
 from .buffers import BufferPool
-from .files import file_buffer, identity
+from .content import file_buffer, identity
 from .mover import Mover
 from .paths import Target
 

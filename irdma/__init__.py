@@ -24,9 +24,9 @@ from .errors import (
     TensorNotFound,
     TornRead,
 )
-from .modes import Mode, describe_options
 from .names import DIR_MARKER
 from .sdnotify import Notifier
+from .training.modes import Mode, describe_options
 from .transport.shared import SharedMemoryFull, SharedRegion
 
 __version__ = "0.1.0"

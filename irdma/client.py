@@ -27,8 +27,9 @@ from .agreement import Runner, Served, agree, settle_at
 from .auth import cluster_secret
 from .batching import Batches
 from .cluster import ClusterConfig, Node, load_config, parse_size
+from .cluster.epochs import Epoch, epoch_tag
+from .cluster.registry import current_epoch
 from .devices import Transfers, is_device_array
-from .epochs import Epoch, epoch_tag
 from .errors import (
     ClientClosed,
     ConfigError,
@@ -44,7 +45,6 @@ from .errors import (
     TensorNotFound,
     error_for_status,
 )
-from .modes import Mode
 from .protocol import (
     DTYPE_CODES,
     MAX_NAME_BYTES,
@@ -71,11 +71,11 @@ from .protocol.messages import (
     served_stamps,
 )
 from .ranges import Piece, shard_pieces
-from .registry import current_epoch
 from .routing import Router, asks_primary, new_stamp, new_txn, worker_field
 from .shells import BlockingShell, Shell, TrioShell, drive
 from .sinks import IntoSink
 from .sizes import PARALLEL_COPY_MIN
+from .training.modes import Mode
 from .transport.base import (
     Buffer,
     Reply,
@@ -849,7 +849,7 @@ class AsyncClient:
     ) -> builtins.list[Served]:
         """Move ``buf`` to or from bytes at ``offset`` of a tensor; return each piece's answer.
 
-        ``worker`` and ``step`` name a training worker's step (see ``irdma.modes``).
+        ``worker`` and ``step`` name a training worker's step (see ``irdma.training.modes``).
         With a ``wire`` dtype, ``buf`` holds the values in that dtype
         (``irdma.narrowing``) while ``offset`` still counts the tensor's bytes.
         A read of several shards gets them all from one whole-tensor write;

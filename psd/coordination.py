@@ -6,7 +6,7 @@ whether a worker's read for a step may proceed. It also keeps when each
 worker was last heard from, so a worker that fell silent while others wait
 for it can be reported lost or evicted. The store applies what it returns;
 the server turns "not ready" into waiting. The modes are described in
-``irdma.modes``.
+``irdma.training.modes``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from irdma.modes import Mode
 from irdma.protocol import Status
+from irdma.training.modes import Mode
 
 from .errors import StoreError
 

@@ -24,11 +24,11 @@ is always ready and the only holder of its shards.
 of heartbeats: a peer is up while its registration (under its lease) is in
 etcd, and this daemon may accept updates while it holds its own lease,
 counted locally to a deadline that falls before etcd can expire it
-(``irdma.registry``). No majority of daemons is needed: etcd's is. Pings
+(``irdma.cluster.registry``). No majority of daemons is needed: etcd's is. Pings
 still carry whether a peer is ready (caught up). A daemon that loses its
 lease is not ready until it has registered again and caught up.
 
-**Epochs** (with etcd): the member list changes (``irdma.epochs``). A daemon
+**Epochs** (with etcd): the member list changes (``irdma.cluster.epochs``). A daemon
 that adopts a new epoch is *settled* once every registered peer of it
 reported that epoch or a later one: until then it serves no client
 requests, so no daemon acts under one epoch while another still acts under

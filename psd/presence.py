@@ -1,7 +1,7 @@
 """A daemon's registration in etcd, and who else is registered (``[etcd]`` configs).
 
 The daemon registers its member record under a lease and renews it
-(``irdma.registry``); a watch of the cluster's prefix tells ``Membership`` who
+(``irdma.cluster.registry``); a watch of the cluster's prefix tells ``Membership`` who
 is up, hands every new epoch to the ``Replicator`` and wakes the
 ``Steward``. If the lease is lost (etcd said so, or no renewal came back
 before the local deadline), the daemon stops accepting updates at once, registers
@@ -18,8 +18,8 @@ import time
 import trio
 
 from irdma.cluster import ClusterConfig, Node
-from irdma.etcd import EtcdError, Lease
-from irdma.registry import ClusterState, MemberRecord, Registry
+from irdma.cluster.etcd import EtcdError, Lease
+from irdma.cluster.registry import ClusterState, MemberRecord, Registry
 
 from .replication import Replicator
 from .steward import Steward

@@ -7,7 +7,7 @@ authenticates, decodes and dispatches.
 
 Each connection is served by one task that reads a request, handles it and
 answers, in order; only a read that must wait for a training step (see
-``irdma.modes``) is answered later, from its own task, so the connection
+``irdma.training.modes``) is answered later, from its own task, so the connection
 goes on meanwhile. A request the daemon refuses gets an error status and the
 connection goes on; a frame that cannot be trusted (bad magic, another
 protocol version, an oversized payload) gets an answer where one can be
@@ -27,7 +27,7 @@ import trio
 
 from irdma.auth import cluster_secret
 from irdma.cluster import ClusterConfig, Node
-from irdma.epochs import epoch_tag
+from irdma.cluster.epochs import epoch_tag
 from irdma.protocol import (
     PROTOCOL_VERSION,
     Flag,

@@ -62,8 +62,8 @@ from typing import Any, BinaryIO
 import numpy as np
 import trio
 
-from irdma.modes import Mode
 from irdma.protocol import Status, TensorMeta
+from irdma.training.modes import Mode
 
 from .arena import Block, round_up
 from .errors import StoreError

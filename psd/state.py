@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 
 from irdma import __version__
-from irdma.epochs import Epoch
+from irdma.cluster.epochs import Epoch
 from irdma.protocol import PROTOCOL_VERSION
 
 from .replication import CopyCounts, Replicator

@@ -1,6 +1,6 @@
 """The steward: the one daemon that proposes the cluster's next epoch (with etcd).
 
-Any daemon could compute the next epoch (``irdma.epochs.next_epoch`` is a
+Any daemon could compute the next epoch (``irdma.cluster.epochs.next_epoch`` is a
 pure rule over what etcd holds); one proposes it, so moves do not start and
 stop as views differ by a few milliseconds: the registered member with the
 lowest name that is ready and settled on the epoch in force. Two daemons
@@ -18,8 +18,8 @@ import logging
 import time
 
 from irdma.cluster import ClusterConfig, Node
-from irdma.epochs import ClusterView, Epoch, next_epoch
-from irdma.registry import ClusterState, Registry
+from irdma.cluster.epochs import ClusterView, Epoch, next_epoch
+from irdma.cluster.registry import ClusterState, Registry
 
 from .membership import Membership
 

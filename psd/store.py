@@ -43,10 +43,10 @@ import numpy as np
 
 from irdma import narrowing
 from irdma.dtypes import COMPUTE, is_narrow_float
-from irdma.modes import Mode
 from irdma.protocol import DTYPE_ANY, DTYPE_NAMES, NO_WORKER, Op, Status, TensorMeta
 from irdma.protocol.messages import UNSTAMPED, wire_stamp
 from irdma.sizes import ACCUMULATE_PIECE
+from irdma.training.modes import Mode
 
 from .arena import Arena, ArenaFullError, Block
 from .coordination import Coordinator

@@ -17,8 +17,8 @@ import pytest
 
 from irdma import Client
 from irdma.auth import ClientHandshake, cluster_secret
+from irdma.cli.local import psd_command, write_config
 from irdma.cluster import ClusterConfig, load_config
-from irdma.local import psd_command, write_config
 from irdma.protocol import HEADER_SIZE, Header, Op, decode_json, tensor_key, unpack_header
 
 # How long a daemon may take to start listening (the soft-RoCE guest, under
@@ -309,7 +309,7 @@ def is_mounted(path: Path) -> bool:
 
 def mount_command(config: Path, *args: str) -> list[str]:
     """The ``irdma mount`` command line for a cluster config."""
-    return [sys.executable, "-m", "irdma.cli", "--config", str(config), "mount", *args]
+    return [sys.executable, "-m", "irdma", "--config", str(config), "mount", *args]
 
 
 def start_mount(cluster: Cluster, path: Path, *extra: str) -> Mount:

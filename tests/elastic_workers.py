@@ -21,9 +21,9 @@ import trio
 
 from irdma import AsyncClient, Client
 from irdma.cluster import load_config
-from irdma.epochs import Epoch
+from irdma.cluster.epochs import Epoch
+from irdma.cluster.registry import Registry
 from irdma.protocol import Header, Op
-from irdma.registry import Registry
 from irdma.sinks import IntoSink
 
 SHARD = 4096  # bytes: many shards, so the fraction moved is measured on thousands

@@ -28,9 +28,9 @@ from irdma.auth import (
     load_secret,
     proof,
 )
+from irdma.cli.local import psd_command, write_config
 from irdma.cluster import ClusterConfig, load_config
 from irdma.errors import AuthFailed, ConfigError
-from irdma.local import psd_command, write_config
 from irdma.protocol import (
     AUTH_NONCE,
     HEADER_SIZE,

@@ -27,7 +27,7 @@ def irdma(
     if cluster is not None:
         env["IRDMA_CONFIG"] = str(cluster.config_path)
     proc = subprocess.run(
-        [sys.executable, "-m", "irdma.cli", *args],
+        [sys.executable, "-m", "irdma", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -227,7 +227,7 @@ def test_local_starts_and_stops_cleanly(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "irdma.cli",
+            "irdma",
             "local",
             "--nodes",
             "2",
@@ -277,7 +277,7 @@ def test_bad_config_names_file_and_key(tmp_path: Path, bad: str) -> None:
 
 
 def test_stat_shows_the_training_mode(cluster: Cluster) -> None:
-    from irdma.modes import Mode
+    from irdma.training.modes import Mode
 
     cluster.client().create("cli-mode/w", (4,), np.float32, mode=Mode.hybrid(4, 2))
     out = irdma(cluster, "stat", "cli-mode/w").stdout

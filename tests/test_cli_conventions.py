@@ -38,7 +38,7 @@ def test_version_and_python_m() -> None:
     ["local", "put", "get", "cp", "mv", "ls", "stat", "rm", "status", "doctor", "bench", "mount"],
 )
 def test_every_subcommand_has_a_description_and_every_option_help(command: str) -> None:
-    from irdma.cli import build_parser
+    from irdma.cli.main import build_parser
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     p = sub.choices[command]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from irdma.cli.local import write_config
 from irdma.client import AsyncClient
-from irdma.local import write_config
 from irdma.protocol import tensor_key
 
 

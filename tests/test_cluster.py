@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from irdma.cli.local import write_config
 from irdma.cluster import (
     DEFAULT_CONFIG_PATH,
     DEFAULT_SHARD_SIZE,
@@ -20,9 +21,8 @@ from irdma.cluster import (
     render_config,
     rendezvous_order,
 )
-from irdma.epochs import Epoch
+from irdma.cluster.epochs import Epoch
 from irdma.errors import ConfigError, IrdmaError
-from irdma.local import write_config
 from irdma.protocol import tensor_key
 
 # -- parse_size --------------------------------------------------------------

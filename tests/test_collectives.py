@@ -1,4 +1,4 @@
-"""irdma.collectives.Group against real daemons, members as threads of one test."""
+"""irdma.training.collectives.Group against real daemons, members as threads of one test."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Callable
 import numpy as np
 
 from irdma import Client
-from irdma.collectives import Group
 from irdma.sizes import PARALLEL_COPY_MIN
+from irdma.training.collectives import Group
 
 from .conftest import Cluster
 

@@ -6,8 +6,8 @@ import pytest
 from irdma_psd.coordination import Coordinator
 from irdma_psd.errors import StoreError
 
-from irdma.modes import Mode
 from irdma.protocol import Status
+from irdma.training.modes import Mode
 
 
 def coord(mode: Mode, shards=(0, 1)) -> Coordinator[str]:

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from irdma.cluster import load_config, parse_config
-from irdma.doctor import (
+from irdma.cli.doctor import (
     Finding,
     Host,
     Level,
@@ -25,7 +24,8 @@ from irdma.doctor import (
     roce_mtu,
     run_checks,
 )
-from irdma.local import write_config
+from irdma.cli.local import write_config
+from irdma.cluster import load_config, parse_config
 
 from .conftest import Cluster
 
@@ -361,7 +361,7 @@ def doctor(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
         [
             sys.executable,
             "-m",
-            "irdma.cli",
+            "irdma",
             "--config",
             str(config),
             "--timeout",

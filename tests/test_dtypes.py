@@ -58,7 +58,7 @@ def unique(prefix: str) -> str:
 
 def write_formats(tmp: Path, arrays: dict[str, np.ndarray]) -> dict[str, str]:
     """The arrays as a .safetensors file (those it can hold), a .npz and a directory of .npy."""
-    from irdma import tensorfiles
+    from irdma.cli import tensorfiles
 
     tmp.mkdir(parents=True)
     st_arrays = {k: v for k, v in arrays.items() if v.dtype != np.complex128}
@@ -75,7 +75,7 @@ def write_formats(tmp: Path, arrays: dict[str, np.ndarray]) -> dict[str, str]:
 
 
 def read_back(out: str) -> dict[str, np.ndarray]:
-    from irdma import tensorfiles
+    from irdma.cli import tensorfiles
 
     return tensorfiles.read_arrays(out)
 
@@ -290,7 +290,7 @@ def test_a_torch_state_dict_through_the_mount(client: Client, mount: Path) -> No
         assert back.dtype == v.dtype and back.shape == v.shape and bits(back) == bits(v), k
     other = unique("sdw")
     (mount / other).mkdir(parents=True)
-    from irdma import tensorfiles
+    from irdma.cli import tensorfiles
 
     for k, v in state.items():
         tensorfiles.write_one(str(mount / other / f"{k}.npy"), tensorfiles.Kind.NPY, to_numpy(v))

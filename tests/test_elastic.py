@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
+from irdma.cli.local import free_ports, psd_command
 from irdma.cluster import render_config
-from irdma.local import free_ports, psd_command
 
 from . import elastic_workers as workers
 from .conftest import stop_process
@@ -164,7 +164,7 @@ def test_join_drain_and_kill_lose_no_acknowledged_update(kind: str, tmp_path: Pa
             joined = progressed(before)  # the clients went on through the move
 
             # n2 is drained by the operator's command.
-            argv = [sys.executable, "-m", "irdma.cli", "drain", "n2", "--config", str(cluster)]
+            argv = [sys.executable, "-m", "irdma", "drain", "n2", "--config", str(cluster)]
             out = hosts.output("client", argv)
             assert "n2: drained" in out, out
             assert "n2" not in worker(hosts, cluster, "held", "--node", "n1")["epoch"]["members"]

@@ -1,12 +1,12 @@
-"""irdma.epochs: placement by epoch and the moves between epochs (pure, no daemons)."""
+"""irdma.cluster.epochs: placement by epoch and the moves between epochs (pure, no daemons)."""
 
 from __future__ import annotations
 
 import pytest
 
+from irdma.cli.local import write_config
 from irdma.cluster import load_config, rendezvous_order
-from irdma.epochs import ClusterView, Epoch, copies_moved, next_epoch, plan_moves
-from irdma.local import write_config
+from irdma.cluster.epochs import ClusterView, Epoch, copies_moved, next_epoch, plan_moves
 
 SHARDS = [(key, s) for key in range(1, 401) for s in range(10)]  # 4000 shards
 

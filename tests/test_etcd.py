@@ -1,4 +1,4 @@
-"""irdma.etcd against a real etcd server (tests/etcd_server.py)."""
+"""irdma.cluster.etcd against a real etcd server (tests/etcd_server.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from irdma.etcd import (
+from irdma.cluster.etcd import (
     Compare,
     Delete,
     Etcd,

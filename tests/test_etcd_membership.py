@@ -22,11 +22,11 @@ import trio
 
 import irdma
 from irdma import Client
-from irdma.epochs import Epoch
-from irdma.etcd import Etcd
-from irdma.local import write_config
+from irdma.cli.local import write_config
+from irdma.cluster.epochs import Epoch
+from irdma.cluster.etcd import Etcd
+from irdma.cluster.registry import Registry
 from irdma.protocol import tensor_key
-from irdma.registry import Registry
 
 from .conftest import Cluster, hello, make_cluster
 from .etcd_server import EtcdServer, etcd_server
@@ -98,7 +98,7 @@ def test_daemons_register_and_a_stopped_one_leaves_at_once(
 
 
 def irdma_cli(cluster: Cluster, *args: str) -> str:
-    cmd = [sys.executable, "-m", "irdma.cli", *args, "--config", str(cluster.config_path)]
+    cmd = [sys.executable, "-m", "irdma", *args, "--config", str(cluster.config_path)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
 
 
@@ -214,5 +214,5 @@ def test_drain_names_what_it_cannot_do(server: EtcdServer, tmp_path: Path) -> No
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "irdma.cli", *args]
+    cmd = [sys.executable, "-m", "irdma", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from irdma import Client
-from irdma.modes import Mode
+from irdma.training.modes import Mode
 
 from .conftest import Cluster, Mount, mount_command, start_mount
 
@@ -461,7 +461,7 @@ def test_mount_refuses_bad_mountpoints(cluster: Cluster, tmp_path: Path, mount: 
 
 
 def test_mount_refuses_when_no_daemon_answers(tmp_path: Path) -> None:
-    from irdma.local import write_config
+    from irdma.cli.local import write_config
 
     cfg = write_config(tmp_path / "c", 2, arena_size=4 << 20)  # written, never started
     (tmp_path / "mnt").mkdir()

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from irdma.modes import Mode
+from irdma.training.modes import Mode
 
 from .conftest import Cluster
 

@@ -33,7 +33,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from irdma import Client
-from irdma.modes import Mode
 from irdma.protocol import (
     ENTRY_SIZE,
     HEADER_SIZE,
@@ -53,6 +52,7 @@ from irdma.protocol import (
     unpack_entries,
     unpack_header,
 )
+from irdma.training.modes import Mode
 from irdma.transport.shm import make_staging
 from irdma.transport.unix import recv_fds_frame, send_fds_frame, short_address, socket_path
 

@@ -23,9 +23,9 @@ from irdma_psd.lifecycle import Lifecycle, log_level_for
 from irdma_psd.snapshot import SNAPSHOT_FILE, read_snapshot_header
 
 from irdma import Client
+from irdma.cli.local import psd_command, write_config
 from irdma.cluster import load_config, parse_config
 from irdma.errors import ConfigError
-from irdma.local import psd_command, write_config
 from irdma.sdnotify import Notifier
 
 from .conftest import stop_process

@@ -21,9 +21,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from irdma import Client, load_config, localdir
+from irdma import Client, load_config
+from irdma.cli import localdir
+from irdma.cli.local import LOG_FILE
 from irdma.errors import AuthFailed, DaemonUnavailable
-from irdma.local import LOG_FILE
 from irdma.protocol import tensor_key
 
 from .conftest import processes_with

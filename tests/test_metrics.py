@@ -15,9 +15,9 @@ from irdma_psd.metrics_http import BadRequest, Request, parse_request, respond
 from prometheus_client.parser import text_string_to_metric_families
 
 from irdma import Client
+from irdma.cli.local import free_ports
 from irdma.cluster import load_config, parse_config
 from irdma.errors import ConfigError
-from irdma.local import free_ports
 from irdma.protocol import HEADER_SIZE, Header, Op, Status, tensor_key, unpack_header
 
 from .conftest import Cluster, recv_exactly

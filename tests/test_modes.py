@@ -1,10 +1,10 @@
-"""irdma.modes: validation, groups, storage in options, worker identity."""
+"""irdma.training.modes: validation, groups, storage in options, worker identity."""
 
 from __future__ import annotations
 
 import pytest
 
-from irdma.modes import ASYNC, Mode, describe_options, worker_identity
+from irdma.training.modes import ASYNC, Mode, describe_options, worker_identity
 
 
 def test_async_is_the_default_and_needs_no_options() -> None:

@@ -24,9 +24,9 @@ import trio
 from irdma_psd.store import RECENT_TXNS
 
 from irdma import AsyncClient, Client
-from irdma.modes import Mode
 from irdma.protocol import HEADER_SIZE, Header, Op, Status, tensor_key, unpack_header
 from irdma.protocol.messages import Read, Update
+from irdma.training.modes import Mode
 
 from .conftest import Cluster, hello, make_cluster, recv_exactly
 

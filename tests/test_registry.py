@@ -1,4 +1,4 @@
-"""irdma.registry against a real etcd server: members with leases, epochs by compare-and-swap."""
+"""irdma.cluster.registry against a real etcd: members with leases, epochs by compare-and-swap."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from irdma.epochs import Epoch
-from irdma.etcd import Etcd, EtcdError
-from irdma.registry import MemberRecord, Registry
+from irdma.cluster.epochs import Epoch
+from irdma.cluster.etcd import Etcd, EtcdError
+from irdma.cluster.registry import MemberRecord, Registry
 
 from .etcd_server import EtcdServer, etcd_server
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from irdma.cli.local import psd_command
 from irdma.cluster import ClusterConfig, load_config, render_config
-from irdma.local import psd_command
 from irdma.protocol import tensor_key
 
 from .netns import NetnsUnavailable, Network, netns_problem

@@ -10,8 +10,8 @@ import trio
 from irdma_psd.main import build_store
 from irdma_psd.replication import PeerError, Replicator
 
+from irdma.cli.local import write_config
 from irdma.cluster import load_config
-from irdma.local import write_config
 
 
 def test_a_peer_that_left_while_its_catch_up_question_was_starting_is_skipped(

@@ -14,8 +14,8 @@ from irdma_psd.main import build_store
 from irdma_psd.replication import Item, Replicator
 from irdma_psd.store import Commit, StoreError
 
+from irdma.cli.local import write_config
 from irdma.cluster import load_config
-from irdma.local import write_config
 from irdma.protocol import Op
 
 

@@ -14,8 +14,8 @@ from irdma_psd.replication import Replicator
 from irdma_psd.replication.bodies import Heartbeat
 from irdma_psd.store import StoreError
 
+from irdma.cli.local import write_config
 from irdma.cluster import load_config
-from irdma.local import write_config
 from irdma.protocol import Status
 
 

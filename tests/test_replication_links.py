@@ -12,8 +12,8 @@ import trio.testing
 from irdma_psd.replication import PeerError
 from irdma_psd.replication.links import Dialer, Link
 
+from irdma.cli.local import write_config
 from irdma.cluster import Address, Node, load_config
-from irdma.local import write_config
 from irdma.protocol.messages import Ping
 
 

@@ -14,8 +14,8 @@ from irdma_psd.replication.links import Dialer
 from irdma_psd.replication.peers import Peers
 from irdma_psd.replication.queues import ForwardQueue
 
+from irdma.cli.local import write_config
 from irdma.cluster import Address, load_config
-from irdma.local import write_config
 
 
 def peers(tmp_path: Path) -> Peers:

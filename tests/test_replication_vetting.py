@@ -19,8 +19,8 @@ from irdma_psd.replication.vetting import (
 )
 from irdma_psd.store import StoreError
 
+from irdma.cli.local import write_config
 from irdma.cluster import ClusterConfig, load_config
-from irdma.local import write_config
 from irdma.protocol import Status
 
 

@@ -26,8 +26,8 @@ from irdma_psd.snapshot import (
 )
 from irdma_psd.store import Store
 
-from irdma.modes import Mode
 from irdma.protocol import Op, TensorMeta, tensor_key
+from irdma.training.modes import Mode
 
 # -- helpers -----------------------------------------------------------------
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from irdma.cli.status import NodeStatus, human_age, render, replica_skew, version_skew
+from irdma.cli.supervisor import FAILED, RESTARTING, DaemonRecord
 from irdma.cluster import parse_config
 from irdma.protocol import tensor_key
-from irdma.status import NodeStatus, human_age, render, replica_skew, version_skew
-from irdma.supervisor import FAILED, RESTARTING, DaemonRecord
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -9,8 +9,8 @@ import pytest
 from irdma_psd.arena import PAGE, Arena
 from irdma_psd.store import Store, StoreError
 
-from irdma.modes import Mode
 from irdma.protocol import NO_WORKER, Op, Status, TensorMeta
+from irdma.training.modes import Mode
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""``irdma.supervisor``'s restart policy, on exit codes and run times (no processes)."""
+"""``irdma.cli.supervisor``'s restart policy, on exit codes and run times (no processes)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from irdma.supervisor import (
+from irdma.cli.supervisor import (
     FAILED,
     RESTARTING,
     STOPPED,

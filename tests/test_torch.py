@@ -23,8 +23,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (the 'torch' extra)")
 
 from irdma import Client, narrowing  # noqa: E402
+from irdma.cli.local import free_ports  # noqa: E402
 from irdma.errors import StepMismatch  # noqa: E402
-from irdma.local import free_ports  # noqa: E402
 from irdma.protocol import WIRE_BFLOAT16  # noqa: E402
 from irdma.torch import (  # noqa: E402
     BF16,

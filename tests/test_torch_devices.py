@@ -21,7 +21,6 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (the 'torch' extra)")
 
 from irdma import Client  # noqa: E402
-from irdma.collectives import Group  # noqa: E402
 from irdma.devices import DONE, CpuCopies, Transfers, copies_for, is_device_array  # noqa: E402
 from irdma.errors import DtypeMismatch, ShapeMismatch  # noqa: E402
 from irdma.torch import (  # noqa: E402
@@ -35,6 +34,7 @@ from irdma.torch import (  # noqa: E402
     push_state_dict,
 )
 from irdma.torch.arrays import numpy_dtype, to_numpy  # noqa: E402
+from irdma.training.collectives import Group  # noqa: E402
 
 from .conftest import Cluster  # noqa: E402
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from irdma.modes import Mode
+from irdma.training.modes import Mode
 
 from .conftest import Cluster, make_cluster
 from .training_workers import COLLECTIVE_CASES, LR, SHAPES, case_array, gradient, initial

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from irdma import Client
-from irdma.modes import Mode
 from irdma.protocol import tensor_key
+from irdma.training.modes import Mode
 
 from .conftest import Cluster, make_cluster
 

@@ -27,7 +27,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from irdma.modes import worker_identity
 from irdma.torch import (
     BF16,
     FP16,
@@ -37,6 +36,7 @@ from irdma.torch import (
     HookState,
     allreduce_hook,
 )
+from irdma.training.modes import worker_identity
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from train_digits import make_model  # the LeNet-style CNN of the benchmark

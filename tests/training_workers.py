@@ -14,10 +14,10 @@ import time
 import numpy as np
 
 from irdma import Client
-from irdma.collectives import Group
 from irdma.errors import IrdmaError
-from irdma.modes import Mode, worker_identity
-from irdma.training import Worker
+from irdma.training.collectives import Group
+from irdma.training.modes import Mode, worker_identity
+from irdma.training.worker import Worker
 
 SHAPES = {"a": (40_000,), "b": (3, 5)}  # "a" spans shards on several daemons
 LR = 0.1

@@ -35,7 +35,7 @@ PROTOCOL_VERSION = 8
 # NO_WORKER), wire (the dtype code the payload's values travel in when it is
 # narrower than the tensor's, see WIRE_NAMES; 0: as stored), epoch (16
 # bits: the tag of the cluster epoch a client routed the request with,
-# ``irdma.epochs.epoch_tag``; 0: not routed by an epoch; a daemon of another
+# ``irdma.cluster.epochs.epoch_tag``; 0: not routed by an epoch; a daemon of another
 # epoch answers STALE_EPOCH), step (the worker's training step: an
 # accumulate is its gradient for that step, a read waits until the tensor's
 # training mode lets that step proceed), txn (the client's id of one logical
@@ -259,7 +259,7 @@ class Status(enum.IntEnum):
     STAMP_PENDING = 24
     # The request was routed with another epoch than the daemon's (a daemon
     # joined or left): the payload is the daemon's epoch record (JSON,
-    # ``irdma.epochs.Epoch``); route again with it.
+    # ``irdma.cluster.epochs.Epoch``); route again with it.
     STALE_EPOCH = 25
     # CREATE: the name is held under another key (a tensor renamed to it), or
     # the key under another name (a tensor renamed from it): find the tensor

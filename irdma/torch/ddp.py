@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from irdma.client import Client
 from irdma.devices import copies_for
-from irdma.modes import DEFAULT_WORKER_TIMEOUT, worker_identity
+from irdma.training.modes import DEFAULT_WORKER_TIMEOUT, worker_identity
 
 from .compression import NONE, Compression
 from .reducer import Reducer, Traffic, default_name

@@ -39,7 +39,7 @@ import torch
 
 from irdma.client import Client
 from irdma.devices import DONE, copies_for
-from irdma.modes import DEFAULT_WORKER_TIMEOUT, worker_identity
+from irdma.training.modes import DEFAULT_WORKER_TIMEOUT, worker_identity
 
 from .compression import NONE, Compression, dense_sum_dtype
 from .reducer import Reducer, Traffic, default_name

@@ -48,11 +48,11 @@ import numpy as np
 import torch
 
 from irdma.client import Client
-from irdma.collectives import Group, default_group_name
 from irdma.devices import DONE, CpuCopies, CudaCopies, Ready, copies_for
 from irdma.errors import StepMismatch
-from irdma.modes import DEFAULT_WORKER_TIMEOUT, Mode
 from irdma.protocol import validate_name
+from irdma.training.collectives import Group, default_group_name
+from irdma.training.modes import DEFAULT_WORKER_TIMEOUT, Mode
 
 from .arrays import from_numpy, to_numpy
 from .compression import (

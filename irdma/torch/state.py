@@ -20,7 +20,7 @@ import torch
 
 from irdma.client import Client
 from irdma.sizes import INLINE_MAX
-from irdma.training import Worker
+from irdma.training.worker import Worker
 
 from .arrays import from_numpy
 from .arrays import to_numpy as _to_numpy

@@ -33,7 +33,7 @@
   acting primary of), or, while catching up, from the peer it asked. A
   primary that was paused or cut off and comes back with stale queued
   updates is refused, drops them, and catches up like any rejoining daemon.
-- **Moves** (with etcd, ``irdma.epochs``). While an epoch names a target
+- **Moves** (with etcd, ``irdma.cluster.epochs``). While an epoch names a target
   member list, updates are also forwarded to the daemons that gain a shard in
   it, and each of them copies what it gains from the shard's acting primary
   (``following``), then says so in etcd; once all have, the steward switches

@@ -1,4 +1,4 @@
-"""Following epochs (with etcd, ``irdma.epochs``) once one is adopted: settle on it, let
+"""Following epochs (with etcd, ``irdma.cluster.epochs``) once one is adopted: settle on it, let
 go of the peers and the copies it left out, and copy what this daemon gains in its
 target.
 
@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from irdma.cluster import ClusterConfig
-from irdma.epochs import Epoch
+from irdma.cluster.epochs import Epoch
 
 from ..membership import Membership
 from ..store import Store

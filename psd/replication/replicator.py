@@ -14,7 +14,7 @@ import trio
 
 from irdma.auth import cluster_secret
 from irdma.cluster import ClusterConfig, Node
-from irdma.epochs import Epoch
+from irdma.cluster.epochs import Epoch
 
 from ..membership import Membership
 from ..store import Store

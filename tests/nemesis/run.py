@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from irdma.cli.local import psd_command
 from irdma.cluster import render_config
-from irdma.local import psd_command
 
 from ..netns import Network
 from . import history
@@ -157,7 +157,7 @@ class NemesisCluster:
         self._cli("drain", host, "--cancel")
 
     def _cli(self, *args: str) -> None:
-        argv = [sys.executable, "-m", "irdma.cli", *args, "--config", str(self.config_path)]
+        argv = [sys.executable, "-m", "irdma", *args, "--config", str(self.config_path)]
         self.net.check_output(CLIENT_HOST, argv, timeout=30)
 
     def heal_everything(self) -> None:

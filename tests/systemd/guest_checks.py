@@ -52,10 +52,10 @@ from typing import Any
 import numpy as np
 import trio
 
+from irdma.cli.status import gather
 from irdma.client import AsyncClient
 from irdma.cluster import load_config
 from irdma.protocol import TensorMeta, tensor_key
-from irdma.status import gather
 
 CONFIG = "/etc/irdma/cluster.toml"
 NODES = ("n1", "n2", "n3")

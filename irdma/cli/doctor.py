@@ -41,10 +41,10 @@ from typing import Any
 
 import trio
 
-from .client import AsyncClient
-from .cluster import ClusterConfig, Node, find_config_path, load_config
-from .errors import ConfigError, IrdmaError
-from .transport import verbs
+from ..client import AsyncClient
+from ..cluster import ClusterConfig, Node, find_config_path, load_config
+from ..errors import ConfigError, IrdmaError
+from ..transport import verbs
 
 TOPICS = ("rdma", "memlock", "fuse", "daemons")
 DEFAULT_TIMEOUT = 2.0

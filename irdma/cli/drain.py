@@ -15,9 +15,9 @@ import sys
 
 import trio
 
-from .cluster import load_config
-from .errors import ConfigError
-from .registry import Registry
+from ..cluster import load_config
+from ..cluster.registry import Registry
+from ..errors import ConfigError
 
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 POLL = 0.2

@@ -26,15 +26,15 @@ from typing import Any
 
 import trio
 
-from . import __version__, mounts
+from .. import __version__, mounts
+from ..client import AsyncClient
+from ..cluster import load_config, parse_size
 from . import bench as benchmod
 from . import doctor as doctormod
 from . import drain as drainmod
 from . import local as localmod
 from . import status as statusmod
 from .boundary import guarded
-from .client import AsyncClient
-from .cluster import load_config, parse_size
 from .tensorcmds import COMMANDS as TENSOR_COMMANDS
 from .tensorcmds import put_argument_problem
 
@@ -64,7 +64,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 async def cmd_status(client: AsyncClient, args: argparse.Namespace) -> int:
-    """One row per daemon (see ``irdma.status``), then this host's mounts; exit 1 if any is down."""
+    """One row per daemon (``irdma.cli.status``), then this host's mounts; exit 1 if any is down."""
     rows = await statusmod.gather(client)
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))

@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .auth import load_secret
-from .cluster import ClusterConfig, load_config
-from .errors import ConfigError, IrdmaError
-from .spawn import python_module
+from ..auth import load_secret
+from ..cluster import ClusterConfig, load_config
+from ..errors import ConfigError, IrdmaError
+from ..spawn import python_module
 from .supervisor import DaemonRecord
 
 LOCK_FILE = "local.lock"

@@ -17,7 +17,7 @@ that reuses it saves allocating, and first touching, a new array per call.
 Arrays may be torch tensors, on the CPU or a GPU (``irdma.devices``); the
 result is a numpy array, or lands in ``out`` when that is a tensor.
 
-allreduce is a sync-mode tensor (see ``irdma.modes``) whose steps replace
+allreduce is a sync-mode tensor (see ``irdma.training.modes``) whose steps replace
 it with the sum of the step's contributions, added in rank order, so the
 result equals ``np.sum(np.stack(arrays), axis=0)`` bit for bit (and
 ``np.mean`` for float arrays). The barrier is a one-element sync tensor;
@@ -38,11 +38,11 @@ from typing import Any
 
 import numpy as np
 
-from .client import Client
-from .devices import is_device_array
-from .errors import DtypeMismatch, ShapeMismatch, StepMismatch, TensorNotFound
+from ..client import Client
+from ..devices import is_device_array
+from ..errors import DtypeMismatch, ShapeMismatch, StepMismatch, TensorNotFound
+from ..protocol import validate_name
 from .modes import DEFAULT_WORKER_TIMEOUT, Mode, worker_identity
-from .protocol import validate_name
 
 PREFIX = ".collectives"
 # Job ids of the launchers we know, to name a group when no name is given.

@@ -3,7 +3,7 @@
 Each takes an open AsyncClient and the parsed arguments and returns the exit
 status. Errors are raised as irdma errors or FileProblem with messages in the
 command line's own terms (the flag to use, the file and the tensor); the
-error boundary (``irdma.boundary``) prints them.
+error boundary (``irdma.cli.boundary``) prints them.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import names as namesmod
+from .. import names as namesmod
+from ..client import AsyncClient, TensorInfo, as_stored_array
+from ..errors import DtypeMismatch, IrdmaError, ShapeMismatch, TensorNotFound
+from ..names import base_name, is_internal, is_pattern, literal_prefix, matches, relative
+from ..protocol import validate_name
+from ..training.modes import describe_options
 from . import tensorfiles
-from .client import AsyncClient, TensorInfo, as_stored_array
-from .errors import DtypeMismatch, IrdmaError, ShapeMismatch, TensorNotFound
-from .modes import describe_options
-from .names import base_name, is_internal, is_pattern, literal_prefix, matches, relative
-from .protocol import validate_name
 from .tensorfiles import FileProblem, Kind
 
 PROGRESS_MIN_BYTES = 4 << 20

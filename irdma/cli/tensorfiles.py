@@ -29,8 +29,8 @@ from typing import BinaryIO
 
 import numpy as np
 
-from .dtypes import BFLOAT16, FLOAT8_E4M3FN, FLOAT8_E5M2, npy_header
-from .protocol import dtype_code
+from ..dtypes import BFLOAT16, FLOAT8_E4M3FN, FLOAT8_E5M2, npy_header
+from ..protocol import dtype_code
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"

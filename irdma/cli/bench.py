@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .client import AsyncClient
+from ..client import AsyncClient
 
 SMALL_BYTES = 4096
 

@@ -22,13 +22,13 @@ from typing import Any
 
 import trio
 
+from ..client import AsyncClient
+from ..cluster import Address, ClusterConfig, Node
+from ..cluster.etcd import EtcdError
+from ..cluster.registry import ClusterState, Registry
+from ..errors import AuthFailed, DaemonTimeout, IrdmaError
+from ..protocol import TensorMeta
 from . import localdir
-from .client import AsyncClient
-from .cluster import Address, ClusterConfig, Node
-from .errors import AuthFailed, DaemonTimeout, IrdmaError
-from .etcd import EtcdError
-from .protocol import TensorMeta
-from .registry import ClusterState, Registry
 from .supervisor import FAILED, RESTARTING, STOPPED, DaemonRecord
 
 

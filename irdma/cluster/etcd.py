@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import h11
 import trio
 
-from .errors import IrdmaError
+from ..errors import IrdmaError
 
 # Most bytes one answer may have (a member list is a few KiB; a bound keeps a
 # wrong server from making us allocate much).

@@ -6,7 +6,7 @@ Under one key prefix (``/irdma/<cluster>``):
   size), written with the daemon's lease. The daemon renews the lease while it
   runs; if it stops renewing (killed, hung, cut off from etcd) the key goes
   away when the lease expires, and everyone watching sees it leave.
-- ``epoch``: the current epoch (``irdma.epochs.Epoch``): its number, the
+- ``epoch``: the current epoch (``irdma.cluster.epochs.Epoch``): its number, the
   member list placement uses, and during a move the target list. It changes
   only by compare-and-swap on its revision, so of two daemons proposing the
   next epoch from the same one, exactly one wins.
@@ -33,7 +33,7 @@ from typing import Literal
 
 import trio
 
-from .cluster import EtcdSettings
+from .config import EtcdSettings
 from .epochs import Epoch
 from .etcd import Compare, Etcd, EtcdError, KeyValue, Lease, Put
 

@@ -4,10 +4,10 @@ The embedded default for trying irdma and for tests: it writes
 ``DIR/cluster.toml``, starts one ``psd`` process per node, waits until every
 daemon answers, prints the config path on stdout, and stops the daemons
 cleanly on Ctrl-C, SIGTERM or SIGHUP. In between it supervises them: a
-daemon that dies is restarted (``irdma.supervisor``). ``--background`` runs
+daemon that dies is restarted (``irdma.cli.supervisor``). ``--background`` runs
 the same in a detached process and returns once the daemons answer;
 ``--stop`` stops it. The directory is locked, its ports, data and secret
-are kept for the next start (``irdma.localdir``).
+are kept for the next start (``irdma.cli.localdir``).
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ from pathlib import Path
 
 import trio
 
-from . import localdir
-from .client import AsyncClient
-from .cluster import (
+from ..client import AsyncClient
+from ..cluster import (
     DEFAULT_TIMEOUT,
     ClusterConfig,
     Node,
@@ -38,8 +37,9 @@ from .cluster import (
     parse_size,
     render_config,
 )
-from .errors import ConfigError, IrdmaError
-from .spawn import python_module
+from ..errors import ConfigError, IrdmaError
+from ..spawn import python_module
+from . import localdir
 from .supervisor import FAILED, STOPPED, DaemonRecord, RestartPolicy, supervise
 
 READY_TIMEOUT = 30.0
@@ -352,7 +352,7 @@ def background(args: argparse.Namespace, directory: Path) -> int:
     if localdir.is_locked(directory):
         raise localdir.DirectoryInUse(localdir.read_holder(directory).describe(directory))
     directory.mkdir(parents=True, exist_ok=True)
-    argv = python_module("irdma.cli", "local", "--dir", str(directory))
+    argv = python_module("irdma", "local", "--dir", str(directory))
     argv += ["--nodes", str(args.nodes), "--replicas", str(args.replicas)]
     argv += ["--arena", args.arena, "--shard-size", args.shard_size, "--host", args.host]
     if args.insecure:

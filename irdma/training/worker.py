@@ -8,7 +8,7 @@
         worker.push(grads, step, lr=0.1)  # this worker's gradient for the step
         params = worker.pull(step + 1)    # waits as the mode says
 
-The mode (``irdma.modes``) is set for every tensor of the model when rank 0
+The mode (``irdma.training.modes``) is set for every tensor of the model when rank 0
 creates it. ``push`` scales the gradient by ``-lr`` divided by the number of
 workers whose gradients are summed into one update (all of them in sync
 mode, the worker's group in hybrid mode, one otherwise), so a sync step is
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .client import Client
+from ..client import Client
 from .collectives import Group
 from .modes import Mode, worker_identity
 

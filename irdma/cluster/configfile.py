@@ -44,37 +44,33 @@ daemon computes the same replica list without a lookup service.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .errors import ConfigError
-
-if TYPE_CHECKING:
-    from .epochs import Epoch
+from ..errors import ConfigError
+from .config import (
+    DEFAULT_ETCD_PREFIX,
+    DEFAULT_FAILURE_TIMEOUT,
+    DEFAULT_HEARTBEAT,
+    DEFAULT_LEASE_TTL,
+    DEFAULT_REPLACE_AFTER,
+    DEFAULT_SHARD_SIZE,
+    DEFAULT_SNAPSHOT_INTERVAL,
+    DEFAULT_TIMEOUT,
+    Address,
+    ClusterConfig,
+    EtcdSettings,
+    Node,
+)
 
 DEFAULT_CONFIG_PATH = Path("/etc/irdma/cluster.toml")
-DEFAULT_SHARD_SIZE = 4 << 20
-DEFAULT_TIMEOUT = 10.0
-DEFAULT_HEARTBEAT = 0.2
-DEFAULT_FAILURE_TIMEOUT = 1.0
-DEFAULT_SNAPSHOT_INTERVAL = 60.0
-DEFAULT_ETCD_PREFIX = "/irdma/default"
-DEFAULT_LEASE_TTL = 2
-DEFAULT_REPLACE_AFTER = 30.0
 # Comma-separated etcd endpoints: the config's [etcd] endpoints (an [etcd] table with
 # its defaults if the file has none). The systemd units pass it through.
 ETCD_ENDPOINTS_ENV = "IRDMA_ETCD_ENDPOINTS"
-# shm: same-host clients must use shared memory; rdma: clients use RDMA
-# verbs where they can. Either way the daemon listens on TCP at that host and
-# port, for its peers, for clients without them, and (rdma) to set up queue pairs.
-SCHEMES = ("tcp", "shm", "rdma")
 RDMA_MTUS = (256, 512, 1024, 2048, 4096)
-PLACEMENT_CACHE = 1 << 16
 _UNITS = {
     "": 1,
     "b": 1,
@@ -111,217 +107,6 @@ def parse_size(value: Any) -> int:
                 raise ValueError(f"size {value!r} is not a whole number of bytes")
             return n
     raise ValueError(f"expected a size such as 4096 or '4MiB', got {value!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class Address:
-    scheme: str
-    host: str
-    port: int
-
-    @classmethod
-    def parse(cls, text: str) -> Address:
-        m = re.fullmatch(r"(?:(\w+)://)?(\[[0-9a-fA-F:.]+\]|[^:/\[\]]+):(\d+)", text)
-        if not m:
-            raise ValueError(f"address {text!r} is not of the form tcp://HOST:PORT")
-        scheme = m.group(1) or "tcp"
-        if scheme not in SCHEMES:
-            raise ValueError(f"address {text!r}: unknown transport {scheme!r}")
-        port = int(m.group(3))
-        if not 0 < port < 65536:
-            raise ValueError(f"address {text!r}: port out of range")
-        return cls(scheme, m.group(2).strip("[]"), port)
-
-    def __str__(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}"
-
-
-@dataclass(frozen=True, slots=True)
-class Node:
-    name: str
-    address: Address
-    data_dir: Path
-    arena_size: int
-    # Where the daemon serves Prometheus metrics (scheme "http"); None: nowhere.
-    metrics_address: Address | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class EtcdSettings:
-    """Where the cluster's membership lives when it is kept in etcd (``[etcd]``)."""
-
-    endpoints: tuple[str, ...]  # http://host:port of etcd members
-    prefix: str = DEFAULT_ETCD_PREFIX  # every key of this cluster is under it
-    lease_ttl: int = DEFAULT_LEASE_TTL  # seconds a daemon's registration outlives it
-    # Seconds a member may stay unregistered (down) before its copies are made
-    # again on the others; a daemon restarted sooner keeps its shards.
-    replace_after: float = DEFAULT_REPLACE_AFTER
-
-
-@dataclass(eq=False)
-class ClusterConfig:
-    """A cluster's settings and its daemons. With ``[etcd]`` the daemons and their
-    placement follow the epoch in force (``adopt``): ``nodes`` are then the epoch's
-    members and target daemons, and shards are placed over its members. The
-    process's one mutable setting: everything holding the config sees the change."""
-
-    nodes: tuple[Node, ...]
-    shard_size: int = DEFAULT_SHARD_SIZE
-    replicas: int = 1
-    timeout: float = DEFAULT_TIMEOUT
-    heartbeat: float = DEFAULT_HEARTBEAT
-    failure_timeout: float = DEFAULT_FAILURE_TIMEOUT
-    snapshot_interval: float = DEFAULT_SNAPSHOT_INTERVAL
-    secret_file: Path | None = None
-    log_level: str | None = None
-    # RDMA: the GID index to use (default: the RoCE v2 GID of the address)
-    # and the path MTU in bytes (default: the smaller active MTU of the two ports).
-    rdma_gid_index: int | None = None
-    rdma_mtu: int | None = None
-    # Membership in etcd: daemons register under leases, and a daemon is up while
-    # its lease is (not by heartbeats); None: the embedded heartbeat scheme.
-    etcd: EtcdSettings | None = None
-    path: Path | None = None
-    # The epoch in force (``irdma.epochs``; None: the static node list places shards).
-    epoch: Epoch | None = None
-    _by_name: dict[str, Node] = field(default_factory=dict, repr=False)
-    # The nodes shards are placed on (the epoch's members), and the target's.
-    _members: tuple[Node, ...] = field(default=(), repr=False)
-    _target: tuple[Node, ...] = field(default=(), repr=False)
-    # The [[nodes]] of the file: where a node's data_dir and arena live.
-    _configured: dict[str, Node] = field(default_factory=dict, repr=False)
-    # Placement is pure but costs a hash per node; remember recent answers.
-    _placement: dict[tuple[int, int], tuple[Node, ...]] = field(default_factory=dict, repr=False)
-    _target_placement: dict[tuple[int, int], tuple[Node, ...]] = field(
-        default_factory=dict, repr=False
-    )
-
-    def __post_init__(self) -> None:
-        self._by_name.update({n.name: n for n in self.nodes})
-        self._configured.update(self._by_name)
-        self._members = self.nodes
-
-    def adopt(self, epoch: Epoch) -> bool:
-        """Follow ``epoch`` if it is newer than the one in force (False: nothing
-        changes): its members and target daemons become the nodes, its members place
-        the shards. A node of the file keeps its data_dir and arena."""
-        if self.epoch is not None and epoch.number <= self.epoch.number:
-            return False
-        nodes = []
-        for name in epoch.names:
-            known = self._configured.get(name) or self._by_name.get(name)
-            address = epoch.address_of(name)
-            if address is not None:
-                where = Address.parse(address)
-            elif known is not None:
-                where = known.address
-            else:
-                raise ConfigError(f"epoch {epoch.number}: no address for member {name!r}")
-            if known is not None:
-                nodes.append(replace(known, address=where))
-            else:
-                nodes.append(Node(name, where, Path(f"/var/lib/irdma/{name}"), 0))
-        by_name = {n.name: n for n in nodes}
-        self.epoch = epoch
-        self.nodes = tuple(nodes)
-        self.replicas = epoch.replicas
-        self._by_name = by_name
-        self._members = tuple(by_name[n] for n in epoch.members)
-        self._target = tuple(by_name[n] for n in epoch.target or ())
-        self._placement = {}
-        self._target_placement = {}
-        return True
-
-    @property
-    def members(self) -> tuple[Node, ...]:
-        """The nodes shards are placed on (all nodes, without an epoch)."""
-        return self._members
-
-    @property
-    def replicated(self) -> bool:
-        """Whether daemons run replication (several copies, or members that can change)."""
-        return self.replicas > 1 or self.etcd is not None
-
-    def node(self, name: str) -> Node:
-        try:
-            return self._by_name[name]
-        except KeyError:
-            raise ConfigError(
-                f"{self.path or 'config'}: no node named {name!r} "
-                f"(nodes: {', '.join(self._by_name)})"
-            ) from None
-
-    def replicas_for(self, key: int, shard: int) -> tuple[Node, ...]:
-        """The shard's replicas in preference order (first is the primary)."""
-        return self._placed(self._placement, self._members, key, shard)
-
-    def target_replicas_for(self, key: int, shard: int) -> tuple[Node, ...]:
-        """The shard's replicas in the target of a move under way (none without one)."""
-        if not self._target:
-            return ()
-        return self._placed(self._target_placement, self._target, key, shard)
-
-    def _placed(
-        self,
-        cache: dict[tuple[int, int], tuple[Node, ...]],
-        nodes: tuple[Node, ...],
-        key: int,
-        shard: int,
-    ) -> tuple[Node, ...]:
-        found = cache.get((key, shard))
-        if found is None:
-            if len(cache) >= PLACEMENT_CACHE:
-                cache.clear()
-            found = tuple(rendezvous_order(nodes, key, shard)[: self.replicas])
-            cache[(key, shard)] = found
-        return found
-
-    def copies_for(self, key: int, shard: int) -> tuple[Node, ...]:
-        """Every daemon that keeps a copy of the shard: its replicas, then those that
-        gain it in a move under way (updates are forwarded to all of them)."""
-        now = self.replicas_for(key, shard)
-        if not self._target:
-            return now  # no move under way (every forward asks: kept cheap)
-        return now + tuple(n for n in self.target_replicas_for(key, shard) if n not in now)
-
-    def primary_for(self, key: int, shard: int) -> Node:
-        """The shard's preferred primary (the acting one may differ while it is down)."""
-        return self.replicas_for(key, shard)[0]
-
-    def holds(self, node: str, key: int, shard: int) -> bool:
-        """Whether ``node`` keeps a copy of the shard (now, or in a move under way)."""
-        return any(n.name == node for n in self.copies_for(key, shard))
-
-    @property
-    def failure_detection(self) -> float:
-        """Seconds the cluster may take to take a dead daemon as down: its lease's TTL
-        with etcd, else the heartbeats' failure timeout."""
-        return float(self.etcd.lease_ttl) if self.etcd is not None else self.failure_timeout
-
-    @property
-    def quorum(self) -> int:
-        """Daemons (counting oneself) a daemon must reach to accept updates, with replicas."""
-        return len(self.nodes) // 2 + 1
-
-
-def rendezvous_weight(node_name: str, key: int, shard: int) -> int:
-    """A node's weight for (key, shard): the highest weights hold the shard."""
-    h = hashlib.blake2b(digest_size=8)
-    h.update(node_name.encode())
-    h.update(key.to_bytes(8, "little"))
-    h.update(shard.to_bytes(8, "little"))
-    return int.from_bytes(h.digest(), "little")
-
-
-def rendezvous_rank(name: str, key: int, shard: int) -> tuple[int, str]:
-    """What orders a node for (key, shard), highest first: its weight, then its name."""
-    return rendezvous_weight(name, key, shard), name
-
-
-def rendezvous_order(nodes: tuple[Node, ...], key: int, shard: int) -> list[Node]:
-    """All nodes ordered by rendezvous weight for (key, shard), highest first."""
-    return sorted(nodes, key=lambda n: rendezvous_rank(n.name, key, shard), reverse=True)
 
 
 def find_config_path(explicit: str | os.PathLike[str] | None = None) -> Path:

@@ -5,7 +5,7 @@ change of the member list (a daemon joins, is drained, or its lease expires)
 is a new epoch with a number one higher. Placement is a pure function of an
 epoch: rendezvous (highest random weight) hashing of (tensor key, shard) over
 the epoch's member names, the same rule as the static config's
-(``irdma.cluster.rendezvous_order``), so a change moves only the shards
+(``irdma.cluster.placement.rendezvous_order``), so a change moves only the shards
 whose replica list it changes: adding a fourth daemon to three gives it about
 a quarter of the shard copies and moves nothing else.
 
@@ -27,7 +27,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from .cluster import rendezvous_rank
+from .placement import rendezvous_rank
 
 # Requests carry an epoch's number in 16 bits (``epoch_tag``); 0 is "not routed
 # by an epoch" (static configs), so tags run 1..65535 and wrap.

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from .errors import ConfigError, IrdmaError
+from ..errors import ConfigError, IrdmaError
 
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2
