@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from irdma.cluster import SCHEMES
+from irdma.cluster.config import SCHEMES
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
