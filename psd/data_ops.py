@@ -43,7 +43,7 @@ from .arena import Block
 from .conn import Conn, Replies, no_payload
 from .metrics import RequestMetrics
 from .replication import Replicator
-from .store import PendingUpdate, Store, StoreError
+from .store import PendingUpdate, Store, StoreError, copies, rules
 
 log = logging.getLogger("psd")
 
@@ -167,11 +167,11 @@ class DataOps:
         return not self._still_waiting(worker, step, shards)
 
     async def _read_now(self, conn: Conn, header: Header, msg: Read) -> None:
-        shard = self.store.read_shard(
+        tensor, shard = self.store.catalogue.span(
             msg.key, msg.shard, msg.offset, msg.size, msg.layout, msg.dtype
         )
         # The current copy, or the one a whole-tensor write's reader asks for.
-        block, version = self.store.copy_for(shard, msg.stamp)
+        block, version = copies.copy_for(shard, msg.stamp)
         if msg.stamp and version < msg.min_version:
             # An older write's copy, older than what the client saw acknowledged
             # (its own later write): it would break read-your-writes.
@@ -186,7 +186,7 @@ class DataOps:
         self.admission.check_fresh(msg.key, msg.min_version, version, shard.index)
         if msg.wire:
             # Narrowed: new bytes, sent inline (nothing in the arena to map or pin).
-            narrowed = self.store.read_narrowed(msg.key, msg.offset, view, msg.wire)
+            narrowed = rules.narrowed(tensor.meta, msg.offset, view, msg.wire)
             await self.replies.reply(conn, header, [narrowed], version=version, stamps=stamps)
             return
         block = self.store.pin(block)
@@ -253,12 +253,12 @@ class DataOps:
                 assert conn.memory is not None
                 if msg.op == Op.ACCUMULATE and update.narrow is None:
                     # Applied straight from the client's memory before the answer
-                    # (or copied first where it must be kept: store.materialize).
+                    # (or copied first where it must be kept: update.materialize).
                     update.source = conn.memory.staged(location, len(landing))
                 else:
                     conn.memory.read_staged(location, len(landing), landing)
                 self.metrics.series(msg.op, conn.transport).received += len(landing)
-            self.store.received(update)
+            update.widen()
         except BaseException:
             self.store.abort(update)
             raise
@@ -359,7 +359,9 @@ class DataOps:
                         e.key, e.shard, e.offset, self._entry_range(msg.wire, e), dtype=e.dtype
                     )
                     if msg.wire:
-                        view = self.store.read_narrowed(e.key, e.offset, view, msg.wire)
+                        view = rules.narrowed(
+                            self.store.tensors[e.key].meta, e.offset, view, msg.wire
+                        )
                 except StoreError as exc:
                     answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=exc.status))
                     continue
@@ -386,7 +388,9 @@ class DataOps:
         With a wire dtype an entry's length counts wire bytes (what follows
         it in the frame), so a frame can be cut without knowing the tensor.
         """
-        return self.store.stored_nbytes(e.key, wire, e.length) if wire else e.length
+        if not wire:
+            return e.length
+        return rules.stored_nbytes(self.store.catalogue.get(e.key).meta, wire, e.length)
 
     async def update_batch(self, conn: Conn, header: Header, msg: UpdateBatch) -> None:
         op = msg.single
@@ -416,7 +420,7 @@ class DataOps:
                     continue
                 updates.append(upd)
                 await conn.payload.read_into(upd.landing)
-                self.store.received(upd)
+                upd.widen()
         except BaseException:
             # A batch cut short (a broken connection, a bad frame): every entry
             # begun so far gives its block back.

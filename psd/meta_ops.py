@@ -84,9 +84,9 @@ class MetaOps:
             raise StoreError(Status.BAD_ARGUMENT, "header key does not match the tensor's key")
         # Every daemon is asked, so one holding the name under another key
         # (renamed to it) says so even where it holds none of this key's shards.
-        self.store.check_moved(meta)
-        self.store.mode_of(meta)  # refused alike by every daemon, placed or not
-        if not self.store.owns_any(meta):
+        self.store.catalogue.check_moved(meta)
+        self.store.catalogue.mode_of(meta)  # refused alike by every daemon, placed or not
+        if not self.store.catalogue.owns_any(meta):
             await self.replies.reply(conn, header, [encode_json({"placed": False})])
             return
         if msg.check:
@@ -94,7 +94,7 @@ class MetaOps:
             await self.replies.reply(conn, header, [encode_json({"fits": True})])
             return
         tensor, created = self.store.create(meta, replace=msg.replace, exclusive=msg.exclusive)
-        info = self.store.info(tensor) | {"created": created}
+        info = self.store.catalogue.info(tensor) | {"created": created}
         await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)
 
     async def delete(self, conn: Conn, header: Header, msg: Delete) -> None:
@@ -104,10 +104,10 @@ class MetaOps:
 
     async def stat(self, conn: Conn, header: Header, msg: Stat) -> None:
         if conn.payload.left:
-            tensor = self.store.named(await _payload_name(conn))
+            tensor = self.store.catalogue.named(await _payload_name(conn))
         else:
-            tensor = self.store.get(msg.key)
-        info = self.store.info(tensor) | {"node": self.node.name}
+            tensor = self.store.catalogue.get(msg.key)
+        info = self.store.catalogue.info(tensor) | {"node": self.node.name}
         await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)
 
     async def rename(self, conn: Conn, header: Header, msg: Rename) -> None:
@@ -119,12 +119,12 @@ class MetaOps:
         except ValueError as exc:
             raise StoreError(Status.BAD_ARGUMENT, f"rename: {exc}") from None
         tensor = self.store.rename(msg.key, old, new)
-        info = self.store.info(tensor) | {"node": self.node.name}
+        info = self.store.catalogue.info(tensor) | {"node": self.node.name}
         await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)
 
     async def list(self, conn: Conn, header: Header, msg: ListTensors) -> None:
         prefix = await _payload_text(conn, "list prefix")
-        data = encode_json(self.store.list(prefix, msg.limit))
+        data = encode_json(self.store.catalogue.list(prefix, msg.limit))
         if len(data) > MAX_META_PAYLOAD:
             raise StoreError(Status.TOO_LARGE, "listing is too large; use a longer prefix")
         await self.replies.reply(conn, header, [data])

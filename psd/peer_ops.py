@@ -87,7 +87,7 @@ class PeerOps:
         if msg.meta_length > MAX_META_PAYLOAD or msg.meta_length + msg.size != length:
             raise StoreError(Status.BAD_FRAME, "shard copy: lengths do not add up")
         self.replicator.check_sender(msg.sender, msg.key, msg.shard, whole=True)
-        staging = self.store.reserve(length)
+        staging = self.store.blocks.reserve(length)
         try:
             if staging is None:  # arena full: the copy waits in process memory
                 buf = np.empty(length, dtype=np.uint8)

@@ -172,7 +172,7 @@ class RdmaService:
         """A connected queue pair and staging block for a client; and the answer to send it."""
         ep = self.endpoint
         e = ep.e
-        staging = self.store.reserve(request.staging)
+        staging = self.store.blocks.reserve(request.staging)
         if staging is None:
             raise StoreError(
                 Status.NO_SPACE,

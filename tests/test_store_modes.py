@@ -83,7 +83,7 @@ def test_sync_step_is_the_worker_ordered_sum_applied_once(store: Store) -> None:
     expected = np.zeros(1000, np.float32) + total
     assert np.array_equal(values(store, meta), expected)
     assert store.waits_for(meta.key, 0, 0, 1) == []
-    assert store.get(meta.key).shards[0].version == 1  # one update per step
+    assert store.catalogue.get(meta.key).shards[0].version == 1  # one update per step
 
 
 def test_apply_set_replaces_with_the_steps_sum(store: Store) -> None:
@@ -143,7 +143,7 @@ def test_evict_mode_applies_the_step_without_the_silent_worker(store: Store, clo
     assert store.expire(meta.key, 0, 0, 1) == [2]
     assert woken
     assert (values(store, meta) == 3).all()
-    assert store.info(store.get(meta.key))["evicted"] == [2]
+    assert store.catalogue.info(store.catalogue.get(meta.key))["evicted"] == [2]
     with pytest.raises(StoreError, match="evicted") as info:
         push(store, meta, 0, np.ones(256, np.float32), worker=2, step=0)
     assert info.value.status == Status.EVICTED
