@@ -44,7 +44,7 @@ from .conn import Conn, Replies, no_payload
 from .errors import Refusal
 from .metrics import RequestMetrics
 from .replication import Replicator
-from .store import PendingUpdate, Store, copies, rules
+from .store import PendingUpdate, Store, copies
 
 log = logging.getLogger("psd")
 
@@ -74,7 +74,7 @@ class DataOps:
         self.poll = poll
         self.max_payload = max_payload
         self._changed = trio.Event()
-        store.on_change = self.wake
+        store.add_waiters(self)
 
     def wake(self) -> None:
         """Wake every read waiting for a training step; each re-checks its own condition."""
@@ -168,7 +168,7 @@ class DataOps:
         return not self._still_waiting(worker, step, shards)
 
     async def _read_now(self, conn: Conn, header: Header, msg: Read) -> None:
-        tensor, shard = self.store.catalogue.span(
+        _, shard = self.store.catalogue.span(
             msg.key, msg.shard, msg.offset, msg.size, msg.layout, msg.dtype
         )
         # The current copy, or the one a whole-tensor write's reader asks for.
@@ -187,7 +187,7 @@ class DataOps:
         self.admission.check_fresh(msg.key, msg.min_version, version, shard.index)
         if msg.wire:
             # Narrowed: new bytes, sent inline (nothing in the arena to map or pin).
-            narrowed = rules.narrowed(tensor.meta, msg.offset, view, msg.wire)
+            narrowed = self.store.read_narrowed(msg.key, msg.offset, view, msg.wire)
             await self.replies.reply(conn, header, [narrowed], version=version, stamps=stamps)
             return
         block = self.store.pin(block)
@@ -360,9 +360,7 @@ class DataOps:
                         e.key, e.shard, e.offset, self._entry_range(msg.wire, e), dtype=e.dtype
                     )
                     if msg.wire:
-                        view = rules.narrowed(
-                            self.store.tensors[e.key].meta, e.offset, view, msg.wire
-                        )
+                        view = self.store.read_narrowed(e.key, e.offset, view, msg.wire)
                 except Refusal as exc:
                     answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=exc.status))
                     continue
@@ -389,9 +387,7 @@ class DataOps:
         With a wire dtype an entry's length counts wire bytes (what follows
         it in the frame), so a frame can be cut without knowing the tensor.
         """
-        if not wire:
-            return e.length
-        return rules.stored_nbytes(self.store.catalogue.get(e.key).meta, wire, e.length)
+        return self.store.stored_nbytes(e.key, wire, e.length) if wire else e.length
 
     async def update_batch(self, conn: Conn, header: Header, msg: UpdateBatch) -> None:
         op = msg.single

@@ -17,7 +17,7 @@ with plain numpy. ``Store`` composes the parts, each of one role:
 
 Callers use a part directly where that is clearer (``store.catalogue.named``,
 ``store.blocks.reserve``); the methods here are the ones that take several
-parts, or tell waiting readers (``on_change``) that something they wait on
+parts, or tell the ``Waiters`` added that something a waiting read depends on
 changed.
 """
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import builtins
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -41,6 +42,14 @@ from .outbox import Commit, Outbox
 from .pending import stage
 from .records import PendingUpdate, Shard, Tensor
 from .steps import Steps
+
+
+class Waiters(Protocol):
+    """Reads waiting for what the store changes (``psd/data_ops.py``)."""
+
+    def wake(self) -> None:
+        """Something a waiting read may depend on changed (a training step applied,
+        a worker evicted, a training tensor gone): each read re-checks its condition."""
 
 
 class Store:
@@ -70,9 +79,15 @@ class Store:
         self.owns = owns
         self.tensors = self.catalogue.tensors
         self.keys = self.catalogue.keys
-        # Called after anything a waiting read may depend on changed (a
-        # training step applied, a worker evicted, a tensor gone).
-        self.on_change: Callable[[], None] = _nothing
+        self._waiters: list[Waiters] = []
+
+    def add_waiters(self, waiters: Waiters) -> None:
+        """Wake ``waiters`` whenever something a waiting read depends on changes."""
+        self._waiters.append(waiters)
+
+    def _wake(self) -> None:
+        for waiters in self._waiters:
+            waiters.wake()
 
     # -- the catalogue's changes (a training tensor dropped wakes its readers) --
 
@@ -107,7 +122,7 @@ class Store:
 
     def _dropped(self, tensor: Tensor | None) -> None:
         if tensor is not None and tensor.coord is not None:
-            self.on_change()  # reads waiting on it now fail with NOT_FOUND
+            self._wake()  # reads waiting on it now fail with NOT_FOUND
 
     # -- reads ----------------------------------------------------------------
 
@@ -117,6 +132,14 @@ class Store:
         """Validate a read; return the shard and a view of the bytes (not pinned yet)."""
         _, shard = self.catalogue.span(key, index, offset, size, layout, dtype)
         return shard, self.arena.view(shard.block, offset, size)
+
+    def read_narrowed(self, key: int, offset: int, view: np.ndarray, wire: int) -> memoryview:
+        """A read ``view`` (at byte ``offset`` of its shard) narrowed to ``wire``, as new bytes."""
+        return rules.narrowed(self.tensors[key].meta, offset, view, wire)
+
+    def stored_nbytes(self, key: int, wire: int, wire_nbytes: int) -> int:
+        """Tensor bytes of ``wire_nbytes`` bytes of elements in the ``wire`` dtype."""
+        return rules.stored_nbytes(self.catalogue.get(key).meta, wire, wire_nbytes)
 
     def pin(self, block: Block) -> Block:
         return self.blocks.pin(block)
@@ -173,7 +196,7 @@ class Store:
         """
         version, changed = self.steps.push(update, worker, step)
         if changed:
-            self.on_change()
+            self._wake()
         return version
 
     def waits_for(
@@ -187,7 +210,7 @@ class Store:
         (``Steps.expire``); readers are woken if some were evicted."""
         lost = self.steps.expire(key, index, worker, step)
         if lost:
-            self.on_change()
+            self._wake()
         return lost
 
     def take_commits(self) -> builtins.list[Commit]:
@@ -318,7 +341,3 @@ class Store:
     def held_on(self, tensor: Tensor, index: int) -> builtins.list[tuple[int, int, PendingUpdate]]:
         """(worker, step, push) held for a lockstep step on a tensor's shard."""
         return tensor.coord.held_on(index) if tensor.coord is not None else []
-
-
-def _nothing() -> None:
-    pass
