@@ -1,14 +1,16 @@
-"""The tensors one daemon holds, and the one door the daemon changes them through.
+"""The tensors one daemon holds: ``Store`` composes the parts that keep and change them.
 
 No I/O here: the server decodes frames and calls these methods, so every
 rule (validation, write, accumulate, versions, arena accounting) is testable
-with plain numpy. ``Store`` composes the parts, each of one role:
+with plain numpy. The parts, each of one role:
 
+- ``records``: Shard, Tensor, and PendingUpdate (an update staged, then
+  committed or released);
 - ``blocks``: the arena's blocks, pins, copy-on-write, the directory's slots,
   and (with ``copies``) the copies kept for readers of older whole-tensor writes;
 - ``catalogue``: the tensors by key and name, created, renamed, deleted, found;
 - ``rules``: how a write or accumulate is applied, and the dtype rules;
-- ``pending``: an update from its staging to its commit or release;
+- ``pending``: staging an update (room for its payload);
 - ``apply``: applying a received update to its shard;
 - ``replica_log``: the txns a shard applied (a retry is applied once), and
   whether a forwarded update sits on top of this copy;
