@@ -88,7 +88,7 @@ PEERS = ("limits", "redis", "irdma", "mpi", "gloo", "group")
 COLLECTIVES = ("broadcast", "gather", "allreduce")
 # irdma's ops warm up until they have touched all the arena room they cycle
 # through: a whole-tensor write lands in a new block, so a shard may be in up
-# to three (the current copy, the previous and one older, psd/store.py), and
+# to three (the current copy, the previous and one older, psd/store/copies.py), and
 # a collective uses two slots in turn. A first touch of a daemon's memory runs
 # at about 1 GB/s on these machines, slower than a copy; MPI, Gloo and Redis
 # reuse their buffers from the first call.

@@ -6,12 +6,12 @@ from __future__ import annotations
 from irdma.cluster import ClusterConfig, Node
 from irdma.protocol import Status
 
-from .errors import StoreError
+from .errors import Refusal
 from .membership import Membership
 
 
 class Admission:
-    """Refuses (StoreError with a failover status) what this daemon must not serve now."""
+    """Refuses (Refusal with a failover status) what this daemon must not serve now."""
 
     def __init__(self, config: ClusterConfig, node: Node, membership: Membership) -> None:
         self.config = config
@@ -24,17 +24,17 @@ class Admission:
         if not m.replicated:
             return
         if not m.ready:
-            raise StoreError(
+            raise Refusal(
                 Status.RECOVERING,
                 f"{self.node.name} is catching up from its replicas; ask another replica",
             )
         if not m.settled():
-            raise StoreError(
+            raise Refusal(
                 Status.RECOVERING,
                 f"{self.node.name} is settling on a new cluster epoch; ask again shortly",
             )
         if not m.has_quorum():
-            raise StoreError(
+            raise Refusal(
                 Status.NO_QUORUM,
                 f"{self.node.name} cannot reach a majority of the cluster "
                 f"({self.config.quorum} of {len(self.config.nodes)} daemons)",
@@ -48,7 +48,7 @@ class Admission:
         primary = self.membership.acting_primary(key, shard)
         if primary is None or primary.name != self.node.name:
             where = primary.name if primary is not None else "none ready"
-            raise StoreError(
+            raise Refusal(
                 Status.NOT_OWNER,
                 f"{self.node.name} is not the primary of shard {shard} (primary: {where})",
             )
@@ -67,7 +67,7 @@ class Admission:
 
     def check_fresh(self, key: int, version: int, have: int, index: int) -> None:
         if self.behind(key, index, version, have):
-            raise StoreError(
+            raise Refusal(
                 Status.BEHIND,
                 f"{self.node.name} has shard {index} at version {have}, the client saw "
                 f"{version} acknowledged",

@@ -22,7 +22,7 @@ from irdma.transport.base import acquire_soon
 from irdma.transport.tcp import FramedSocket
 
 from .arena import Block
-from .errors import StoreError
+from .errors import Refusal
 from .metrics import RequestMetrics
 from .payload import RequestPayload
 from .staged import StagedMemory
@@ -105,15 +105,15 @@ async def payload_json(conn: Conn, limit: int = MAX_META_PAYLOAD) -> Any:
     """The request's payload, decoded as JSON (BAD_ARGUMENT if it is not)."""
     length = conn.payload.left
     if length > limit:
-        raise StoreError(Status.TOO_LARGE, f"metadata of {length} bytes over {limit}")
+        raise Refusal(Status.TOO_LARGE, f"metadata of {length} bytes over {limit}")
     data = await conn.payload.read_bytes(length)
     try:
         return decode_json(data)
     except ProtocolError as exc:
-        raise StoreError(Status.BAD_ARGUMENT, str(exc)) from None
+        raise Refusal(Status.BAD_ARGUMENT, str(exc)) from None
 
 
 def no_payload(conn: Conn, msg: Request) -> None:
     """Refuse a request of an op that takes no payload but came with one."""
     if conn.payload.left:
-        raise StoreError(Status.BAD_FRAME, f"op {msg.op.name} takes no payload")
+        raise Refusal(Status.BAD_FRAME, f"op {msg.op.name} takes no payload")

@@ -41,9 +41,10 @@ from irdma.transport.base import StreamBroken, StreamClosed, acquire_soon
 from .admission import Admission
 from .arena import Block
 from .conn import Conn, Replies, no_payload
+from .errors import Refusal
 from .metrics import RequestMetrics
 from .replication import Forwarding
-from .store import PendingUpdate, Store, StoreError
+from .store import PendingUpdate, Store, copies
 
 log = logging.getLogger("psd")
 
@@ -73,7 +74,7 @@ class DataOps:
         self.poll = poll
         self.max_payload = max_payload
         self._changed = trio.Event()
-        store.on_change = self.wake
+        store.add_waiters(self)
 
     def wake(self) -> None:
         """Wake every read waiting for a training step; each re-checks its own condition."""
@@ -129,7 +130,7 @@ class DataOps:
                         Status.NOT_READY,
                         f"step {msg.step} not reached within {self.poll:g} s; ask again",
                     )
-            except StoreError as exc:
+            except Refusal as exc:
                 await self.replies.error(conn, header, exc.status, exc.message)
         except (StreamBroken, StreamClosed):
             pass  # the connection task notices and cleans up
@@ -145,7 +146,7 @@ class DataOps:
         """Wait until no shard's read waits for anyone; False if ``poll`` ran out first.
 
         When it runs out, workers silent past the mode's timeout are
-        reported (StoreError WORKER_LOST) or evicted, per the mode.
+        reported (Refusal WORKER_LOST) or evicted, per the mode.
         """
         with trio.move_on_after(self.poll):
             while True:
@@ -167,15 +168,15 @@ class DataOps:
         return not self._still_waiting(worker, step, shards)
 
     async def _read_now(self, conn: Conn, header: Header, msg: Read) -> None:
-        shard = self.store.read_shard(
+        _, shard = self.store.catalogue.span(
             msg.key, msg.shard, msg.offset, msg.size, msg.layout, msg.dtype
         )
         # The current copy, or the one a whole-tensor write's reader asks for.
-        block, version = self.store.copy_for(shard, msg.stamp)
+        block, version = copies.copy_for(shard, msg.stamp)
         if msg.stamp and version < msg.min_version:
             # An older write's copy, older than what the client saw acknowledged
             # (its own later write): it would break read-your-writes.
-            raise StoreError(
+            raise Refusal(
                 Status.STAMP_GONE,
                 f"shard {shard.index}'s copy of write {msg.stamp:#x} is version {version}, "
                 f"older than the {msg.min_version} the client saw",
@@ -244,7 +245,7 @@ class DataOps:
             landing = update.landing
             if location is None:
                 if conn.payload.left != len(landing):
-                    raise StoreError(
+                    raise Refusal(
                         Status.BAD_FRAME,
                         f"payload is {conn.payload.left} bytes but the op covers {len(landing)}",
                     )
@@ -253,12 +254,12 @@ class DataOps:
                 assert conn.memory is not None
                 if msg.op == Op.ACCUMULATE and update.narrow is None:
                     # Applied straight from the client's memory before the answer
-                    # (or copied first where it must be kept: store.materialize).
+                    # (or copied first where it must be kept: update.materialize).
                     update.source = conn.memory.staged(location, len(landing))
                 else:
                     conn.memory.read_staged(location, len(landing), landing)
                 self.metrics.series(msg.op, conn.transport).received += len(landing)
-            self.store.received(update)
+            update.widen()
         except BaseException:
             self.store.abort(update)
             raise
@@ -272,7 +273,7 @@ class DataOps:
         # The connection was idle while the payload came in: check again.
         try:
             self.admission.check_primary(msg.key, msg.shard)
-        except StoreError:
+        except Refusal:
             self.store.abort(update)
             raise
         version, retried = self._apply_once(update, msg.worker, msg.step)
@@ -281,7 +282,7 @@ class DataOps:
             await self.forwarding.confirm([(msg.key, msg.shard)])
         await self.replies.reply(conn, header, [], version=version)
 
-    def _abort_all(self, updates: list[PendingUpdate | StoreError]) -> None:
+    def _abort_all(self, updates: list[PendingUpdate | Refusal]) -> None:
         """Give back the blocks of pending updates that will not be applied."""
         for u in updates:
             if isinstance(u, PendingUpdate):
@@ -302,7 +303,7 @@ class DataOps:
     async def _staged_location(self, conn: Conn) -> int:
         """Where a STAGED update's data sits in the client's staging memory."""
         if conn.memory is None or conn.payload.left != LOCATION.size:
-            raise StoreError(
+            raise Refusal(
                 Status.BAD_FRAME,
                 "STAGED data needs a shm or rdma connection and an 8-byte location"
                 if conn.memory is None
@@ -314,13 +315,13 @@ class DataOps:
     async def _batch_entries(self, conn: Conn, msg: ReadBatch | UpdateBatch) -> list[BatchEntry]:
         need = msg.count * ENTRY_SIZE
         if need > conn.payload.left:
-            raise StoreError(Status.BAD_FRAME, f"{msg.count} entries need {need} bytes of payload")
+            raise Refusal(Status.BAD_FRAME, f"{msg.count} entries need {need} bytes of payload")
         return unpack_entries(await conn.payload.read_bytes(need), msg.count)
 
     async def read_batch(self, conn: Conn, header: Header, msg: ReadBatch) -> None:
         entries = await self._batch_entries(conn, msg)
         if conn.payload.left:
-            raise StoreError(Status.BAD_FRAME, "a read batch carries only its entries")
+            raise Refusal(Status.BAD_FRAME, "a read batch carries only its entries")
         self.admission.check_ready()
         if msg.worker != NO_WORKER:
             # One training step for the whole batch: wait on the entries that
@@ -339,7 +340,7 @@ class DataOps:
     def _entry_waits(self, msg: ReadBatch, e: BatchEntry) -> bool:
         try:
             return bool(self.store.waits_for(e.key, e.shard, msg.worker, msg.step))
-        except StoreError as exc:
+        except Refusal as exc:
             if exc.status == Status.NOT_FOUND:
                 return False  # answered per entry by the read
             raise
@@ -360,7 +361,7 @@ class DataOps:
                     )
                     if msg.wire:
                         view = self.store.read_narrowed(e.key, e.offset, view, msg.wire)
-                except StoreError as exc:
+                except Refusal as exc:
                     answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=exc.status))
                     continue
                 if self.admission.behind(e.key, e.shard, e.version, shard.version):
@@ -368,7 +369,7 @@ class DataOps:
                     continue
                 total += len(view)
                 if total > self.max_payload:
-                    raise StoreError(
+                    raise Refusal(
                         Status.TOO_LARGE, f"batch answer over the {self.max_payload} byte limit"
                     )
                 if not msg.wire:
@@ -392,10 +393,10 @@ class DataOps:
         op = msg.single
         entries = await self._batch_entries(conn, msg)
         if sum(e.length for e in entries) != conn.payload.left:
-            raise StoreError(Status.BAD_FRAME, "batch entry lengths do not add up to the payload")
+            raise Refusal(Status.BAD_FRAME, "batch entry lengths do not add up to the payload")
         # Receive everything before applying anything: a batch cut short by a
         # broken connection changes nothing.
-        updates: list[PendingUpdate | StoreError] = []
+        updates: list[PendingUpdate | Refusal] = []
         try:
             for e in entries:
                 try:
@@ -410,13 +411,13 @@ class DataOps:
                         dtype=e.dtype,
                         wire=msg.wire,
                     )
-                except StoreError as exc:
+                except Refusal as exc:
                     await conn.payload.skip(e.length)  # this entry is refused, not the batch
                     updates.append(exc)
                     continue
                 updates.append(upd)
                 await conn.payload.read_into(upd.landing)
-                self.store.received(upd)
+                upd.widen()
         except BaseException:
             # A batch cut short (a broken connection, a bad frame): every entry
             # begun so far gives its block back.
@@ -425,7 +426,7 @@ class DataOps:
         answers = []
         retried: list[tuple[int, int]] = []
         for i, (e, u) in enumerate(zip(entries, updates, strict=True)):
-            if isinstance(u, StoreError):
+            if isinstance(u, Refusal):
                 answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=u.status))
                 continue
             u.txn = batch_entry_txn(msg.txn, i)
@@ -434,7 +435,7 @@ class DataOps:
                 version, again = self._apply_once(u, msg.worker, msg.step)
                 if again:
                     retried.append((e.key, e.shard))
-            except StoreError as exc:
+            except Refusal as exc:
                 self.store.abort(u)
                 answers.append(BatchEntry(e.key, e.shard, e.offset, 0, status=exc.status))
                 continue

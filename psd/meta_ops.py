@@ -29,10 +29,11 @@ from irdma.protocol.messages import (
 from irdma.transport.verbs import VerbsError
 
 from .conn import Conn, Replies, payload_json
+from .errors import Refusal
 from .membership import Membership
 from .rdma import ConnectRequest, RdmaService
 from .state import StateReader
-from .store import Store, StoreError
+from .store import Store
 
 log = logging.getLogger("psd")
 
@@ -79,14 +80,14 @@ class MetaOps:
         try:
             meta = TensorMeta.from_dict(raw)
         except ValueError as exc:
-            raise StoreError(Status.BAD_ARGUMENT, f"bad tensor metadata: {exc}") from None
+            raise Refusal(Status.BAD_ARGUMENT, f"bad tensor metadata: {exc}") from None
         if meta.key != msg.key:
-            raise StoreError(Status.BAD_ARGUMENT, "header key does not match the tensor's key")
+            raise Refusal(Status.BAD_ARGUMENT, "header key does not match the tensor's key")
         # Every daemon is asked, so one holding the name under another key
         # (renamed to it) says so even where it holds none of this key's shards.
-        self.store.check_moved(meta)
-        self.store.mode_of(meta)  # refused alike by every daemon, placed or not
-        if not self.store.owns_any(meta):
+        self.store.catalogue.check_moved(meta)
+        self.store.catalogue.mode_of(meta)  # refused alike by every daemon, placed or not
+        if not self.store.catalogue.owns_any(meta):
             await self.replies.reply(conn, header, [encode_json({"placed": False})])
             return
         if msg.check:
@@ -94,7 +95,7 @@ class MetaOps:
             await self.replies.reply(conn, header, [encode_json({"fits": True})])
             return
         tensor, created = self.store.create(meta, replace=msg.replace, exclusive=msg.exclusive)
-        info = self.store.info(tensor) | {"created": created}
+        info = self.store.catalogue.info(tensor) | {"created": created}
         await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)
 
     async def delete(self, conn: Conn, header: Header, msg: Delete) -> None:
@@ -104,58 +105,58 @@ class MetaOps:
 
     async def stat(self, conn: Conn, header: Header, msg: Stat) -> None:
         if conn.payload.left:
-            tensor = self.store.named(await _payload_name(conn))
+            tensor = self.store.catalogue.named(await _payload_name(conn))
         else:
-            tensor = self.store.get(msg.key)
-        info = self.store.info(tensor) | {"node": self.node.name}
+            tensor = self.store.catalogue.get(msg.key)
+        info = self.store.catalogue.info(tensor) | {"node": self.node.name}
         await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)
 
     async def rename(self, conn: Conn, header: Header, msg: Rename) -> None:
         body = await payload_json(conn)
         if not isinstance(body, dict) or set(body) != set(RENAME_KEYS):
-            raise StoreError(Status.BAD_ARGUMENT, f"rename takes JSON keys {list(RENAME_KEYS)}")
+            raise Refusal(Status.BAD_ARGUMENT, f"rename takes JSON keys {list(RENAME_KEYS)}")
         try:
             old, new = (validate_name(body[k]) for k in RENAME_KEYS)
         except ValueError as exc:
-            raise StoreError(Status.BAD_ARGUMENT, f"rename: {exc}") from None
+            raise Refusal(Status.BAD_ARGUMENT, f"rename: {exc}") from None
         tensor = self.store.rename(msg.key, old, new)
-        info = self.store.info(tensor) | {"node": self.node.name}
+        info = self.store.catalogue.info(tensor) | {"node": self.node.name}
         await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)
 
     async def list(self, conn: Conn, header: Header, msg: ListTensors) -> None:
         prefix = await _payload_text(conn, "list prefix")
-        data = encode_json(self.store.list(prefix, msg.limit))
+        data = encode_json(self.store.catalogue.list(prefix, msg.limit))
         if len(data) > MAX_META_PAYLOAD:
-            raise StoreError(Status.TOO_LARGE, "listing is too large; use a longer prefix")
+            raise Refusal(Status.TOO_LARGE, "listing is too large; use a longer prefix")
         await self.replies.reply(conn, header, [data])
 
     async def rdma_connect(self, conn: Conn, header: Header, msg: RdmaConnect) -> None:
         raw = await payload_json(conn)
         if self.rdma is None:
-            raise StoreError(Status.BAD_OP, f"{self.node.name} serves no RDMA (see its log)")
+            raise Refusal(Status.BAD_OP, f"{self.node.name} serves no RDMA (see its log)")
         if conn.memory is not None:
-            raise StoreError(Status.BAD_ARGUMENT, f"connection already uses {conn.transport}")
+            raise Refusal(Status.BAD_ARGUMENT, f"connection already uses {conn.transport}")
         try:
             request = ConnectRequest.parse(raw)
         except ValueError as exc:
-            raise StoreError(Status.BAD_ARGUMENT, str(exc)) from None
+            raise Refusal(Status.BAD_ARGUMENT, str(exc)) from None
         try:
             session, answer = self.rdma.accept(request, conn.stream.peer)
         except VerbsError as exc:
             log.warning("%s: RDMA setup for %s failed: %s", self.node.name, conn.stream.peer, exc)
-            raise StoreError(Status.BAD_ARGUMENT, f"RDMA setup failed: {exc}") from None
+            raise Refusal(Status.BAD_ARGUMENT, f"RDMA setup failed: {exc}") from None
         conn.memory = session
         await self.replies.reply(conn, header, [encode_json(answer)])
 
     async def auth(self, conn: Conn, header: Header, msg: Auth) -> None:
         """AUTH past the gate: this daemon has no secret, or the connection passed already."""
         if self.secret is None:
-            raise StoreError(
+            raise Refusal(
                 Status.AUTH_FAILED,
                 f"{self.node.name} has no secret_file in its config, so it cannot prove it "
                 "belongs to the cluster; give every daemon and client the same secret_file",
             )
-        raise StoreError(Status.AUTH_FAILED, "this connection is authenticated already")
+        raise Refusal(Status.AUTH_FAILED, "this connection is authenticated already")
 
     # One handler per message kind (irdma.protocol.messages).
 
@@ -163,12 +164,12 @@ class MetaOps:
 async def _payload_text(conn: Conn, what: str) -> str:
     """A request's payload that is a name or a prefix (UTF-8, at most a name's size)."""
     if conn.payload.left > MAX_NAME_BYTES:
-        raise StoreError(Status.BAD_ARGUMENT, f"{what} is too long")
+        raise Refusal(Status.BAD_ARGUMENT, f"{what} is too long")
     raw = await conn.payload.read_bytes(conn.payload.left)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise StoreError(Status.BAD_ARGUMENT, f"{what} is not UTF-8") from None
+        raise Refusal(Status.BAD_ARGUMENT, f"{what} is not UTF-8") from None
 
 
 async def _payload_name(conn: Conn) -> str:
@@ -176,4 +177,4 @@ async def _payload_name(conn: Conn) -> str:
     try:
         return validate_name(await _payload_text(conn, "tensor name"))
     except ValueError as exc:
-        raise StoreError(Status.BAD_ARGUMENT, f"bad tensor name: {exc}") from None
+        raise Refusal(Status.BAD_ARGUMENT, f"bad tensor name: {exc}") from None

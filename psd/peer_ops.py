@@ -12,8 +12,9 @@ from irdma.transport.base import StreamBroken, StreamClosed
 
 from .conn import Conn, Replies, payload_json
 from .data_ops import DataOps
+from .errors import Refusal
 from .replication import Item, Replicator
-from .store import Store, StoreError
+from .store import Store
 
 
 class PeerOps:
@@ -35,7 +36,7 @@ class PeerOps:
         if tensor is not None and msg.shard not in tensor.shards:
             # Placed here by a move (check_sender saw to that) and not copied yet: the
             # primary sends the whole shard instead.
-            raise StoreError(
+            raise Refusal(
                 Status.BEHIND,
                 f"shard {msg.shard} of {tensor.meta.name!r} is placed here and not copied yet",
             )
@@ -45,7 +46,7 @@ class PeerOps:
         try:
             # The view may have moved while the payload came in.
             self.vetting.check_sender(msg.sender, msg.key, msg.shard)
-        except StoreError:
+        except Refusal:
             self.store.abort(update)
             raise
         if msg.held:
@@ -78,7 +79,7 @@ class PeerOps:
         try:
             try:
                 await self.service.sent(items)
-            except StoreError as exc:
+            except Refusal as exc:
                 await self.replies.error(conn, header, exc.status, exc.message)
             else:
                 await self.replies.reply(conn, header, [])
@@ -88,9 +89,9 @@ class PeerOps:
     async def sync(self, conn: Conn, header: Header, msg: ShardCopy) -> None:
         length = conn.payload.left
         if msg.meta_length > MAX_META_PAYLOAD or msg.meta_length + msg.size != length:
-            raise StoreError(Status.BAD_FRAME, "shard copy: lengths do not add up")
+            raise Refusal(Status.BAD_FRAME, "shard copy: lengths do not add up")
         self.vetting.check_sender(msg.sender, msg.key, msg.shard, whole=True)
-        staging = self.store.reserve(length)
+        staging = self.store.blocks.reserve(length)
         try:
             if staging is None:  # arena full: the copy waits in process memory
                 buf = np.empty(length, dtype=np.uint8)

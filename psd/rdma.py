@@ -39,7 +39,7 @@ from irdma.transport.verbs import (
 from irdma.transport.verbs_compat import VerbsUnavailable
 
 from .arena import Block
-from .errors import StoreError
+from .errors import Refusal
 from .staged import StagedMemory
 from .store import Store
 
@@ -172,9 +172,9 @@ class RdmaService:
         """A connected queue pair and staging block for a client; and the answer to send it."""
         ep = self.endpoint
         e = ep.e
-        staging = self.store.reserve(request.staging)
+        staging = self.store.blocks.reserve(request.staging)
         if staging is None:
-            raise StoreError(
+            raise Refusal(
                 Status.NO_SPACE,
                 f"arena full: no room for a {request.staging}-byte RDMA staging area",
             )

@@ -66,6 +66,7 @@ from .admission import Admission
 from .auth import admit
 from .conn import Conn, Replies
 from .data_ops import DataOps
+from .errors import Refusal
 from .meta_ops import MetaOps
 from .metrics import RequestMetrics
 from .payload import RequestPayload
@@ -74,7 +75,7 @@ from .rdma import RdmaService, RdmaSession
 from .replication import Replicator
 from .staged import StagedMemory
 from .state import StateReader
-from .store import Store, StoreError
+from .store import Store
 
 log = logging.getLogger("psd")
 
@@ -207,7 +208,7 @@ class Server:
     def _refresh_serving(self) -> None:
         try:
             self._admission.check_ready()
-        except StoreError:
+        except Refusal:
             self.store.directory.set_serving(False)
         else:
             self.store.directory.set_serving(True)
@@ -217,11 +218,11 @@ class Server:
         (the client takes it and routes again); none yet: not serving."""
         epoch = self.config.epoch
         if epoch is None:
-            raise StoreError(
+            raise Refusal(
                 Status.RECOVERING, f"{self.node.name} has not read the cluster's epoch yet"
             )
         if header.epoch != epoch_tag(epoch.number):
-            raise StoreError(Status.STALE_EPOCH, epoch.to_json().decode())
+            raise Refusal(Status.STALE_EPOCH, epoch.to_json().decode())
 
     async def handle_connection(
         self,
@@ -323,17 +324,17 @@ class Server:
                 msg = decode_request(header)
                 handler = self._handlers[type(msg)]
             except BadRequest as exc:
-                raise StoreError(exc.status, exc.message) from None
+                raise Refusal(exc.status, exc.message) from None
             except KeyError:
                 # ATTACH, say, is the shm handshake's first frame: not a request
                 # on a connection already serving them.
-                raise StoreError(
+                raise Refusal(
                     Status.BAD_OP, f"op {Op(header.op).name} is not served here"
                 ) from None
             if self.config.etcd is not None and type(msg) in _ROUTED:
                 self._check_epoch(header)
             await handler(conn, header, msg)
-        except StoreError as exc:
+        except Refusal as exc:
             # A refused request's unread payload is skipped before the answer.
             await payload.skip_rest()
             await self.replies.error(conn, header, exc.status, exc.message)

@@ -3,7 +3,7 @@
 A snapshot is cut without stopping the daemon: in one synchronous step (no
 ``await``) every tensor's metadata and every local shard's version, mtime
 and block are recorded, and each block is pinned. Pinned blocks never change
-in place (updates copy-on-write, see store.py), so a worker thread can then
+in place (updates copy-on-write, see store/blocks.py), so a worker thread can then
 stream those exact bytes to disk while the event loop keeps serving. Each
 block is unpinned as soon as its bytes are written, so copy-on-write holds
 extra arena memory only for the shards still waiting to be written.
@@ -67,7 +67,8 @@ from irdma.training.modes import Mode
 
 from .arena import Block, round_up
 from .errors import StoreError
-from .store import RECENT_TXNS, Store, Tensor
+from .store import Store, Tensor
+from .store.replica_log import RECENT_TXNS
 
 log = logging.getLogger("psd")
 
@@ -669,7 +670,7 @@ def _restore(store: Store, f: io.FileIO, parsed: _Parsed, path: Path) -> None:
             # A retry of an update acknowledged before the restart is recognised.
             shard.recent = dict(s.txns)
             shard.stamp = s.stamp
-            store.publish(shard)
+            store.blocks.publish(shard)
     except BaseException:
         for tensor in created:
             if store.tensors.get(tensor.meta.key) is tensor:

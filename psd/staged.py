@@ -11,7 +11,7 @@ import numpy as np
 
 from irdma.protocol import Status
 
-from .errors import StoreError
+from .errors import Refusal
 
 
 class StagedMemory:
@@ -37,7 +37,7 @@ class StagedMemory:
         if offset >= len(self.view) and self.shared is not None:
             memory, at, what = self.shared, offset - len(self.view), "shared region"
         if at + size > len(memory):
-            raise StoreError(
+            raise Refusal(
                 Status.OUT_OF_RANGE,
                 f"staged data [{offset}, {offset + size}) is outside the {len(memory)}-byte {what}",
             )

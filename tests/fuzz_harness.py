@@ -361,7 +361,7 @@ class Harness:
                 self._restore(meta)
         for peer in self.server.replicator.peers.values():
             peer.queue.skip_all()
-        self.store.commits.clear()
+        self.store.take_commits()
 
     # -- inputs --------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 ``irdma.agreement`` is driven here by a model of the daemons: every shard
 keeps its current copy, the previous one and at most one older (as
-``psd/store.py`` does, with older copies sometimes taken back for room), and
+``psd/store/copies.py`` does, with older copies sometimes taken back for room), and
 a writer rewrites the tensor whole, reaching the shards one by one, while a
 read reconciles. The model's buffer records which write's bytes each piece
 holds, so a read that returns with its pieces' answers agreeing while the

@@ -8,10 +8,9 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from irdma_psd import store as store_module
 from irdma_psd.arena import Arena, ArenaFullError
 from irdma_psd.directory import Directory
-from irdma_psd.store import Store, StoreError
+from irdma_psd.store import Store, StoreError, copies
 
 from irdma.protocol import Op, Status, TensorMeta
 from irdma.protocol.directory import (
@@ -250,26 +249,26 @@ def test_a_stamped_write_keeps_the_previous_copy_for_its_readers(
     shard = store.tensors[m.key].shards[0]
     assert shard.stamp == 0xA0 and shard.prev is not None
     # The copy from before any stamped write is asked for as UNSTAMPED.
-    block, version = store.copy_for(shard, UNSTAMPED)
+    block, version = copies.copy_for(shard, UNSTAMPED)
     assert version == 1
     assert np.array_equal(store.arena.view(block, 0, SHARD).view(np.float32), old)
     _, (version, stamp, prev) = direct_read(store, m, 0)
     assert (version, stamp, prev) == (2, 0xA0, UNSTAMPED)
     # An accumulate changes the current copy only; the previous stays.
     apply(store, m, 0, np.ones(SHARD // 4, np.float32), op=Op.ACCUMULATE)
-    assert store.copy_for(shard, 0xA0)[1] == 3
+    assert copies.copy_for(shard, 0xA0)[1] == 3
     apply(store, m, 0, np.full(SHARD // 4, 5, np.float32), stamp=0xB0)
-    assert store.copy_for(shard, 0xA0)[1] == 3
-    assert store.copy_for(shard, UNSTAMPED)[1] == 1  # two writes ago: kept a while
-    monkeypatch.setattr(store_module, "OLDER_COPIES_KEPT", 0.0)
+    assert copies.copy_for(shard, 0xA0)[1] == 3
+    assert copies.copy_for(shard, UNSTAMPED)[1] == 1  # two writes ago: kept a while
+    monkeypatch.setattr(copies, "OLDER_COPIES_KEPT", 0.0)
     apply(store, m, 0, np.full(SHARD // 4, 6, np.float32), stamp=0xC0)
-    assert store.copy_for(shard, 0xB0)[1] == 4
-    assert store.copy_for(shard, 0xA0)[1] == 3  # replaced just now: kept
+    assert copies.copy_for(shard, 0xB0)[1] == 4
+    assert copies.copy_for(shard, 0xA0)[1] == 3  # replaced just now: kept
     with pytest.raises(StoreError) as info:
-        store.copy_for(shard, UNSTAMPED)  # replaced before, past the time kept
+        copies.copy_for(shard, UNSTAMPED)  # replaced before, past the time kept
     assert info.value.status == Status.STAMP_GONE
     with pytest.raises(StoreError) as info:
-        store.copy_for(shard, 0xD0)  # a write that has not come here yet
+        copies.copy_for(shard, 0xD0)  # a write that has not come here yet
     assert info.value.status == Status.STAMP_PENDING
 
 
@@ -283,13 +282,13 @@ def test_a_shard_rewritten_back_to_back_keeps_a_bounded_number_of_copies(
     for i in range(10):
         apply(store, m, 0, np.full(SHARD // 4, i, np.float32), stamp=0xA0 + i)
     shard = store.tensors[m.key].shards[0]
-    assert len(shard.older) == store_module.OLDER_COPIES_MAX
-    kept = 2 + store_module.OLDER_COPIES_MAX  # the current copy, prev, the older ones
+    assert len(shard.older) == copies.OLDER_COPIES_MAX
+    kept = 2 + copies.OLDER_COPIES_MAX  # the current copy, prev, the older ones
     assert store.arena.used == (kept + m.num_shards - 1) * SHARD  # the others: one each
-    assert store.copy_for(shard, 0xA0 + 8)[1] == 9  # prev
-    assert store.copy_for(shard, 0xA0 + 8 - store_module.OLDER_COPIES_MAX)[1]
+    assert copies.copy_for(shard, 0xA0 + 8)[1] == 9  # prev
+    assert copies.copy_for(shard, 0xA0 + 8 - copies.OLDER_COPIES_MAX)[1]
     with pytest.raises(StoreError) as info:
-        store.copy_for(shard, 0xA0 + 7 - store_module.OLDER_COPIES_MAX)
+        copies.copy_for(shard, 0xA0 + 7 - copies.OLDER_COPIES_MAX)
     assert info.value.status == Status.STAMP_GONE
 
 
@@ -309,7 +308,7 @@ def test_previous_copies_give_their_room_back_when_the_arena_needs_it(store: Sto
     store.create(m)
     for i in range(m.num_shards):
         apply(store, m, i, np.full(SHARD // 4, 1, np.float32), stamp=0xA0)
-    assert len(store.prevs) == m.num_shards
+    assert len(store.blocks.prevs) == m.num_shards
     held = store.arena.used
     # Fill what is left; the next allocation takes the previous copies back.
     blocks = []
@@ -318,11 +317,11 @@ def test_previous_copies_give_their_room_back_when_the_arena_needs_it(store: Sto
             blocks.append(store.arena.alloc(SHARD))
     big = meta("d/big", n=SHARD // 4)
     store.create(big)
-    assert store.prevs == {} and store.arena.used < held + len(blocks) * SHARD + SHARD
+    assert store.blocks.prevs == {} and store.arena.used < held + len(blocks) * SHARD + SHARD
     shard = store.tensors[m.key].shards[0]
     with pytest.raises(StoreError):
-        store.copy_for(shard, UNSTAMPED)
-    assert store.copy_for(shard, 0xA0)[0] is shard.block
+        copies.copy_for(shard, UNSTAMPED)
+    assert copies.copy_for(shard, 0xA0)[0] is shard.block
 
 
 def test_a_previous_copy_given_back_is_no_longer_named_by_the_slot(store: Store) -> None:
@@ -335,7 +334,7 @@ def test_a_previous_copy_given_back_is_no_longer_named_by_the_slot(store: Store)
     _, (_, stamp, prev) = direct_read(store, m, 0)
     assert (stamp, prev) == (0xB0, 0xA0)
     seq = store.directory.table[store.tensors[m.key].shards[0].slot, SEQ]
-    store.drop_prevs()
+    store.blocks.drop_prevs()
     got, (version, stamp, prev) = direct_read(store, m, 0)
     assert (version, stamp, prev) == (2, 0xB0, 0) and (got == 2).all()
     assert store.directory.table[store.tensors[m.key].shards[0].slot, SEQ] == seq + 2

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import trio
-from irdma_psd.store import RECENT_TXNS
+from irdma_psd.store.replica_log import RECENT_TXNS
 
 from irdma import AsyncClient, Client
 from irdma.protocol import HEADER_SIZE, Header, Op, Status, tensor_key, unpack_header

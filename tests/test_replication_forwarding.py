@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from irdma_psd.errors import Refusal
 from irdma_psd.main import build_store
 from irdma_psd.replication import Item, Replicator
-from irdma_psd.store import Commit, StoreError
+from irdma_psd.store import Commit
 
 from irdma.cli.local import write_config
 from irdma.cluster import load_config
@@ -46,12 +47,12 @@ def test_an_update_queued_before_a_loss_of_readiness_is_never_acknowledged(
             replicator.membership.lose()  # a refusal made it give up being ready...
             skipped.done.set()
             replicator.membership.ready = True  # ...and it is ready again already
-            with pytest.raises(StoreError, match="not acknowledged"):
+            with pytest.raises(Refusal, match="not acknowledged"):
                 await forwarding.wait([skipped])
             refused = Item(1, 0, None, losses=forwarding.losses)
             refused.refused = True
             refused.done.set()
-            with pytest.raises(StoreError, match="not acknowledged"):
+            with pytest.raises(Refusal, match="not acknowledged"):
                 await forwarding.wait([refused])
 
         trio.run(main)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from irdma_psd.errors import Refusal
 from irdma_psd.main import build_store
 from irdma_psd.replication import Replicator
 from irdma_psd.replication.bodies import Heartbeat
-from irdma_psd.store import StoreError
 
 from irdma.cli.local import write_config
 from irdma.cluster import load_config
@@ -85,6 +85,6 @@ async def test_a_handoff_is_answered_once_what_was_queued_for_the_peer_is_out(
 async def test_a_heartbeat_not_from_a_peer_is_refused(
     replicator: Replicator, body: object, says: str
 ) -> None:
-    with pytest.raises(StoreError, match=says) as caught:
+    with pytest.raises(Refusal, match=says) as caught:
         await replicator.heartbeats.received(body)
     assert caught.value.status == Status.BAD_ARGUMENT

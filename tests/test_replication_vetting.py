@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from irdma_psd.errors import Refusal
 from irdma_psd.main import build_store
 from irdma_psd.membership import Membership
 from irdma_psd.replication import CopyCounts
@@ -17,7 +18,6 @@ from irdma_psd.replication.vetting import (
     sender_id,
     sender_name,
 )
-from irdma_psd.store import StoreError
 
 from irdma.cli.local import write_config
 from irdma.cluster import ClusterConfig, load_config
@@ -59,7 +59,7 @@ class Setup:
         )
 
     def refused(self, status: Status, sender: str, key: int, shard: int, whole: bool = False):
-        with pytest.raises(StoreError) as caught:
+        with pytest.raises(Refusal) as caught:
             self.vetting.check_sender(sender_id(self.config, sender), key, shard, whole=whole)
         assert caught.value.status == status, caught.value
         return caught.value
@@ -94,7 +94,7 @@ def test_with_etcd_senders_are_named_by_a_hash_of_their_name(tmp_path: Path) -> 
 
 
 def test_one_copy_per_shard_refuses_replication_messages(tmp_path: Path) -> None:
-    with pytest.raises(StoreError, match="keeps one copy of each shard") as caught:
+    with pytest.raises(Refusal, match="keeps one copy of each shard") as caught:
         refuse_unless_replicated(config(tmp_path, replicas=1), "heartbeat")
     assert caught.value.status == Status.BAD_OP
 
@@ -103,14 +103,14 @@ def test_copies_go_only_between_daemons_of_one_epoch(tmp_path: Path) -> None:
     check_same_epoch(config(tmp_path), "n1", "n2", None)  # no etcd: no epochs
     cfg = config(tmp_path, etcd=True)  # no epoch adopted yet: number 0
     check_same_epoch(cfg, "n1", "n2", 0)
-    with pytest.raises(StoreError, match="n1 is at epoch 0, n2 at 3") as caught:
+    with pytest.raises(Refusal, match="n1 is at epoch 0, n2 at 3") as caught:
         check_same_epoch(cfg, "n1", "n2", 3)
     assert caught.value.status == Status.RECOVERING
 
 
 def test_a_sender_that_is_no_daemon_or_this_one_is_a_bad_argument(setup: Setup) -> None:
     key, shard = shard_placed(setup.config, ("n2", "n1"))
-    with pytest.raises(StoreError, match="unknown daemon #7"):
+    with pytest.raises(Refusal, match="unknown daemon #7"):
         setup.vetting.check_sender(7, key, shard)
     setup.refused(Status.BAD_ARGUMENT, "n1", key, shard)
 

@@ -201,8 +201,11 @@ async def test_a_renamed_tensor_comes_back_under_its_name_and_key(
     await write_snapshot(src, tmp_path)
     dst = stores()
     load_snapshot(dst, tmp_path)
-    assert dst.named("r/b").meta == renamed.meta and dst.named("r/b").meta.key == a.key
-    assert dst.named("r/a").meta == again
+    assert (
+        dst.catalogue.named("r/b").meta == renamed.meta
+        and dst.catalogue.named("r/b").meta.key == a.key
+    )
+    assert dst.catalogue.named("r/a").meta == again
     assert all_bytes(dst) == all_bytes(src) and shard_state(dst) == shard_state(src)
 
 

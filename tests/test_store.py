@@ -12,14 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from irdma_psd.arena import PAGE, Arena, Block, round_up
-from irdma_psd.store import (
-    Store,
-    StoreError,
-    accumulate_copy,
-    accumulate_from,
-    accumulate_into,
-    check_alpha,
-)
+from irdma_psd.store import Store, StoreError
+from irdma_psd.store.rules import accumulate_copy, accumulate_from, accumulate_into, check_alpha
 
 from irdma.protocol import DTYPE_CODES, Op, Status, TensorMeta, tensor_key
 from irdma.sizes import ACCUMULATE_PIECE
@@ -280,9 +274,9 @@ def test_create_replace_retires_old_blocks(arena: Arena) -> None:
     for i in range(3):
         assert not any(shard_bytes(store, new.key, i))
     with pytest.raises(StoreError) as ei:
-        store.get(new.key, old.layout)
+        store.catalogue.get(new.key, old.layout)
     assert ei.value.status == Status.STALE_LAYOUT
-    assert store.get(new.key, new.layout) is tensor
+    assert store.catalogue.get(new.key, new.layout) is tensor
 
 
 def test_a_replaced_shard_goes_on_from_the_old_ones_version(arena: Arena) -> None:
@@ -295,7 +289,7 @@ def test_a_replaced_shard_goes_on_from_the_old_ones_version(arena: Arena) -> Non
     new = TensorMeta("t", "int16", (4096,), 4096)  # 2 shards: shard 1 is new to the key
     tensor, _ = store.create(new, replace=True)
     assert {i: s.version for i, s in tensor.shards.items()} == {0: 4, 1: 0}
-    assert store.info(tensor)["shards"] == {"0": 4, "1": 0}
+    assert store.catalogue.info(tensor)["shards"] == {"0": 4, "1": 0}
 
 
 def test_create_replace_keeps_pinned_old_block_until_unpin(arena: Arena) -> None:
@@ -383,7 +377,7 @@ def test_delete(arena: Arena) -> None:
     assert store.delete(meta.key) == meta
     assert meta.key not in store.tensors
     assert arena.used == 0
-    for fn in (store.delete, store.get):
+    for fn in (store.delete, store.catalogue.get):
         with pytest.raises(StoreError) as ei:
             fn(meta.key)
         assert ei.value.status == Status.NOT_FOUND
@@ -406,19 +400,19 @@ def test_get_checks_layout(arena: Arena) -> None:
     store = Store(arena, everything)
     meta = TensorMeta("t", "float32", (10,), 4096)
     tensor, _ = store.create(meta)
-    assert store.get(meta.key) is tensor
-    assert store.get(meta.key, 0) is tensor
-    assert store.get(meta.key, meta.layout) is tensor
+    assert store.catalogue.get(meta.key) is tensor
+    assert store.catalogue.get(meta.key, 0) is tensor
+    assert store.catalogue.get(meta.key, meta.layout) is tensor
     for other in (
         TensorMeta("t", "float64", (10,), 4096),
         TensorMeta("t", "float32", (11,), 4096),
         TensorMeta("t", "float32", (10,), 8192),
     ):
         with pytest.raises(StoreError) as ei:
-            store.get(meta.key, other.layout)
+            store.catalogue.get(meta.key, other.layout)
         assert ei.value.status == Status.STALE_LAYOUT
     with pytest.raises(StoreError) as ei:
-        store.get(tensor_key("nope"))
+        store.catalogue.get(tensor_key("nope"))
     assert ei.value.status == Status.NOT_FOUND
 
 
@@ -431,18 +425,18 @@ def test_list_and_info(arena: Arena) -> None:
     store = Store(arena, owns)
     for name in ("b/z", "a/y", "a/x", "a/w"):
         store.create(TensorMeta(name, "uint8", (3 * PAGE,), PAGE))
-    assert [d["meta"]["name"] for d in store.list("a/")] == ["a/w", "a/x"]
-    assert [d["meta"]["name"] for d in store.list()] == ["a/w", "a/x", "b/z"]
-    assert store.list("c/") == []
+    assert [d["meta"]["name"] for d in store.catalogue.list("a/")] == ["a/w", "a/x"]
+    assert [d["meta"]["name"] for d in store.catalogue.list()] == ["a/w", "a/x", "b/z"]
+    assert store.catalogue.list("c/") == []
     # A limit gives the first by name (of those this daemon holds shards of).
-    assert [d["meta"]["name"] for d in store.list("", limit=2)] == ["a/w", "a/x"]
-    assert [d["meta"]["name"] for d in store.list("a/", limit=1)] == ["a/w"]
-    assert [d["meta"]["name"] for d in store.list("b/", limit=5)] == ["b/z"]
+    assert [d["meta"]["name"] for d in store.catalogue.list("", limit=2)] == ["a/w", "a/x"]
+    assert [d["meta"]["name"] for d in store.catalogue.list("a/", limit=1)] == ["a/w"]
+    assert [d["meta"]["name"] for d in store.catalogue.list("b/", limit=5)] == ["b/z"]
     key = tensor_key("a/x")
     write(store, key, 0, 0, b"x")
     write(store, key, 0, 1, b"y")
     write(store, key, 2, 0, b"z")
-    info = store.info(store.tensors[key])
+    info = store.catalogue.info(store.tensors[key])
     assert info["meta"] == TensorMeta("a/x", "uint8", (3 * PAGE,), PAGE).to_dict()
     assert info["shards"] == {"0": 2, "2": 1}
     assert info["version"] == 3
@@ -921,7 +915,7 @@ def test_versions_increase_by_one_per_commit(cow: tuple[Store, TensorMeta]) -> N
     assert tensor.shards[1].version == 1
     assert tensor.version == 6
     assert tensor.shards[0].mtime >= mtime
-    assert store.info(tensor)["shards"] == {"0": 5, "1": 1}
+    assert store.catalogue.info(tensor)["shards"] == {"0": 5, "1": 1}
 
 
 def test_abort_frees_staging(cow: tuple[Store, TensorMeta]) -> None:
@@ -1039,9 +1033,9 @@ def test_rename_keeps_key_bytes_and_ctime_and_moves_the_name(arena: Arena) -> No
     assert renamed.meta.place == a.key and renamed.ctime == ctime
     assert all_bytes(store) == before and arena.used == used  # nothing copied
     assert versions(store) == {k: v + 1 for k, v in was.items()}
-    assert store.named("m/b") is tensor
+    assert store.catalogue.named("m/b") is tensor
     with pytest.raises(StoreError) as ei:
-        store.named("m/a")
+        store.catalogue.named("m/a")
     assert ei.value.status == Status.NOT_FOUND
     # Renamed back to its own name, it is an ordinary tensor again.
     assert store.rename(a.key, "m/b", "m/a").meta == a
@@ -1055,7 +1049,7 @@ def test_rename_of_a_name_not_at_that_key_is_not_found(arena: Arena) -> None:
         with pytest.raises(StoreError) as ei:
             store.rename(key, old, "m/b")
         assert ei.value.status == Status.NOT_FOUND
-    assert store.named("m/a").meta == a
+    assert store.catalogue.named("m/a").meta == a
 
 
 def test_a_create_meeting_a_renamed_tensor_is_refused_as_moved(arena: Arena) -> None:
@@ -1065,17 +1059,20 @@ def test_a_create_meeting_a_renamed_tensor_is_refused_as_moved(arena: Arena) -> 
     store.rename(a.key, "m/a", "m/b")
     # "m/a" again: its own key is held by "m/b".
     with pytest.raises(StoreError, match="holds tensor 'm/b'") as ei:
-        store.check_moved(TensorMeta("m/a", "uint8", (10,), 4096))
+        store.catalogue.check_moved(TensorMeta("m/a", "uint8", (10,), 4096))
     assert ei.value.status == Status.MOVED
     # "m/b" at its own key: the name is held under "m/a"'s key.
     with pytest.raises(StoreError, match="placed by key") as ei:
-        store.check_moved(TensorMeta("m/b", "uint8", (10,), 4096))
+        store.catalogue.check_moved(TensorMeta("m/b", "uint8", (10,), 4096))
     assert ei.value.status == Status.MOVED
     # At a salted key, "m/a" is a tensor of its own beside "m/b".
     salted = TensorMeta("m/a", "uint8", (10,), 4096, place=tensor_key("m/a", 1))
-    store.check_moved(salted)
+    store.catalogue.check_moved(salted)
     store.create(salted)
-    assert store.named("m/a").meta == salted and store.named("m/b").meta.key == a.key
+    assert (
+        store.catalogue.named("m/a").meta == salted
+        and store.catalogue.named("m/b").meta.key == a.key
+    )
 
 
 def test_delete_by_name_spares_a_tensor_renamed_to_the_key(arena: Arena) -> None:
@@ -1099,5 +1096,5 @@ def test_install_of_a_renamed_copy_replaces_the_copy_under_the_old_name(arena: A
     b = TensorMeta("m/b", "uint8", (4096,), 4096, place=a.key)
     data = as_u8(rand_bytes(4096, 2))
     store.install_shard(b, 0, 7, data, {})
-    assert store.named("m/b").meta == b and "m/a" not in store.keys
+    assert store.catalogue.named("m/b").meta == b and "m/a" not in store.keys
     assert shard_bytes(store, a.key, 0) == data.tobytes()

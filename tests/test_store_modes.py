@@ -83,7 +83,7 @@ def test_sync_step_is_the_worker_ordered_sum_applied_once(store: Store) -> None:
     expected = np.zeros(1000, np.float32) + total
     assert np.array_equal(values(store, meta), expected)
     assert store.waits_for(meta.key, 0, 0, 1) == []
-    assert store.get(meta.key).shards[0].version == 1  # one update per step
+    assert store.catalogue.get(meta.key).shards[0].version == 1  # one update per step
 
 
 def test_apply_set_replaces_with_the_steps_sum(store: Store) -> None:
@@ -134,8 +134,13 @@ def test_error_mode_reports_silent_workers(store: Store, clock: Clock) -> None:
 
 def test_evict_mode_applies_the_step_without_the_silent_worker(store: Store, clock: Clock) -> None:
     meta = make(store, Mode.sync(3, worker_timeout=5, on_timeout="evict"), n=256)
-    woken = []
-    store.on_change = lambda: woken.append(1)
+    woken: list[int] = []
+
+    class Woken:
+        def wake(self) -> None:
+            woken.append(1)
+
+    store.add_waiters(Woken())
     for w in (0, 1):
         push_all(store, meta, np.full(256, w + 1, np.float32), worker=w, step=0)
     store.expire(meta.key, 0, 0, 1)
@@ -143,7 +148,7 @@ def test_evict_mode_applies_the_step_without_the_silent_worker(store: Store, clo
     assert store.expire(meta.key, 0, 0, 1) == [2]
     assert woken
     assert (values(store, meta) == 3).all()
-    assert store.info(store.get(meta.key))["evicted"] == [2]
+    assert store.catalogue.info(store.catalogue.get(meta.key))["evicted"] == [2]
     with pytest.raises(StoreError, match="evicted") as info:
         push(store, meta, 0, np.ones(256, np.float32), worker=2, step=0)
     assert info.value.status == Status.EVICTED
@@ -346,3 +351,25 @@ def test_a_shard_copy_lets_go_of_the_backups_held_pushes(pair: tuple[Store, Stor
     backup.install_shard(meta, 0, 0, data, {}, [0])
     assert backup.tensors[meta.key].coord.held() == [] and backup.arena.used < used
     assert [w for w, _, _ in primary.held_on(tensor, 0)] == [0]  # sent after the copy
+
+
+def test_waiters_are_woken_by_a_step_applied_and_a_training_tensor_gone(store: Store) -> None:
+    class Woken:
+        count = 0
+
+        def wake(self) -> None:
+            self.count += 1
+
+    woken = Woken()
+    store.add_waiters(woken)
+    meta = make(store, Mode.sync(2))
+    push_all(store, meta, np.ones(1000, np.float32), worker=0, step=0)
+    assert woken.count == 0, "a held push changes nothing a read waits for"
+    push(store, meta, 0, np.ones(1000, np.float32), worker=1, step=0)
+    assert woken.count == 1  # shard 0's step applied
+    store.delete(meta.key)
+    assert woken.count == 2  # reads waiting on it now fail
+    plain = TensorMeta("m/plain", "float32", (16,), 1024)
+    store.create(plain)
+    store.delete(plain.key)
+    assert woken.count == 2, "no read waits on an async tensor"

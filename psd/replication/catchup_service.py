@@ -8,7 +8,7 @@ from typing import Any
 from irdma.cluster import ClusterConfig
 from irdma.protocol import Status
 
-from ..errors import StoreError
+from ..errors import Refusal
 from ..membership import Membership
 from ..store import Store
 from .bodies import BadBody, CatchupAnswer, CatchupQuestion, CopyRequest, Holding
@@ -40,21 +40,21 @@ class CatchUpService:
     def answer(self, body: Any) -> bytes:
         """What a catching-up peer needs to know: are we ready, and what do we hold for it.
 
-        Raises StoreError: BAD_ARGUMENT for a question not from a peer, RECOVERING
+        Raises Refusal: BAD_ARGUMENT for a question not from a peer, RECOVERING
         when the asker must ask again (not seen registered, or another epoch).
         """
         refuse_unless_replicated(self.config, "catch-up")
         try:
             question = CatchupQuestion.parse(body)
         except BadBody as exc:
-            raise StoreError(Status.BAD_ARGUMENT, str(exc)) from None
+            raise Refusal(Status.BAD_ARGUMENT, str(exc)) from None
         asker = question.node
         if not self.peers.is_peer(asker):
-            raise StoreError(Status.BAD_ARGUMENT, f"catch-up from unknown node {asker!r}")
+            raise Refusal(Status.BAD_ARGUMENT, f"catch-up from unknown node {asker!r}")
         if self.membership.leased and asker not in self.membership.registered:
             # Updates go only to registered peers: answered before this daemon sees
             # the asker's registration, the asker would miss the ones in between.
-            raise StoreError(
+            raise Refusal(
                 Status.RECOVERING,
                 f"{self.me} does not see {asker} registered in etcd yet; ask again",
             )
@@ -77,27 +77,27 @@ class CatchUpService:
     def queue_copies(self, body: Any) -> list[Item]:
         """Queue the shards a peer asked for (after what was queued for it before).
 
-        Raises StoreError: BAD_ARGUMENT for a request that is malformed or not from
+        Raises Refusal: BAD_ARGUMENT for a request that is malformed or not from
         a peer, RECOVERING when the asker follows another epoch.
         """
         refuse_unless_replicated(self.config, "sync request")
         try:
             request = CopyRequest.parse(body)
         except BadBody as exc:
-            raise StoreError(Status.BAD_ARGUMENT, f"bad sync request: {exc}") from None
+            raise Refusal(Status.BAD_ARGUMENT, f"bad sync request: {exc}") from None
         asker = request.node
         if not self.peers.is_peer(asker):
-            raise StoreError(Status.BAD_ARGUMENT, f"unknown node {asker!r}")
+            raise Refusal(Status.BAD_ARGUMENT, f"unknown node {asker!r}")
         check_same_epoch(self.config, self.me, asker, request.epoch)
         self.membership.heard(asker)
         return self.forwarding.send_whole(asker, request.shards)
 
     async def sent(self, items: list[Item]) -> None:
-        """Wait until the shards queued for a copy request were delivered; StoreError
+        """Wait until the shards queued for a copy request were delivered; Refusal
         (RECOVERING) when one was not."""
         await self.forwarding.wait(items)
         if not all(item.delivered for item in items):
-            raise StoreError(
+            raise Refusal(
                 Status.RECOVERING,
                 f"{self.me} could not send every shard asked for; ask again",
             )

@@ -20,7 +20,7 @@ import trio
 
 from irdma.protocol import Status
 
-from ..errors import StoreError
+from ..errors import Refusal
 from ..membership import Membership
 from ..store import Commit
 from .delivery import Delivery
@@ -77,7 +77,7 @@ class Forwarding:
     async def wait(self, items: list[Item]) -> None:
         """Wait until the backups have these updates, or were declared down.
 
-        Raises StoreError (NO_QUORUM) when one was not delivered and was refused,
+        Raises Refusal (NO_QUORUM) when one was not delivered and was refused,
         or this daemon gave up being ready (lost its majority or lease, or was
         refused) since it was queued, or is not ready now: it is applied here
         only, another replica may be primary by now and this copy will be
@@ -93,7 +93,7 @@ class Forwarding:
         stale = any(i.refused or i.losses != self.losses for i in items)
         if any(not i.delivered for i in items) and (stale or not (m.ready and m.has_quorum())):
             why = "its lease or a backup's acceptance" if m.leased else "contact with a majority"
-            raise StoreError(
+            raise Refusal(
                 Status.NO_QUORUM,
                 f"{self.me} lost {why} before its backups had the "
                 "update; it is not acknowledged: retry it on another replica",
@@ -104,7 +104,7 @@ class Forwarding:
         or as a backup): every other copy that is up gets these shards whole from
         here. The original may never have reached one of them (refused by a daemon
         that saw another primary, a move's gaining daemon among them), and that copy
-        must not outlive this one without it. StoreError (RECOVERING) if a copy
+        must not outlive this one without it. Refusal (RECOVERING) if a copy
         that is still up did not take it: the client asks again.
         """
         if not self.membership.replicated:
@@ -122,7 +122,7 @@ class Forwarding:
         await self.wait([item for _, item in sent])
         missing = sorted({n for n, i in sent if not i.delivered and self.membership.up(n)})
         if missing:
-            raise StoreError(
+            raise Refusal(
                 Status.RECOVERING,
                 f"{self.me} could not give {', '.join(missing)} its copy of a retried "
                 "update; ask again",

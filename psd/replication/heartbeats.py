@@ -20,7 +20,7 @@ from irdma.cluster import ClusterConfig
 from irdma.protocol import Status
 from irdma.protocol.messages import Ping
 
-from ..errors import StoreError
+from ..errors import Refusal
 from ..membership import Membership
 from .bodies import BadBody, Heartbeat
 from .forwarding import Forwarding
@@ -76,16 +76,16 @@ class Heartbeats:
     async def received(self, body: Any) -> bytes:
         """A peer's heartbeat arrived; the answer (this daemon's state).
 
-        Raises StoreError: BAD_OP with one copy per shard, BAD_ARGUMENT for a body
+        Raises Refusal: BAD_OP with one copy per shard, BAD_ARGUMENT for a body
         that is not a heartbeat of a peer.
         """
         refuse_unless_replicated(self.config, "heartbeat")
         try:
             beat = Heartbeat.parse(body)
         except BadBody as exc:
-            raise StoreError(Status.BAD_ARGUMENT, str(exc)) from None
+            raise Refusal(Status.BAD_ARGUMENT, str(exc)) from None
         if not self.peers.is_peer(beat.node):
-            raise StoreError(Status.BAD_ARGUMENT, f"heartbeat from an unknown node {beat.node!r}")
+            raise Refusal(Status.BAD_ARGUMENT, f"heartbeat from an unknown node {beat.node!r}")
         self.membership.heard(beat.node, beat.ready, stamp=beat.stamp, epoch=beat.epoch)
         if beat.handoff:
             await self.forwarding.drain(beat.node)

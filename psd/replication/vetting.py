@@ -19,7 +19,7 @@ from irdma.cluster import ClusterConfig
 from irdma.protocol import Status
 from irdma.protocol.messages import ShardCopy
 
-from ..errors import StoreError
+from ..errors import Refusal
 from ..membership import Membership
 from ..store import Store
 from .bodies import BadBody, ShardCopyBody
@@ -55,7 +55,7 @@ def refuse_unless_replicated(config: ClusterConfig, what: str) -> None:
     forever; a heartbeat would make a forged copy look sent by a peer.)
     """
     if not config.replicated:
-        raise StoreError(
+        raise Refusal(
             Status.BAD_OP,
             f"{what} refused: this cluster keeps one copy of each shard (replicas = 1), "
             "so its daemons exchange no replication messages",
@@ -64,14 +64,12 @@ def refuse_unless_replicated(config: ClusterConfig, what: str) -> None:
 
 def check_same_epoch(config: ClusterConfig, me: str, asker: str, theirs: int | None) -> None:
     """Copies go only between daemons of one epoch: under another, the asker and this
-    daemon disagree on who forwards which updates to whom. StoreError (RECOVERING)."""
+    daemon disagree on who forwards which updates to whom. Refusal (RECOVERING)."""
     if config.etcd is None:
         return
     mine = epoch_number(config)
     if theirs != mine:
-        raise StoreError(
-            Status.RECOVERING, f"{me} is at epoch {mine}, {asker} at {theirs}; ask again"
-        )
+        raise Refusal(Status.RECOVERING, f"{me} is at epoch {mine}, {asker} at {theirs}; ask again")
 
 
 class Vetting:
@@ -100,7 +98,7 @@ class Vetting:
 
         Taken: from a peer this daemon sees as up and ready, for a shard it
         is not the acting primary of; and while catching up, from the peer it
-        asked for copies. Anything else is a stale primary's leftover: StoreError
+        asked for copies. Anything else is a stale primary's leftover: Refusal
         (NOT_OWNER), or BAD_ARGUMENT for a sender no daemon is.
         """
         refuse_unless_replicated(self.config, "copy")
@@ -109,24 +107,24 @@ class Vetting:
         if sender is None and config.epoch is not None:
             # A daemon this epoch left out, with updates queued from before: refused, so
             # it drops them rather than retry.
-            raise StoreError(
+            raise Refusal(
                 Status.NOT_OWNER,
                 f"copy from daemon #{sender_index}, not one of epoch {config.epoch.number}",
             )
         if sender is None or sender == me:
-            raise StoreError(Status.BAD_ARGUMENT, f"copy from unknown daemon #{sender_index}")
+            raise Refusal(Status.BAD_ARGUMENT, f"copy from unknown daemon #{sender_index}")
         if not config.holds(me, key, shard):
-            raise StoreError(
+            raise Refusal(
                 Status.NOT_OWNER, f"{me} keeps no copy of shard {shard} of tensor {key:#x}"
             )
         if not config.holds(sender, key, shard):
-            raise StoreError(
+            raise Refusal(
                 Status.NOT_OWNER, f"{sender} is not a replica of shard {shard} of tensor {key:#x}"
             )
         if not m.ready:
             if sender in self.asked or m.peer_ready(sender):
                 return
-            raise StoreError(
+            raise Refusal(
                 Status.NOT_OWNER,
                 f"{me} is catching up and takes copies only from ready replicas, not {sender}",
             )
@@ -134,14 +132,14 @@ class Vetting:
         if whole and m.leased and (primary is None or primary.name != sender):
             # A whole shard replaces what is here: only from the primary, whose forwards
             # this copy may already hold (a backup's copy may lag them).
-            raise StoreError(
+            raise Refusal(
                 Status.NOT_OWNER,
                 f"{me} takes whole copies of shard {shard} of tensor {key:#x} "
                 f"from {primary.name if primary else 'its primary'}, not {sender}",
             )
         if m.peer_ready(sender) and (primary is None or primary.name != me):
             return
-        raise StoreError(
+        raise Refusal(
             Status.NOT_OWNER,
             f"{me} takes shard {shard} of tensor {key:#x} from "
             f"{primary.name if primary else 'no ready replica'}, not {sender}",
@@ -149,17 +147,15 @@ class Vetting:
 
     def install(self, copy: ShardCopy, payload: memoryview) -> None:
         """Apply a shard copy (SYNC) ``check_sender`` took: replace the local copy of a
-        shard with the primary's. StoreError (BAD_ARGUMENT) for a malformed one."""
+        shard with the primary's. Refusal (BAD_ARGUMENT) for a malformed one."""
         meta_len = copy.meta_length
         try:
             body = ShardCopyBody.decode(payload[:meta_len], copy.version)
         except BadBody as exc:
-            raise StoreError(Status.BAD_ARGUMENT, f"bad {exc}") from None
+            raise Refusal(Status.BAD_ARGUMENT, f"bad {exc}") from None
         if body.meta.key != copy.key:
             # check_sender vetted the sender for copy.key's shard, not this one.
-            raise StoreError(
-                Status.BAD_ARGUMENT, "shard copy: header key does not match its tensor"
-            )
+            raise Refusal(Status.BAD_ARGUMENT, "shard copy: header key does not match its tensor")
         data = np.frombuffer(payload[meta_len:], dtype=np.uint8)
         self.store.install_shard(
             body.meta,
