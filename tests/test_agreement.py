@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from irdma.agreement import Runner, Served, agree, settle_at
+from irdma.client.shells import drive
 from irdma.errors import StampGone, StampPending, TornRead
 from irdma.ranges import Piece
-from irdma.shells import drive
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,11 +19,11 @@ import pytest
 
 import irdma
 from irdma import Client
+from irdma.client.routing import new_stamp
+from irdma.client.shells import drive
 from irdma.protocol import Op, tensor_key
 from irdma.protocol.directory import SERVING_WORD
 from irdma.protocol.messages import Update
-from irdma.routing import new_stamp
-from irdma.shells import drive
 
 from .conftest import Cluster, make_cluster, name_on, start_mount
 

@@ -19,10 +19,10 @@ import trio
 
 from irdma import Client
 from irdma.client import AsyncClient
+from irdma.client.shells import BlockingShell, drive, gather_under_trio, take_turns
 from irdma.cluster import Node
 from irdma.errors import DaemonTimeout
 from irdma.protocol import tensor_key
-from irdma.shells import BlockingShell, drive, gather_under_trio, take_turns
 from irdma.transport.base import StreamTimeout
 from irdma.transport.blocking import BlockingConnection, BlockingWaits, Busy, Nap, Sent, _yield
 from irdma.transport.select import may_use_rdma

@@ -87,7 +87,7 @@ class FramedSocket:
     through the scheduler (trio's socket wrappers add two per call);
     ``YIELD_EVERY`` keeps that fair. How it waits is ``waits``: under trio
     (the default, for the daemon and ``AsyncClient``) or in the calling
-    thread (``irdma.shells.BlockingWaits``, for the blocking ``Client``).
+    thread (``irdma.client.shells.BlockingWaits``, for the blocking ``Client``).
     """
 
     def __init__(self, sock: stdsocket.socket, peer: str = "", waits: Waits | None = None) -> None:

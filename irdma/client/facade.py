@@ -1,4 +1,4 @@
-"""The irdma client: an async client under trio and a blocking facade.
+"""The async client: ``AsyncClient``, the facade every call goes through.
 
 A tensor's bytes are cut into shards placed by rendezvous hashing; the client
 moves every shard to or from its daemon in parallel, each straight between
@@ -12,7 +12,6 @@ import builtins
 import contextlib
 import dataclasses
 import os
-import threading
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,14 +21,13 @@ from typing import Any, TypeVar
 import numpy as np
 import trio
 
-from . import narrowing
-from .agreement import Runner, Served, agree, settle_at
-from .auth import cluster_secret
-from .batching import Batches
-from .cluster import ClusterConfig, Node, load_config, parse_size
-from .devices import Transfers, is_device_array
-from .epochs import Epoch, epoch_tag
-from .errors import (
+from .. import narrowing
+from ..agreement import Runner, Served, agree, settle_at
+from ..auth import cluster_secret
+from ..cluster import ClusterConfig, Node, load_config, parse_size
+from ..devices import Transfers, is_device_array
+from ..epochs import Epoch, epoch_tag
+from ..errors import (
     ClientClosed,
     ConfigError,
     DaemonError,
@@ -44,8 +42,8 @@ from .errors import (
     TensorNotFound,
     error_for_status,
 )
-from .modes import Mode
-from .protocol import (
+from ..modes import Mode
+from ..protocol import (
     DTYPE_CODES,
     MAX_NAME_BYTES,
     NO_WORKER,
@@ -59,7 +57,7 @@ from .protocol import (
     tensor_key,
     validate_name,
 )
-from .protocol.messages import (
+from ..protocol.messages import (
     Create,
     Delete,
     Hello,
@@ -70,13 +68,11 @@ from .protocol.messages import (
     Update,
     served_stamps,
 )
-from .ranges import Piece, shard_pieces
-from .registry import current_epoch
-from .routing import Router, asks_primary, new_stamp, new_txn, worker_field
-from .shells import BlockingShell, Shell, TrioShell, drive
-from .sinks import IntoSink
-from .sizes import PARALLEL_COPY_MIN
-from .transport.base import (
+from ..ranges import Piece, shard_pieces
+from ..registry import current_epoch
+from ..sinks import IntoSink
+from ..sizes import PARALLEL_COPY_MIN
+from ..transport.base import (
     Buffer,
     Reply,
     Sink,
@@ -84,11 +80,14 @@ from .transport.base import (
     StreamClosed,
     StreamTimeout,
 )
-from .transport.blocking import BlockingConnection
-from .transport.direct import Copier
-from .transport.select import forced_transport, may_use_rdma
-from .transport.shared import SharedRegion
-from .transport.tcp import FramedConnection
+from ..transport.blocking import BlockingConnection
+from ..transport.direct import Copier
+from ..transport.select import forced_transport
+from ..transport.shared import SharedRegion
+from ..transport.tcp import FramedConnection
+from .batching import Batches
+from .routing import Router, asks_primary, new_stamp, new_txn, worker_field
+from .shells import BlockingShell, Dialing, Shell, TrioShell
 
 Progress = Callable[[int], None]
 T = TypeVar("T")
@@ -226,19 +225,20 @@ class AsyncClient:
         # pieces again to get one (a measure of write/read contention).
         self.reads_reconciled = 0
         self._copier = Copier()
-        # Read now, so a missing or exposed secret file is reported at once.
-        self._secret = cluster_secret(self.config)
+        # The secret is read now, so a missing or exposed file is reported at once.
+        self._dialing = Dialing(
+            self.config, self.transport, self.timeout, cluster_secret(self.config), self.shared
+        )
         self._meta: dict[str, TensorMeta] = {}
         # Where requests run: TrioShell inside ``async with``, BlockingShell for ``Client``.
         self._shell: Shell | None = None
-        self._now: Callable[[], float] = trio.current_time  # the shell's clock
         self._stack: contextlib.AsyncExitStack | None = None
         self._closed = False
         self._router = Router(
             self.config,
             self.timeout,
             self._request,
-            lambda: self._now(),
+            self._clock,
             lambda seconds: self._running.sleep(seconds),
         )
         self._batches = Batches(
@@ -248,7 +248,7 @@ class AsyncClient:
         self._runner = Runner(
             self._gather,
             lambda seconds: self._running.sleep(seconds),
-            lambda: self._now(),
+            self._clock,
             self.timeout,
         )
 
@@ -258,7 +258,7 @@ class AsyncClient:
             self.config.adopt(await current_epoch(etcd, self.timeout))
         self._stack = contextlib.AsyncExitStack()
         nursery = await self._stack.enter_async_context(trio.open_nursery())
-        self._shell = TrioShell(self, nursery)
+        self._shell = TrioShell(self._dialing, nursery)
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
@@ -281,6 +281,26 @@ class AsyncClient:
         self._copier.close()
         if isinstance(self._shell, TrioShell):
             await self._shell.aclose()
+
+    def run_blocking(self) -> None:
+        """Run every request in the calling thread from now on (``BlockingShell``:
+        the blocking ``Client`` drives the coroutines itself)."""
+        self._shell = BlockingShell(self._dialing)
+
+    def close_blocking(self) -> None:
+        """``aclose`` for a client that ``run_blocking``: close every thread's connections."""
+        self._closed = True
+        self._copier.close()
+        if isinstance(self._shell, BlockingShell):
+            self._shell.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _clock(self) -> float:
+        """The shell's clock (trio's before there is a shell)."""
+        return trio.current_time() if self._shell is None else self._shell.now()
 
     # -- connections and requests --------------------------------------------
 
@@ -378,12 +398,12 @@ class AsyncClient:
     async def _rerouted(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` (an operation over several daemons) again while daemons say the
         cluster's epoch changed, for as long as a request may take."""
-        deadline = self._now() + self._router.patience
+        deadline = self._clock() + self._router.patience
         while True:
             try:
                 return await fn()
             except StaleEpoch:
-                if self._now() >= deadline:
+                if self._clock() >= deadline:
                     raise
                 await self._running.sleep(0.05)  # a daemon behind the epoch catches up
 
@@ -1500,200 +1520,3 @@ def _check_delta(meta: TensorMeta, arr: np.ndarray) -> None:
             f"delta has shape {arr.shape}, tensor {meta.name!r} is {meta.shape}",
             Status.SHAPE_MISMATCH,
         )
-
-
-class _LoopThread:
-    """Runs an AsyncClient on a trio loop in one background thread, for a blocking
-    client that may use RDMA (its completions are awaited under trio)."""
-
-    def __init__(self, client: AsyncClient) -> None:
-        self._client = client
-        self._ready = threading.Event()
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._stop: trio.Event | None = None
-        self._error: Exception | None = None
-        self._thread = threading.Thread(target=self._run, name="irdma-client", daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            raise self._error
-
-    def _run(self) -> None:
-        try:
-            trio.run(self._main)
-        except Exception as exc:  # reported to the constructor or close()
-            self._error = exc
-            self._ready.set()
-        except BaseException as exc:  # handed to another thread only as an Exception
-            self._error = ClientClosed(f"the client's loop thread ended: {exc!r}")
-            self._ready.set()
-            raise
-
-    async def _main(self) -> None:
-        self._stop = trio.Event()
-        self._token = trio.lowlevel.current_trio_token()
-        async with self._client:
-            self._ready.set()
-            await self._stop.wait()
-
-    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self._token is None or not self._thread.is_alive():
-            raise ClientClosed("client is closed")
-        try:
-            return trio.from_thread.run(partial(fn, *args, **kwargs), trio_token=self._token)
-        except trio.RunFinishedError:
-            raise ClientClosed("client is closed") from None
-
-    def close(self) -> None:
-        # _main sets _stop before _token: a token means there is an event to set.
-        if self._token is not None and self._stop is not None and self._thread.is_alive():
-            with contextlib.suppress(trio.RunFinishedError):
-                trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-            self._thread.join()
-
-
-class Client:
-    """Blocking client, for scripts, training loops and threads.
-
-    ``Client()`` finds the config like the CLI; ``Client(path)`` uses that
-    file. It runs the same core as ``AsyncClient`` (routing, failover,
-    read-your-writes, the metadata cache) with every request made in the
-    calling thread over blocking sockets and shared memory: no event loop
-    and no hand-off to another thread (``irdma.shells.BlockingShell``). Each
-    thread that uses a Client gets connections of its own. Where RDMA may be
-    used (forced, ``rdma://`` addresses, or a verbs device on this host), the
-    requests run on a trio loop in one background thread instead.
-    """
-
-    def __init__(
-        self,
-        config: ClusterConfig | str | os.PathLike[str] | None = None,
-        *,
-        timeout: float | None = None,
-        transport: str | None = None,
-        shared_memory: int | str | SharedRegion | None = None,
-    ) -> None:
-        self._client = AsyncClient(
-            config, timeout=timeout, transport=transport, shared_memory=shared_memory
-        )
-        self.config = self._client.config
-        etcd = self.config.etcd
-        if etcd is not None and self._client.needs_epoch:
-            self.config.adopt(trio.run(current_epoch, etcd, self._client.timeout))
-        self._loop: _LoopThread | None = None
-        if may_use_rdma(self.config.nodes, self._client.transport):
-            self._loop = _LoopThread(self._client)
-        else:
-            self._client._shell = BlockingShell(self._client)
-
-    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self._loop is not None:
-            return self._loop.call(fn, *args, **kwargs)
-        if self._client._closed:
-            raise ClientClosed("client is closed")
-        return drive(fn(*args, **kwargs))
-
-    def close(self) -> None:
-        """Close every connection (and stop the loop thread, where there is one)."""
-        if self._loop is not None:
-            self._loop.close()
-        else:
-            self._client._closed = True
-            self._client._copier.close()
-            shell = self._client._shell
-            assert isinstance(shell, BlockingShell)  # set in __init__ where there is no loop
-            shell.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
-    @property
-    def transfers(self) -> Transfers:
-        """How this client stages tensors through its host memory (``irdma.devices``)."""
-        return self._client.transfers
-
-    def shared_empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> np.ndarray:
-        """See AsyncClient.shared_empty."""
-        return self._client.shared_empty(shape, dtype)
-
-    def create(
-        self, name: str, shape: Sequence[int] | int, dtype: Any = np.float32, **kwargs: Any
-    ) -> TensorInfo:
-        """See AsyncClient.create."""
-        return self._call(self._client.create, name, shape, dtype, **kwargs)
-
-    def read(self, name: str, out: np.ndarray | None = None, **kwargs: Any) -> np.ndarray:
-        """See AsyncClient.read."""
-        if not kwargs and self._loop is None:
-            host, land = self._client.transfers.sink(out)
-            got = self._client.read_now(name, host)
-            if got is not None:
-                if not is_device_array(out):
-                    return got
-                assert out is not None  # a tensor
-                return out if land is None else land()
-        return self._call(self._client.read, name, out, **kwargs)
-
-    def read_bytes(
-        self, name: str, offset: int, size: int, out: Buffer | None = None
-    ) -> memoryview:
-        """See AsyncClient.read_bytes."""
-        return self._call(self._client.read_bytes, name, offset, size, out)
-
-    def read_range(self, name: str, offset: int, out: Buffer, *, at: int = 0) -> int:
-        """See AsyncClient.read_range."""
-        return self._call(self._client.read_range, name, offset, out, at=at)
-
-    def write(self, name: str, array: Any, **kwargs: Any) -> None:
-        """See AsyncClient.write."""
-        return self._call(self._client.write, name, array, **kwargs)
-
-    def write_bytes(self, name: str, offset: int, data: Buffer) -> None:
-        """See AsyncClient.write_bytes."""
-        return self._call(self._client.write_bytes, name, offset, data)
-
-    def accumulate(self, name: str, delta: Any, alpha: float = 1.0, **kwargs: Any) -> None:
-        """See AsyncClient.accumulate."""
-        return self._call(self._client.accumulate, name, delta, alpha, **kwargs)
-
-    def stat(self, name: str, *, everywhere: bool = False) -> TensorInfo:
-        """See AsyncClient.stat."""
-        return self._call(self._client.stat, name, everywhere=everywhere)
-
-    def list(self, prefix: str = "", *, limit: int = 0) -> list[TensorInfo]:
-        """See AsyncClient.list."""
-        return self._call(self._client.list, prefix, limit=limit)
-
-    def delete(self, name: str) -> None:
-        """See AsyncClient.delete."""
-        return self._call(self._client.delete, name)
-
-    def rename(self, old: str, new: str, *, replace: bool = False) -> TensorInfo:
-        """See AsyncClient.rename."""
-        return self._call(self._client.rename, old, new, replace=replace)
-
-    def read_into(self, outs: Mapping[str, np.ndarray]) -> None:
-        """See AsyncClient.read_into."""
-        return self._call(self._client.read_into, outs)
-
-    def read_many(self, names: Iterable[str], **kwargs: Any) -> dict[str, np.ndarray]:
-        """See AsyncClient.read_many."""
-        return self._call(self._client.read_many, list(names), **kwargs)
-
-    def write_many(self, arrays: Mapping[str, Any]) -> None:
-        """See AsyncClient.write_many."""
-        return self._call(self._client.write_many, arrays)
-
-    def accumulate_many(self, deltas: Mapping[str, Any], alpha: float = 1.0, **kwargs: Any) -> None:
-        """See AsyncClient.accumulate_many."""
-        return self._call(self._client.accumulate_many, deltas, alpha, **kwargs)
-
-    def hello(self, node: Node) -> dict[str, Any]:
-        """See AsyncClient.hello."""
-        return self._call(self._client.hello, node)
-
-
-__all__ = ["AsyncClient", "Client", "DaemonError", "TensorInfo"]

@@ -14,10 +14,10 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
-from . import narrowing
-from .cluster import Node
-from .errors import FAILOVER_STATUSES, DaemonError, DaemonUnavailable, error_for_status
-from .protocol import (
+from .. import narrowing
+from ..cluster import Node
+from ..errors import FAILOVER_STATUSES, DaemonError, DaemonUnavailable, error_for_status
+from ..protocol import (
     ENTRY_SIZE,
     BatchEntry,
     Header,
@@ -28,11 +28,11 @@ from .protocol import (
     pack_entries,
     unpack_entries,
 )
-from .protocol.messages import Read, ReadBatch, Update, UpdateBatch, batch_entry_txn
-from .ranges import shard_pieces
+from ..protocol.messages import Read, ReadBatch, Update, UpdateBatch, batch_entry_txn
+from ..ranges import shard_pieces
+from ..sinks import BatchReadSink, IntoSink
+from ..transport.base import Buffer, Reply, Sink
 from .routing import Router, asks_primary, new_txn, worker_field
-from .sinks import BatchReadSink, IntoSink
-from .transport.base import Buffer, Reply, Sink
 
 # Payload budget of one batch frame (the daemon accepts at least 64 MiB).
 BATCH_BYTES = 32 << 20

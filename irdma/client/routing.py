@@ -15,11 +15,11 @@ import dataclasses
 import os
 from collections.abc import Awaitable, Callable, Sequence
 
-from .cluster import ClusterConfig, Node
-from .errors import FAILOVER_STATUSES, DaemonError, DaemonUnavailable
-from .protocol import NO_WORKER, Header, Status
-from .protocol.messages import Read, Stat, Update
-from .transport.base import Buffer, Reply, Sink
+from ..cluster import ClusterConfig, Node
+from ..errors import FAILOVER_STATUSES, DaemonError, DaemonUnavailable
+from ..protocol import NO_WORKER, Header, Status
+from ..protocol.messages import Read, Stat, Update
+from ..transport.base import Buffer, Reply, Sink
 
 Request = Callable[[Node, Header, Sequence[Buffer], Sink | None], Awaitable[Reply]]
 

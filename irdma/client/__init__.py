@@ -1,0 +1,12 @@
+"""The irdma client: an async client under trio and a blocking facade.
+
+A tensor's bytes are cut into shards placed by rendezvous hashing; the client
+moves every shard to or from its daemon in parallel, each straight between
+the caller's array and the socket. Metadata is cached per tensor name and
+revalidated when a daemon says the layout changed or the tensor is gone.
+"""
+
+from .blocking import Client
+from .facade import AsyncClient, TensorInfo, as_stored_array
+
+__all__ = ["AsyncClient", "Client", "TensorInfo", "as_stored_array"]
