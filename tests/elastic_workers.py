@@ -147,7 +147,9 @@ async def _copies(config_path: str) -> dict[str, dict[str, list]]:
                 for node in client.config.replicas_for(meta.key, index):
                     buf = bytearray(nbytes)
                     header = Header(op=Op.READ, key=meta.key, shard=index, size=nbytes)
-                    reply = await client._request(node, header, sink=IntoSink(memoryview(buf)))
+                    reply = await client.session.request(
+                        node, header, sink=IntoSink(memoryview(buf))
+                    )
                     copies[node.name] = [reply.header.version, hashlib.sha256(buf).hexdigest()]
                 out[f"{name}#{index}"] = copies
     return out

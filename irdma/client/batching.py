@@ -10,9 +10,8 @@ read-your-writes behave as for single requests.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable
 from functools import partial
-from typing import Any
 
 from .. import narrowing
 from ..cluster import Node
@@ -20,7 +19,6 @@ from ..errors import FAILOVER_STATUSES, DaemonError, DaemonUnavailable, error_fo
 from ..protocol import (
     ENTRY_SIZE,
     BatchEntry,
-    Header,
     Op,
     Status,
     TensorMeta,
@@ -31,8 +29,9 @@ from ..protocol import (
 from ..protocol.messages import Read, ReadBatch, Update, UpdateBatch, batch_entry_txn
 from ..ranges import shard_pieces
 from ..sinks import BatchReadSink, IntoSink
-from ..transport.base import Buffer, Reply, Sink
+from .cache import MetaCache
 from .routing import Router, asks_primary, new_txn, worker_field
+from .session import Session
 
 # Payload budget of one batch frame (the daemon accepts at least 64 MiB).
 BATCH_BYTES = 32 << 20
@@ -40,21 +39,14 @@ BATCH_ENTRIES = 4096
 
 
 class Batches:
-    """Runs batch ops for one client: ``request`` sends one frame to one daemon,
-    ``gather`` runs calls concurrently (the shell's), ``forget_meta`` drops a
-    tensor's cached metadata when a daemon says it changed."""
+    """Runs batch ops for one client: frames go through ``session``, entries
+    refused by a replica fail over through ``router``, and a tensor's cached
+    metadata is dropped from ``cache`` when a daemon says it changed."""
 
-    def __init__(
-        self,
-        router: Router,
-        request: Callable[[Node, Header, Sequence[Buffer], Sink | None], Awaitable[Reply]],
-        gather: Callable[[Iterable[Callable[[], Any]]], Awaitable[list[Any]]],
-        forget_meta: Callable[[str], object],
-    ) -> None:
+    def __init__(self, router: Router, session: Session, cache: MetaCache) -> None:
         self.router = router
-        self.request = request
-        self.gather = gather
-        self.forget_meta = forget_meta
+        self.session = session
+        self.cache = cache
 
     async def run(
         self,
@@ -103,7 +95,7 @@ class Batches:
             node = self.router.config.node(node_name)
             for chunk in frames_of(work):
                 calls.append(partial(self._frame, op, node, chunk, names, worker, step, wire))
-        await self.gather(calls)
+        await self.session.gather(calls)
 
     async def _frame(
         self,
@@ -120,20 +112,20 @@ class Batches:
         views = [v for _, v in chunk]
         head = pack_entries(entries)
         # Entry i of an update batch is update txn + i, on retries too.
-        txn = new_txn() if op != Op.READ_BATCH and self.router.replicated else 0
+        txn = new_txn() if op != Op.READ_BATCH and self.router.fails_over else 0
         try:
             if op == Op.READ_BATCH:
                 sink = BatchReadSink(views)
                 hdr = ReadBatch(len(entries), wire, wid, step).frame(len(head))
-                await self.request(node, hdr, [head], sink)
+                await self.session.request(node, hdr, [head], sink)
                 answers = sink.entries
             else:
                 length = len(head) + sum(len(v) for v in views)
                 hdr = UpdateBatch(op, len(entries), wire, wid, step, txn).frame(length)
-                reply = await self.request(node, hdr, [head, *views], None)
+                reply = await self.session.request(node, hdr, [head, *views], None)
                 answers = unpack_entries(reply.data, len(entries))
         except (DaemonUnavailable, DaemonError) as exc:
-            if not self.router.replicated or (
+            if not self.router.fails_over or (
                 isinstance(exc, DaemonError) and exc.status not in FAILOVER_STATUSES
             ):
                 raise
@@ -145,20 +137,20 @@ class Batches:
         redo = []
         for i, a in enumerate(answers):
             if a.status == Status.OK:
-                if self.router.replicated:
+                if self.router.fails_over:
                     self.router.saw(a.key, a.shard, a.version, op != Op.READ_BATCH)
                 continue
-            if self.router.replicated and a.status in FAILOVER_STATUSES:
+            if self.router.fails_over and a.status in FAILOVER_STATUSES:
                 redo.append(i)
                 continue
             if a.status in (Status.NOT_FOUND, Status.STALE_LAYOUT):
-                self.forget_meta(names.get(a.key, ""))
+                self.cache.drop(names.get(a.key, ""))
             raise error_for_status(
                 a.status, f"{node.name}: {names.get(a.key, hex(a.key))!r} shard {a.shard}"
             )
         if redo:
             # Those entries go one by one, failing over to other replicas.
-            await self.gather(
+            await self.session.gather(
                 partial(self._redo_entry, op, entries[i], views[i], wid, step, txn, i, wire)
                 for i in redo
             )

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import dataclasses
 import os
-from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import partial, wraps
 from typing import Any, TypeVar
 
@@ -23,48 +20,32 @@ import trio
 
 from .. import narrowing
 from ..agreement import Runner, Served, agree, settle_at
-from ..auth import cluster_secret
 from ..cluster import ClusterConfig, Node, load_config, parse_size
 from ..devices import Transfers, is_device_array
-from ..epochs import Epoch, epoch_tag
 from ..errors import (
-    ClientClosed,
     ConfigError,
     DaemonError,
-    DaemonTimeout,
-    DaemonUnavailable,
     DtypeMismatch,
     ShapeMismatch,
-    StaleEpoch,
     StaleLayout,
-    TensorExists,
-    TensorMoved,
     TensorNotFound,
-    error_for_status,
 )
 from ..modes import Mode
 from ..protocol import (
     DTYPE_CODES,
     MAX_NAME_BYTES,
     NO_WORKER,
-    Header,
     Op,
     Status,
     TensorMeta,
     decode_json,
     dtype_code,
-    encode_json,
-    tensor_key,
     validate_name,
 )
 from ..protocol.messages import (
-    Create,
-    Delete,
     Hello,
     ListTensors,
     Read,
-    Rename,
-    Stat,
     Update,
     served_stamps,
 )
@@ -74,8 +55,6 @@ from ..sinks import IntoSink
 from ..sizes import PARALLEL_COPY_MIN
 from ..transport.base import (
     Buffer,
-    Reply,
-    Sink,
     StreamBroken,
     StreamClosed,
     StreamTimeout,
@@ -86,61 +65,18 @@ from ..transport.select import forced_transport
 from ..transport.shared import SharedRegion
 from ..transport.tcp import FramedConnection
 from .batching import Batches
-from .routing import Router, asks_primary, new_stamp, new_txn, worker_field
-from .shells import BlockingShell, Dialing, Shell, TrioShell
+from .cache import MetaCache
+from .lookup import Lookup, TensorInfo
+from .namespace import Namespace
+from .retry import rerouted, with_fresh_meta
+from .routing import Router, asks_primary, new_stamp, new_txn, several_copies, worker_field
+from .session import Session
 
 Progress = Callable[[int], None]
 T = TypeVar("T")
 # A daemon connection as the shells open them: TrioShell's (tcp, shm, rdma) or
 # BlockingShell's (the calling thread's tcp or shm).
 Conn = FramedConnection | BlockingConnection
-
-# Salted keys a new tensor's name may take when renamed tensors hold its own
-# (each is one more round of creates; a name needs one only while a tensor
-# renamed away from it still holds the key).
-PLACES_TRIED = 16
-# Times a request refused for a stale layout is tried again when fresh metadata
-# says the same (a rename under way), pausing this many seconds times the try.
-STALE_RETRIES = 3
-STALE_PAUSE = 0.002
-
-
-@dataclass(frozen=True, slots=True)
-class TensorInfo:
-    """What ``stat`` and ``list`` report about a tensor."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    nbytes: int
-    shard_size: int
-    num_shards: int
-    version: int
-    mtime: float
-    ctime: float
-    options: dict[str, Any] = field(default_factory=dict)
-    # The key its shards are placed by when not its name's (it was renamed).
-    place: int = 0
-
-    @property
-    def meta(self) -> TensorMeta:
-        return TensorMeta(
-            self.name, self.dtype, self.shape, self.shard_size, self.options, place=self.place
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-            "nbytes": self.nbytes,
-            "shard_size": self.shard_size,
-            "num_shards": self.num_shards,
-            "version": self.version,
-            "mtime": self.mtime,
-            "ctime": self.ctime,
-            "options": self.options,
-        }
 
 
 # The dtypes irdma stores, as arrays carry them (little-endian): checking a
@@ -219,38 +155,25 @@ class AsyncClient:
         self.transfers = Transfers(self.shared)
         self.timeout = timeout if timeout is not None else self.config.timeout
         self.transport = forced_transport(transport)
+        self.session = Session(
+            self.config, timeout=self.timeout, transport=self.transport, shared=self.shared
+        )
         # One-sided reads from same-host arenas (``IRDMA_ONE_SIDED=0``: always ask the daemon).
         self._direct = os.environ.get("IRDMA_ONE_SIDED", "1") != "0"
         # Reads of several shards that met two whole-tensor writes and read
         # pieces again to get one (a measure of write/read contention).
         self.reads_reconciled = 0
         self._copier = Copier()
-        # The secret is read now, so a missing or exposed file is reported at once.
-        self._dialing = Dialing(
-            self.config, self.transport, self.timeout, cluster_secret(self.config), self.shared
-        )
-        self._meta: dict[str, TensorMeta] = {}
-        # Where requests run: TrioShell inside ``async with``, BlockingShell for ``Client``.
-        self._shell: Shell | None = None
-        self._stack: contextlib.AsyncExitStack | None = None
-        self._closed = False
-        self._router = Router(
-            self.config,
-            self.timeout,
-            self._request,
-            self._clock,
-            lambda seconds: self._running.sleep(seconds),
-        )
-        self._batches = Batches(
-            self._router, self._request, self._gather, lambda name: self._meta.pop(name, None)
-        )
+        self._cache = MetaCache()
+        self._router = Router(self.config, self.timeout, self.session)
+        self._lookup = Lookup(self.session, self._router, self._cache)
+        self._namespace = Namespace(self.session, self._router, self._cache, self._lookup)
+        self._batches = Batches(self._router, self.session, self._cache)
         # How reads of several shards are made to agree on one whole-tensor write.
         self._runner = Runner(
-            self._gather,
-            lambda seconds: self._running.sleep(seconds),
-            self._clock,
-            self.timeout,
+            self.session.gather, self.session.sleep, self.session.now, self.timeout
         )
+        self._stack: contextlib.AsyncExitStack | None = None
 
     async def __aenter__(self) -> AsyncClient:
         etcd = self.config.etcd
@@ -258,7 +181,7 @@ class AsyncClient:
             self.config.adopt(await current_epoch(etcd, self.timeout))
         self._stack = contextlib.AsyncExitStack()
         nursery = await self._stack.enter_async_context(trio.open_nursery())
-        self._shell = TrioShell(self._dialing, nursery)
+        self.session.run_under_trio(nursery)
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
@@ -277,49 +200,22 @@ class AsyncClient:
 
     async def aclose(self) -> None:
         """Close every connection (pending requests fail with ClientClosed)."""
-        self._closed = True
         self._copier.close()
-        if isinstance(self._shell, TrioShell):
-            await self._shell.aclose()
+        await self.session.aclose()
 
     def run_blocking(self) -> None:
         """Run every request in the calling thread from now on (``BlockingShell``:
         the blocking ``Client`` drives the coroutines itself)."""
-        self._shell = BlockingShell(self._dialing)
+        self.session.run_blocking()
 
     def close_blocking(self) -> None:
         """``aclose`` for a client that ``run_blocking``: close every thread's connections."""
-        self._closed = True
         self._copier.close()
-        if isinstance(self._shell, BlockingShell):
-            self._shell.close()
+        self.session.close_blocking()
 
     @property
     def closed(self) -> bool:
-        return self._closed
-
-    def _clock(self) -> float:
-        """The shell's clock (trio's before there is a shell)."""
-        return trio.current_time() if self._shell is None else self._shell.now()
-
-    # -- connections and requests --------------------------------------------
-
-    @property
-    def _conns(self) -> dict[str, Conn]:
-        """Open connections by daemon name (the calling thread's, for ``Client``)."""
-        return self._shell.conns if self._shell is not None else {}
-
-    @property
-    def _running(self) -> Shell:
-        """The shell requests run in; ClientClosed outside ``async with``."""
-        if self._shell is None:
-            raise ClientClosed("client is closed (use it inside 'async with')")
-        return self._shell
-
-    async def _connection(self, node: Node) -> Conn:
-        if self._closed or self._shell is None:
-            raise ClientClosed("client is closed (use it inside 'async with')")
-        return await self._shell.connection(node)
+        return self.session.closed
 
     def shared_empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> np.ndarray:
         """An uninitialised array in this client's shared memory: same-host daemons
@@ -338,99 +234,20 @@ class AsyncClient:
 
     def transport_of(self, node: Node) -> str | None:
         """How this client reaches ``node`` ("tcp", "shm" or "rdma"); None before it connects."""
-        conn = self._conns.get(node.name)
-        if conn is None or conn.broken:
-            return None
-        return conn.transport
+        return self.session.transport_of(node)
 
-    async def _request(
-        self,
-        node: Node,
-        header: Header,
-        payload: Sequence[Buffer] = (),
-        sink: Sink | None = None,
-    ) -> Reply:
-        """One request to one daemon, bounded by the timeout; errors named by cause.
-
-        A read waiting for a training step is answered NOT_READY after a
-        while (so a waiting client still hears from its daemon); it is asked
-        again until the step is reached or the daemon reports an error.
-        """
-        if self.config.epoch is not None:
-            header = header._replace(epoch=epoch_tag(self.config.epoch.number))
-        try:
-            while True:
-                conn = await self._connection(node)
-                reply = await conn.request(header, payload, sink)
-                if reply.header.status != Status.NOT_READY:
-                    break
-        except StreamTimeout as exc:
-            raise DaemonTimeout(node.name, str(node.address), self.timeout) from exc
-        except StreamClosed as exc:
-            if self._closed:
-                raise ClientClosed("client was closed during the request") from exc
-            raise DaemonUnavailable(
-                node.name, str(node.address), str(exc), single_copy=not self.replicated
-            ) from exc
-        except StreamBroken as exc:
-            raise DaemonUnavailable(
-                node.name, str(node.address), str(exc), single_copy=not self.replicated
-            ) from exc
-        status = reply.header.status
-        if status != Status.OK:
-            text = reply.data.decode("utf-8", "replace")
-            if status == Status.STALE_EPOCH:
-                text = self._follow_epoch(node, text)
-            raise error_for_status(status, f"{node.name}: {text}")
-        return reply
-
-    def _follow_epoch(self, node: Node, record: str) -> str:
-        """A daemon refused a request routed with another epoch and sent its own:
-        take it if it is newer (the next try routes with it). Returns what to say."""
-        try:
-            epoch = Epoch.from_json(record)
-        except ValueError as exc:
-            return f"refused the request's epoch, with a bad epoch record ({exc})"
-        if self.config.adopt(epoch):
-            return f"the cluster is at epoch {epoch.number}; routed again"
-        return f"is at epoch {epoch.number}, not newer than this client's; asked again"
-
-    async def _rerouted(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` (an operation over several daemons) again while daemons say the
-        cluster's epoch changed, for as long as a request may take."""
-        deadline = self._clock() + self._router.patience
-        while True:
-            try:
-                return await fn()
-            except StaleEpoch:
-                if self._clock() >= deadline:
-                    raise
-                await self._running.sleep(0.05)  # a daemon behind the epoch catches up
-
-    async def _gather(self, calls: Iterable[Callable[[], Any]]) -> list[Any]:
-        """Run calls concurrently; return results in order, or raise the first error."""
-        return await self._running.gather(list(calls))
-
-    def _nodes_holding(self, meta: TensorMeta) -> list[Node]:
-        """The daemons that keep a copy of some shard (in a move under way, too)."""
-        names = {
-            n.name for s in range(meta.num_shards) for n in self.config.copies_for(meta.key, s)
-        }
-        return [n for n in self.config.nodes if n.name in names]
-
-    @property
-    def replicated(self) -> bool:
-        return self.config.replicas > 1
+    async def _rerouted(self, fn: Callable[[], Awaitable[T]]) -> T:
+        return await rerouted(self.session, self._router.patience, fn)
 
     # -- metadata ---------------------------------------------------------
 
     async def hello(self, node: Node) -> dict[str, Any]:
         """A daemon's self-description: version, readiness, shards by role, arena use,
         last snapshot, replication queues (see psd's ``state.DaemonState.hello``)."""
-        reply = await self._request(node, Hello().frame())
+        reply = await self.session.request(node, Hello().frame())
         return decode_json(reply.data)
 
-    async def holdings(self, node: Node, prefix: str = "") -> list[dict[str, Any]]:
+    async def holdings(self, node: Node, prefix: str = "") -> builtins.list[dict[str, Any]]:
         """One daemon's stat records of the tensors it holds shards of (no failover).
 
         Each record has the tensor's ``meta`` and ``shards``, mapping the local
@@ -440,7 +257,7 @@ class AsyncClient:
         raw = prefix.encode()
         if len(raw) > MAX_NAME_BYTES:
             raise ValueError("prefix is too long")
-        reply = await self._request(node, ListTensors().frame(len(raw)), [raw])
+        reply = await self.session.request(node, ListTensors().frame(len(raw)), [raw])
         return decode_json(reply.data)
 
     @_epoch_rerouted
@@ -471,114 +288,7 @@ class AsyncClient:
             shard_size or self.config.shard_size,
             dict(options or {}) | (mode.to_options() if mode is not None else {}),
         )
-        for salt in range(1, PLACES_TRIED + 1):
-            try:
-                return await self._create_at(meta, exist_ok=exist_ok, replace=replace)
-            except TensorMoved:
-                # Renamed tensors keep their keys: this name is held under another
-                # key (then that tensor is the one to keep, refuse or replace), or
-                # this key under another name (then the name takes a salted key).
-                found = await self._find(name)
-                if found is not None and found.key != meta.key:
-                    meta = dataclasses.replace(meta, place=found.key)
-                elif found is None:
-                    meta = dataclasses.replace(meta, place=tensor_key(name, salt))
-        raise TensorExists(f"no free key for tensor {name!r} after {PLACES_TRIED} tries")
-
-    async def _create_at(self, meta: TensorMeta, *, exist_ok: bool, replace: bool) -> TensorInfo:
-        """``create`` at the key ``meta`` names; TensorMoved if a daemon holds its name
-        under another key or its key under another name."""
-        name = meta.name
-        holders = self._nodes_holding(meta)
-        body = encode_json(meta.to_dict())
-        exclusive = not exist_ok and not replace
-        created_on: list[Node] = []
-        results: list[dict[str, Any]] = []
-
-        async def on_every_daemon(create: Create) -> None:
-            """Send ``create`` to every daemon (those holding no shard of it only check
-            the name); raise the first refusal once all have answered (one must not
-            cancel the others' answers, or what they created is never undone)."""
-            header = create.frame(len(body))
-            refused: list[Exception] = []
-
-            async def create_on(node: Node) -> None:
-                try:
-                    reply = await self._request(node, header, [body])
-                except DaemonUnavailable as exc:
-                    if not self.replicated and node in holders:
-                        refused.append(exc)
-                    return  # with replicas it gets the tensor from one when it is back
-                except Exception as exc:
-                    refused.append(exc)
-                    return
-                info = decode_json(reply.data)
-                if info.get("created"):
-                    created_on.append(node)
-                if not create.check and info.get("placed", True):
-                    results.append(info)
-
-            await self._gather(partial(create_on, n) for n in self.config.nodes)
-            if refused:
-                moved = [e for e in refused if isinstance(e, TensorMoved)]
-                raise (moved or refused)[0]
-
-        if replace:
-            # A replace changes nothing until every daemon says it can take the
-            # new layout: one with no room would otherwise refuse after the
-            # others had dropped the old tensor, which would then be lost.
-            await on_every_daemon(Create(meta.key, replace, exclusive, check=True))
-        try:
-            await on_every_daemon(Create(meta.key, replace, exclusive))
-            if self.replicated and not results:
-                raise DaemonUnavailable("cluster", "", "no replica of the tensor answered")
-        except BaseException:
-            # All or nothing: remove what this call created.
-            with self._running.shielded():
-                for node in created_on:
-                    with contextlib.suppress(Exception):
-                        await self._request(node, *_delete_frame(meta.key, name))
-            raise
-        if replace and created_on:
-            # A redefinition with fewer shards (or another shard size) leaves
-            # the old tensor on daemons that hold none of the new shards.
-            await self._drop_elsewhere(meta.key, name, holders)
-        # A tensor kept as it was may be placed by another key than asked for.
-        meta = TensorMeta.from_dict(results[0]["meta"]) if results else meta
-        self._meta[name] = meta
-        # Versions start again with a new layout: what this client saw of
-        # the old one says nothing about the new.
-        self._router.forget(meta.key)
-        return self._info_from([r for r in results if r], meta)
-
-    async def _drop_elsewhere(self, key: int, name: str, holders: Sequence[Node]) -> None:
-        """Delete tensor ``name`` at ``key`` on every daemon not in ``holders`` (best
-        effort)."""
-
-        async def drop_on(node: Node) -> None:
-            with contextlib.suppress(TensorNotFound, DaemonUnavailable):
-                await self._request(node, *_delete_frame(key, name))
-
-        keep = {n.name for n in holders}
-        await self._gather(partial(drop_on, n) for n in self.config.nodes if n.name not in keep)
-
-    def _info_from(
-        self, records: list[dict[str, Any]], meta: TensorMeta | None = None
-    ) -> TensorInfo:
-        meta = meta or TensorMeta.from_dict(records[0]["meta"])
-        return TensorInfo(
-            name=meta.name,
-            dtype=meta.dtype,
-            shape=meta.shape,
-            nbytes=meta.nbytes,
-            shard_size=meta.shard_size,
-            num_shards=meta.num_shards,
-            version=_merged_version(records),
-            mtime=max((float(r.get("mtime", 0.0)) for r in records), default=0.0),
-            ctime=min((float(r.get("ctime", 0.0)) for r in records), default=0.0),
-            options=meta.options,
-            place=meta.place,
-        )
+        return await self._namespace.create(meta, exist_ok=exist_ok, replace=replace)
 
     @_epoch_rerouted
     async def stat(self, name: str, *, everywhere: bool = False) -> TensorInfo:
@@ -590,174 +300,22 @@ class AsyncClient:
         where the name's own key places it are asked first, and the others
         only if it is not there (renamed to the name) or to add their shards.
         """
-        validate_name(name)
-        try:
-            if everywhere:
-                records = await self._stat_everywhere(name)
-            else:
-                records = await self._stat_placed(name)
-        except TensorNotFound:
-            self._meta.pop(name, None)
-            raise TensorNotFound(f"no tensor named {name!r}") from None
-        meta = TensorMeta.from_dict(records[0]["meta"])
-        self._meta[name] = meta
-        return self._info_from(records, meta)
-
-    async def _stat_placed(self, name: str) -> list[dict[str, Any]]:
-        """``stat``'s records: found by ``_locate``, then every other holder's."""
-        rec = await self._locate(name)
-        meta = TensorMeta.from_dict(rec["meta"])
-        others = [n for n in self._nodes_holding(meta) if n.name != rec.get("node")]
-
-        async def stat_on(node: Node) -> dict[str, Any]:
-            try:
-                r = await self._request(node, Stat(meta.key).frame())
-            except TensorNotFound:
-                # Not caught up yet (the other replicas answer), or deleted since
-                # (a read with this metadata then finds out and asks again).
-                return {}
-            except DaemonUnavailable:
-                if not self.replicated:
-                    raise
-                return {}  # down: the other replicas answer
-            got = decode_json(r.data)
-            # A daemon a rename has not reached yet still has it under the old name.
-            return got if got["meta"]["name"] == name else {}
-
-        records = [rec, *await self._gather(partial(stat_on, n) for n in others)]
-        return [r for r in records if r]
-
-    async def _stat_everywhere(self, name: str) -> list[dict[str, Any]]:
-        """``stat``'s records from every daemon asked by name at once (of the tensor
-        the first answer describes: two exist for a moment during a rename)."""
-        found, down = await self._ask_by_name(name)
-        if not found:
-            # As the placed stat says: unknown if the name's own place did not answer.
-            homes = [n.name for n in self.config.replicas_for(tensor_key(name), 0)]
-            if all(h in down for h in homes):
-                raise down[homes[0]]
-            raise TensorNotFound(f"no tensor named {name!r}")
-        first = found[0]["meta"]
-        return [r for r in found if r["meta"] == first]
-
-    async def _ask_by_name(
-        self, name: str
-    ) -> tuple[list[dict[str, Any]], dict[str, DaemonUnavailable]]:
-        """Every daemon's stat record of the tensor called ``name`` (those that hold
-        it), and the daemons that did not answer."""
-        raw = name.encode()
-        down: dict[str, DaemonUnavailable] = {}
-
-        async def find_on(node: Node) -> dict[str, Any]:
-            try:
-                r = await self._request(node, Stat(0).frame(len(raw)), [raw])
-            except TensorNotFound:
-                return {}
-            except DaemonUnavailable as exc:
-                down[node.name] = exc
-                return {}
-            return decode_json(r.data)
-
-        records = await self._gather(partial(find_on, n) for n in self.config.nodes)
-        return [r for r in records if r], down
-
-    async def _locate(self, name: str) -> dict[str, Any]:
-        """One daemon's stat record of the tensor called ``name``; TensorNotFound.
-
-        Asked first where the name's own key places it; a tensor renamed to
-        the name (it kept its key) or placed by a salted key is then looked
-        for by name on every daemon.
-        """
-        key = tensor_key(name)
-        try:
-            reply = await self._router.on_replicas(key, 0, Stat(key), update=False, track=False)
-        except TensorNotFound:
-            pass
-        else:
-            rec = decode_json(reply.data)
-            if rec["meta"]["name"] == name:
-                return rec
-        # Renamed to the name: on any daemon (one that is down is not waited for:
-        # the name's own place answered).
-        found, _ = await self._ask_by_name(name)
-        if not found:
-            raise TensorNotFound(f"no tensor named {name!r}")
-        return found[0]
-
-    async def _find(self, name: str) -> TensorMeta | None:
-        """The metadata of the tensor called ``name`` as stored now, or None."""
-        try:
-            return TensorMeta.from_dict((await self._locate(name))["meta"])
-        except TensorNotFound:
-            return None
+        return await self._lookup.stat(name, everywhere=everywhere)
 
     @_epoch_rerouted
-    async def list(self, prefix: str = "", *, limit: int = 0) -> list[TensorInfo]:
+    async def list(self, prefix: str = "", *, limit: int = 0) -> builtins.list[TensorInfo]:
         """Every tensor whose name starts with ``prefix``, sorted by name; only the
         first ``limit`` of them if it is not 0 (``limit=1``: is there any?).
 
         Raises DaemonUnavailable when the daemons that answered may not hold a
         copy of every tensor: one down with one copy, as many as the copies with
         replicas."""
-        raw = prefix.encode()
-        if len(raw) > MAX_NAME_BYTES:
-            raise ValueError("prefix is too long")
-        if not 0 <= limit < 1 << 63:
-            raise ValueError(f"limit must be 0 (none) or a positive count, not {limit}")
-
-        down: list[DaemonUnavailable] = []
-
-        async def list_on(node: Node) -> list[dict[str, Any]]:
-            hdr = ListTensors(limit).frame(len(raw))
-            try:
-                r = await self._request(node, hdr, [raw])
-            except DaemonUnavailable as exc:
-                if not self.replicated:
-                    raise
-                down.append(exc)
-                return []  # its replicas answer for it
-            return decode_json(r.data)
-
-        per_node = await self._gather(partial(list_on, n) for n in self.config.nodes)
-        # Each shard's copies are on distinct daemons: with fewer daemons down than
-        # copies, every tensor has a copy that answered; with as many, some may be
-        # missing, and an empty or partial listing would read as a fact.
-        if down and len(down) >= min(self.config.replicas, len(self.config.nodes)):
-            raise down[0]
-        by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for records in per_node:
-            for rec in records:
-                by_name[rec["meta"]["name"]].append(rec)
-        return [self._info_from(by_name[name]) for name in sorted(by_name)[: limit or None]]
+        return await self._namespace.list(prefix, limit=limit)
 
     @_epoch_rerouted
     async def delete(self, name: str) -> None:
         """Delete a tensor from every daemon; raises TensorNotFound if none had it."""
-        validate_name(name)
-        cached = self._meta.pop(name, None)
-        key = cached.key if cached is not None else tensor_key(name)
-        if not await self._delete_at(key, name):
-            found = await self._find(name)  # renamed to this name, or at a salted key
-            if found is None or not await self._delete_at(found.key, name):
-                raise TensorNotFound(f"no tensor named {name!r}")
-            key = found.key
-        self._router.forget(key)
-
-    async def _delete_at(self, key: int, name: str) -> bool:
-        """Delete tensor ``name`` at ``key`` from every daemon; whether any had it."""
-
-        async def delete_on(node: Node) -> bool:
-            try:
-                await self._request(node, *_delete_frame(key, name))
-            except TensorNotFound:
-                return False
-            except DaemonUnavailable:
-                if not self.replicated:
-                    raise
-                return False  # it learns of the delete from a replica when it is back
-            return True
-
-        return any(await self._gather(partial(delete_on, n) for n in self.config.nodes))
+        await self._namespace.delete(name)
 
     @_epoch_rerouted
     async def rename(self, old: str, new: str, *, replace: bool = False) -> TensorInfo:
@@ -771,87 +329,26 @@ class AsyncClient:
         other, whole). Readers still holding ``old`` are told it is stale
         (``StaleLayout``, then TensorNotFound), as after a delete.
         """
-        validate_name(old)
-        validate_name(new)
-        src = await self._find(old)
-        if src is None:
-            raise TensorNotFound(f"no tensor named {old!r}")
-        if new == old:
-            return await self.stat(old)
-        dst = await self._find(new)
-        if dst is not None and dst.key == src.key:
-            dst = None  # this rename, begun before (on the daemons that answered then)
-        if dst is not None and not replace:
-            raise TensorExists(f"tensor {new!r} exists (pass replace=True to replace it)")
-        body = encode_json({"from": old, "to": new})
-        holders = self._nodes_holding(src)
-        records: list[dict[str, Any]] = []
-        failed: list[Exception] = []
-
-        async def rename_on(node: Node) -> None:
-            try:
-                reply = await self._request(node, Rename(src.key).frame(len(body)), [body])
-            except TensorNotFound:
-                return
-            except DaemonUnavailable as exc:
-                if not self.replicated and node in holders:
-                    failed.append(exc)
-                return  # with replicas it catches up from one (the rename bumps versions)
-            except Exception as exc:
-                failed.append(exc)
-                return
-            records.append(decode_json(reply.data))
-
-        await self._gather(partial(rename_on, n) for n in self.config.nodes)
-        self._meta.pop(old, None)
-        self._meta.pop(new, None)
-        if failed:
-            # Some daemons have the new name and some the old: renaming again
-            # once they answer finishes it (each daemon renames what it holds).
-            raise failed[0]
-        if not records:
-            raise TensorNotFound(f"no tensor named {old!r}")
-        if dst is not None:
-            await self._delete_at(dst.key, new)
-            self._router.forget(dst.key)
-        meta = TensorMeta.from_dict(records[0]["meta"])
-        self._meta[new] = meta
-        return self._info_from(records, meta)
+        return await self._namespace.rename(old, new, replace=replace)
 
     async def _meta_for(self, name: str) -> TensorMeta:
-        meta = self._meta.get(name)
+        meta = self._cache.get(name)
         if meta is None:
             meta = (await self.stat(name)).meta
         return meta
 
+    async def _fresh_meta(self, name: str) -> TensorMeta:
+        self._cache.drop(name)
+        return (await self.stat(name)).meta
+
     # -- data ---------------------------------------------------------------
 
     async def _with_fresh_meta(self, name: str, fn: Callable[[TensorMeta], Any]) -> Any:
-        """Run ``fn(meta)``; if the cached layout was stale, refresh it and run again.
-
-        Again for as long as each refresh finds another tensor under the name
-        (saved over by a rename while this was reading: the next one may be
-        read whole), within the client timeout. And a few times when it finds
-        the same: a rename reaches the daemons one by one, so a reader may learn
-        the new layout from one a moment before another has it.
-        """
+        """Run ``fn(meta)``; if the cached layout was stale, refresh it and run again
+        (``retry.with_fresh_meta``)."""
         meta = await self._meta_for(name)
-        deadline = self._router.now() + self.timeout
-        same = 0
-        while True:
-            try:
-                return await fn(meta)
-            except (StaleLayout, TensorNotFound):
-                self._meta.pop(name, None)
-                fresh = (await self.stat(name)).meta
-                if (fresh.key, fresh.layout) == (meta.key, meta.layout):
-                    same += 1
-                    if same > STALE_RETRIES:
-                        raise
-                    await self._router.sleep(STALE_PAUSE * same)
-                elif self._router.now() > deadline:
-                    raise
-                meta = fresh
+        refresh = partial(self._fresh_meta, name)
+        return await with_fresh_meta(self.session, self.timeout, meta, refresh, fn)
 
     async def _move(
         self,
@@ -895,7 +392,7 @@ class AsyncClient:
         # Reads: choose each shard's replica so the bytes spread evenly
         # (reads for a training step go to the primary: _on_replicas).
         choice: dict[int, list[Node]] = {}
-        if not asks_primary(update, wid) and self.replicated:
+        if not asks_primary(update, wid) and several_copies(self.config):
             load: dict[str, int] = {}
             for p in pieces:
                 choice[p.shard] = self._router.candidates(meta.key, p.shard, False, load)
@@ -964,7 +461,7 @@ class AsyncClient:
                 wire,
                 wid,
                 step,
-                txn=new_txn() if self._router.replicated else 0,
+                txn=new_txn() if self._router.fails_over else 0,
                 stamp=stamp,
             )
             reply = await self._router.on_replicas(
@@ -985,7 +482,7 @@ class AsyncClient:
         if len(pieces) == 1:  # most small requests: no fan-out to set up
             served = [await one(pieces[0])]
         else:
-            kept = await self._gather(partial(_refusal_kept, one, p) for p in pieces)
+            kept = await self.session.gather(partial(_refusal_kept, one, p) for p in pieces)
             refused = [s for s in kept if isinstance(s, DaemonError)]
             if refused:
                 raise refused[0]
@@ -1014,7 +511,7 @@ class AsyncClient:
         if wid == NO_WORKER:
             return True
         # A training pull goes to the primary (only it keeps the step's state).
-        return not self.replicated and Mode.from_options(meta.options).kind == "async"
+        return not several_copies(self.config) and Mode.from_options(meta.options).kind == "async"
 
     async def _copy_direct(
         self,
@@ -1052,7 +549,7 @@ class AsyncClient:
         (asked the usual way, the read says what went wrong)."""
         node, seen = self._direct_node(meta, p.shard, choice)
         try:
-            conn = await self._connection(node)
+            conn = await self.session.connection(node)
         except (StreamBroken, StreamClosed, StreamTimeout):
             return None
         return (conn, seen) if conn.daemon_alive() else None
@@ -1063,7 +560,7 @@ class AsyncClient:
         """The daemon a one-sided read of ``shard`` copies from, and the least version
         the shard may have there: with replicas, the replica the read would ask
         first (``choice``), no older than this client saw."""
-        if self.replicated:
+        if several_copies(self.config):
             node = (choice or self._router.candidates(meta.key, shard, False))[0]
             return node, self._router.seen(meta.key, shard)
         return self.config.primary_for(meta.key, shard), 0
@@ -1078,8 +575,8 @@ class AsyncClient:
         The blocking ``Client`` tries it first for small reads: the coroutine
         and the general read's set-up cost more than the copy itself.
         """
-        meta = self._meta.get(name)
-        if meta is None or self._closed or meta.num_shards != 1:
+        meta = self._cache.get(name)
+        if meta is None or self.closed or meta.num_shards != 1:
             return None
         if not self._direct_ok(meta, NO_WORKER):
             return None
@@ -1091,7 +588,7 @@ class AsyncClient:
             except (DtypeMismatch, ShapeMismatch, ValueError):
                 return None  # the usual read raises it
         node, seen = self._direct_node(meta, 0)
-        conn = self._conns.get(node.name)
+        conn = self.session.conns.get(node.name)
         if conn is None:
             return None
         reader = getattr(conn.bulk, "directory", None)
@@ -1105,7 +602,7 @@ class AsyncClient:
 
     def _served_direct(self, meta: TensorMeta, shard: int, got: tuple[int, int, int]) -> Served:
         """A one-sided read's answer; with replicas, its version is what this client saw."""
-        if self.replicated:
+        if several_copies(self.config):
             self._router.saw(meta.key, shard, got[0], update=False)
         return Served(*got)
 
@@ -1169,11 +666,11 @@ class AsyncClient:
             assert out is not None  # a tensor, handed back as read() hands back out
             return out if land is None else land()
         code = narrowing.wire_code(wire)
-        cached = self._meta.get(name)
+        cached = self._cache.get(name)
         if out is not None and cached is not None and not _fits_out(cached, out):
             # Another process may have redefined the tensor to what ``out`` is:
             # ask before calling it a mismatch.
-            del self._meta[name]
+            self._cache.drop(name)
 
         async def go(meta: TensorMeta) -> np.ndarray:
             arr = out
@@ -1252,7 +749,7 @@ class AsyncClient:
         with a tensor this call creates.
         """
         arr = as_stored_array(self.transfers.source(array))
-        meta = self._meta.get(name)
+        meta = self._cache.get(name)
         shard_size = meta.shard_size if meta else self.config.shard_size
         buf = _byte_view(arr)
 
@@ -1275,7 +772,7 @@ class AsyncClient:
         try:
             await self._move(Op.WRITE, meta, 0, buf, progress=progress)
         except (StaleLayout, TensorNotFound):
-            self._meta.pop(name, None)
+            self._cache.drop(name)
             await self._move(Op.WRITE, await define(), 0, buf, progress=progress)
 
     async def write_bytes(self, name: str, offset: int, data: Buffer) -> None:
@@ -1329,15 +826,15 @@ class AsyncClient:
 
     async def _metas(self, names: Iterable[str]) -> dict[str, TensorMeta]:
         names = list(dict.fromkeys(names))
-        missing = [n for n in names if n not in self._meta]
-        await self._gather(partial(self.stat, n) for n in missing)
-        return {n: self._meta[n] for n in names}
+        missing = [n for n in names if n not in self._cache]
+        await self.session.gather(partial(self.stat, n) for n in missing)
+        return {n: await self._meta_for(n) for n in names}
 
     async def read_into(self, outs: Mapping[str, np.ndarray]) -> None:
         """Read each named tensor into its array (as ``read`` with ``out``), all at
         once: one-sided where they can be, the requests to different daemons in
         flight together. For large tensors; ``read_many`` batches small ones."""
-        await self._gather(partial(self.read, name, out) for name, out in outs.items())
+        await self.session.gather(partial(self.read, name, out) for name, out in outs.items())
 
     async def read_many(
         self,
@@ -1359,7 +856,7 @@ class AsyncClient:
         names = list(names)
         if refresh:
             for n in names:
-                self._meta.pop(n, None)
+                self._cache.drop(n)
         metas = await self._metas(names)
         out = {n: np.empty(m.shape, dtype=m.np_dtype) for n, m in metas.items()}
         code = narrowing.wire_code(wire)
@@ -1385,12 +882,12 @@ class AsyncClient:
         metas: dict[str, TensorMeta] = {}
 
         async def ensure(name: str, arr: np.ndarray) -> None:
-            meta = self._meta.get(name)
+            meta = self._cache.get(name)
             if meta is None or meta.dtype != arr.dtype.name or meta.shape != arr.shape:
                 meta = (await self.create(name, arr.shape, arr.dtype, exist_ok=True)).meta
             metas[name] = meta
 
-        await self._gather(partial(ensure, n, a) for n, a in arrs.items())
+        await self.session.gather(partial(ensure, n, a) for n, a in arrs.items())
         await self._batches.run(
             Op.WRITE_BATCH, [(metas[n], _byte_view(a)) for n, a in arrs.items()]
         )
@@ -1433,25 +930,6 @@ async def _refusal_kept(
         return await one(p)
     except DaemonError as exc:
         return exc
-
-
-def _delete_frame(key: int, name: str) -> tuple[Header, list[bytes]]:
-    """A DELETE of tensor ``name`` at ``key`` (not of another renamed to it since)."""
-    raw = name.encode()
-    return Delete(key).frame(len(raw)), [raw]
-
-
-def _merged_version(records: list[dict[str, Any]]) -> int:
-    """A tensor's version: the sum over its shards of the newest replica's version."""
-    shards: dict[str, int] = {}
-    plain = 0
-    for r in records:
-        if "shards" in r:
-            for index, v in r["shards"].items():
-                shards[index] = max(shards.get(index, 0), int(v))
-        else:
-            plain += int(r.get("version", 0))
-    return sum(shards.values()) + plain
 
 
 def _fits_out(meta: TensorMeta, out: np.ndarray) -> bool:
