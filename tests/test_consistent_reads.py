@@ -271,7 +271,7 @@ def test_a_large_read_copies_on_two_threads_and_stays_whole(cluster: Cluster) ->
 
     with Client(cluster.config_path) as r:
         assert np.array_equal(r.read("one/large"), np.zeros(n, np.float32))
-        assert r._client._copier._pool is not None  # the second thread copied
+        assert r._client.one_sided.copier._pool is not None  # the second thread copied
         assert sum(d.reads for d in readers_of(r)) == 192
         t = threading.Thread(target=accumulate)
         t.start()

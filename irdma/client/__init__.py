@@ -6,7 +6,9 @@ the caller's array and the socket. Metadata is cached per tensor name and
 revalidated when a daemon says the layout changed or the tensor is gone.
 """
 
+from .arrays import as_stored_array
 from .blocking import Client
-from .facade import AsyncClient, TensorInfo, as_stored_array
+from .facade import AsyncClient
+from .lookup import TensorInfo
 
 __all__ = ["AsyncClient", "Client", "TensorInfo", "as_stored_array"]

@@ -1,6 +1,8 @@
 """Many tensors in one frame per daemon: the batched forms of read, write and accumulate.
 
-A batch is cut into frames of at most ``BATCH_BYTES`` of payload and
+Each tensor is cut into pieces and its replicas chosen by the planner
+(``planner.slices``, ``planner.Spread``), as a single call's are. A batch
+is cut into frames of at most ``BATCH_BYTES`` of payload and
 ``BATCH_ENTRIES`` entries, one stream of frames per daemon, run
 concurrently. An entry a replica refuses with a failover status (or whose
 daemon vanished) is retried on its own through the router, so replicas and
@@ -12,6 +14,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from functools import partial
+
+import numpy as np
 
 from .. import narrowing
 from ..cluster import Node
@@ -27,10 +31,12 @@ from ..protocol import (
     unpack_entries,
 )
 from ..protocol.messages import Read, ReadBatch, Update, UpdateBatch, batch_entry_txn
-from ..ranges import shard_pieces
 from ..sinks import BatchReadSink, IntoSink
+from .arrays import byte_view, narrowed_delta
 from .cache import MetaCache
-from .routing import Router, asks_primary, new_txn, worker_field
+from .onesided import OneSidedReader
+from .planner import Spread, batch_wire, slices, update_txn
+from .routing import Router, asks_primary, worker_field
 from .session import Session
 
 # Payload budget of one batch frame (the daemon accepts at least 64 MiB).
@@ -43,10 +49,50 @@ class Batches:
     refused by a replica fail over through ``router``, and a tensor's cached
     metadata is dropped from ``cache`` when a daemon says it changed."""
 
-    def __init__(self, router: Router, session: Session, cache: MetaCache) -> None:
+    def __init__(
+        self, router: Router, session: Session, cache: MetaCache, reader: OneSidedReader
+    ) -> None:
         self.router = router
         self.session = session
         self.cache = cache
+        self.reader = reader
+
+    async def read_arrays(
+        self, metas: dict[str, TensorMeta], code: int, worker: int | None, step: int
+    ) -> dict[str, np.ndarray]:
+        """``AsyncClient.read_many`` of the tensors ``metas`` describes, their values
+        on the wire in dtype ``code`` (0: as stored)."""
+        out = {n: np.empty(m.shape, dtype=m.np_dtype) for n, m in metas.items()}
+        if not code:
+            items = [(metas[n], byte_view(a)) for n, a in out.items()]
+            wid = worker_field(worker, step)
+            # Same-host tensors are copied one-sided; the batches carry the rest.
+            items = [it for it in items if not await self.reader.read_whole(*it, wid)]
+            if items:
+                await self.run(Op.READ_BATCH, items, worker=worker, step=step)
+            return out
+        batch_wire(metas.values(), code)
+        held = {n: np.empty(a.size, narrowing.holder(code)) for n, a in out.items()}
+        items = [(metas[n], byte_view(h)) for n, h in held.items()]
+        await self.run(Op.READ_BATCH, items, worker=worker, step=step, wire=code)
+        for n, h in held.items():
+            narrowing.widen_into(h, code, out[n].reshape(-1))
+        return out
+
+    async def accumulate_arrays(
+        self,
+        metas: dict[str, TensorMeta],
+        arrs: dict[str, np.ndarray],
+        alpha: float,
+        code: int,
+        worker: int | None,
+        step: int,
+    ) -> None:
+        """``AsyncClient.accumulate_many``: one wire dtype for the whole call."""
+        batch_wire(metas.values(), code)
+        data = {n: narrowed_delta(metas[n], a, code) for n, a in arrs.items()}
+        items = [(metas[n], byte_view(a)) for n, a in data.items()]
+        await self.run(Op.ACCUMULATE_BATCH, items, alpha, worker, step, wire=code)
 
     async def run(
         self,
@@ -64,31 +110,22 @@ class Batches:
         """
         per_node: dict[str, list[tuple[BatchEntry, memoryview]]] = defaultdict(list)
         update = op != Op.READ_BATCH
-        to_primary = asks_primary(update, worker_field(worker, step))
-        load: dict[str, int] | None = None if to_primary else {}
-        held = narrowing.holder(wire).itemsize if wire else 0
+        spread = Spread(self.router, asks_primary(update, worker_field(worker, step)))
         for meta, buf in items:
-            itemsize = meta.np_dtype.itemsize
-            size = len(buf) // held * itemsize if wire else len(buf)
-            for p in shard_pieces(meta, 0, size):
-                node = self.router.candidates(meta.key, p.shard, to_primary, load)[0]
-                if load is not None:
-                    load[node.name] = load.get(node.name, 0) + p.length
-                if wire:
-                    start, n = p.buf_offset // itemsize * held, p.length // itemsize * held
-                else:
-                    start, n = p.buf_offset, p.length
+            for s in slices(meta, 0, len(buf), wire):
+                p = s.piece
+                node = spread.order(meta.key, p)[0]
                 entry = BatchEntry(
                     meta.key,
                     p.shard,
                     p.shard_offset,
-                    n,
+                    s.length,
                     # For reads: the least version a replica may answer with.
                     version=0 if update else self.router.seen(meta.key, p.shard),
                     alpha=alpha,
                     dtype=meta.dtype_code,
                 )
-                per_node[node.name].append((entry, buf[start : start + n]))
+                per_node[node.name].append((entry, buf[s.start : s.start + s.length]))
         names = {m.key: m.name for m, _ in items}
         calls = []
         for node_name, work in per_node.items():
@@ -112,7 +149,7 @@ class Batches:
         views = [v for _, v in chunk]
         head = pack_entries(entries)
         # Entry i of an update batch is update txn + i, on retries too.
-        txn = new_txn() if op != Op.READ_BATCH and self.router.fails_over else 0
+        txn = update_txn(self.router.fails_over) if op != Op.READ_BATCH else 0
         try:
             if op == Op.READ_BATCH:
                 sink = BatchReadSink(views)

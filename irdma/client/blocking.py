@@ -24,7 +24,8 @@ from ..registry import current_epoch
 from ..transport.base import Buffer
 from ..transport.select import may_use_rdma
 from ..transport.shared import SharedRegion
-from .facade import AsyncClient, TensorInfo
+from .facade import AsyncClient
+from .lookup import TensorInfo
 from .shells import drive
 
 
