@@ -15,6 +15,7 @@ from irdma.client.retry import (
     FAILOVER_PAUSE_MAX,
     STALE_RETRIES,
     failover_pause,
+    patience,
     rerouted,
     with_fresh_meta,
 )
@@ -105,3 +106,7 @@ def test_failover_pauses_grow_with_each_round_up_to_a_bound() -> None:
     pauses = [failover_pause(r) for r in range(1, 10)]
     assert pauses == sorted(pauses)
     assert pauses[0] > 0 and pauses[-1] == FAILOVER_PAUSE_MAX
+
+
+def test_patience_is_the_timeout_and_two_failure_detections() -> None:
+    assert patience(2.0, 0.5) == 3.0

@@ -38,7 +38,7 @@ def readers_of(client: Client) -> list:
     return [
         c.bulk.directory
         for c in client._client.session.conns.values()
-        if getattr(c.bulk, "directory", None) is not None
+        if c.bulk.directory is not None
     ]
 
 

@@ -8,6 +8,7 @@ wire dtype the planner chose (``planner.wire_for``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ import numpy as np
 from .. import narrowing
 from ..errors import DtypeMismatch, ShapeMismatch
 from ..protocol import DTYPE_CODES, Status, TensorMeta, dtype_code
+from ..transport.shared import SharedRegion
 
 # The dtypes irdma stores, as arrays carry them (little-endian): checking a
 # dtype by name costs microseconds on every small write otherwise.
@@ -30,6 +32,15 @@ def as_stored_array(array: Any) -> np.ndarray:
         dtype_code(arr.dtype)  # raises ValueError for object, string, structured dtypes
     # Not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
     return arr if arr.flags.c_contiguous else arr.copy(order="C")
+
+
+def shared_array(region: SharedRegion, shape: Sequence[int] | int, dtype: Any) -> np.ndarray:
+    """An uninitialised array of ``shape`` and ``dtype`` in ``region`` (SharedMemoryFull
+    when it has no room left)."""
+    dt = np.dtype(dtype)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    return region.empty(nbytes).view(dt).reshape(shape)
 
 
 def byte_view(arr: np.ndarray) -> memoryview:

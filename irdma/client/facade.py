@@ -23,22 +23,17 @@ from ..cluster import ClusterConfig, Node, load_config, parse_size
 from ..devices import Transfers, is_device_array
 from ..errors import (
     ConfigError,
-    DtypeMismatch,
-    ShapeMismatch,
     StaleLayout,
     TensorNotFound,
 )
 from ..modes import Mode
 from ..protocol import (
-    MAX_NAME_BYTES,
     Op,
     TensorMeta,
     decode_json,
-    validate_name,
 )
 from ..protocol.messages import (
     Hello,
-    ListTensors,
 )
 from ..registry import current_epoch
 from ..transport.base import (
@@ -46,7 +41,7 @@ from ..transport.base import (
 )
 from ..transport.select import forced_transport
 from ..transport.shared import SharedRegion
-from .arrays import as_stored_array, byte_view, check_out, delta_array, fits_out
+from .arrays import as_stored_array, byte_view, check_out, delta_array, fits_out, shared_array
 from .batching import Batches
 from .cache import MetaCache
 from .datapath import DataPath
@@ -188,10 +183,7 @@ class AsyncClient:
         """
         if self.shared is None:
             raise ConfigError("this client has no shared memory: make it with shared_memory=SIZE")
-        dt = np.dtype(dtype)
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        return self.shared.empty(nbytes).view(dt).reshape(shape)
+        return shared_array(self.shared, shape, dtype)
 
     def transport_of(self, node: Node) -> str | None:
         """How this client reaches ``node`` ("tcp", "shm" or "rdma"); None before it connects."""
@@ -215,11 +207,7 @@ class AsyncClient:
         shard indices (as strings) to their versions: ``irdma status`` compares
         replicas with them. Raises like any request to that daemon.
         """
-        raw = prefix.encode()
-        if len(raw) > MAX_NAME_BYTES:
-            raise ValueError("prefix is too long")
-        reply = await self.session.request(node, ListTensors().frame(len(raw)), [raw])
-        return decode_json(reply.data)
+        return await self._lookup.holdings(node, prefix)
 
     @_epoch_rerouted
     async def create(
@@ -241,14 +229,7 @@ class AsyncClient:
         if it exists with another layout (unless ``replace``), ArenaFull when
         the daemons have no room (nothing is left behind then).
         """
-        shape_t = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
-        meta = TensorMeta(
-            validate_name(name),
-            np.dtype(dtype).name,  # the name carries no byte order: stored little-endian
-            shape_t,
-            shard_size or self.config.shard_size,
-            dict(options or {}) | (mode.to_options() if mode is not None else {}),
-        )
+        meta = self._namespace.meta_of(name, shape, dtype, shard_size, options, mode)
         return await self._namespace.create(meta, exist_ok=exist_ok, replace=replace)
 
     @_epoch_rerouted
@@ -322,16 +303,9 @@ class AsyncClient:
         and the general read's set-up cost more than the copy itself.
         """
         meta = self._cache.get(name)
-        if meta is None or self.closed or not self.one_sided.may_read_now(meta):
+        if meta is None or self.closed:
             return None
-        if out is None:
-            out = np.empty(meta.shape, dtype=meta.np_dtype)
-        else:
-            try:
-                check_out(meta, out)
-            except (DtypeMismatch, ShapeMismatch, ValueError):
-                return None  # the usual read raises it
-        return out if self.one_sided.read_now(meta, out) else None
+        return self.one_sided.read_now(meta, out)
 
     async def read(
         self,

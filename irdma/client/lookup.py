@@ -8,15 +8,14 @@ the metadata cache (``cache.MetaCache``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from ..cluster import ClusterConfig, Node
 from ..errors import DaemonUnavailable, TensorNotFound
-from ..protocol import TensorMeta, decode_json, tensor_key, validate_name
-from ..protocol.messages import Stat
+from ..protocol import MAX_NAME_BYTES, TensorMeta, decode_json, tensor_key, validate_name
+from ..protocol.messages import ListTensors, Stat
 from .cache import MetaCache
 from .routing import Router, several_copies
 from .session import Session
@@ -106,6 +105,14 @@ class Lookup:
         self.cache = cache
         self.config = session.config
 
+    async def holdings(self, node: Node, prefix: str = "") -> list[dict[str, Any]]:
+        """``AsyncClient.holdings``: one daemon's stat records (no failover)."""
+        raw = prefix.encode()
+        if len(raw) > MAX_NAME_BYTES:
+            raise ValueError("prefix is too long")
+        reply = await self.session.request(node, ListTensors().frame(len(raw)), [raw])
+        return decode_json(reply.data)
+
     async def stat(self, name: str, *, everywhere: bool = False) -> TensorInfo:
         """``AsyncClient.stat``: the tensor's metadata and version, now cached."""
         validate_name(name)
@@ -120,21 +127,6 @@ class Lookup:
         meta = TensorMeta.from_dict(records[0]["meta"])
         self.cache.put(meta, name)
         return info_from(records, meta)
-
-    async def meta_for(self, name: str) -> TensorMeta:
-        """The tensor's metadata: cached, else asked for."""
-        meta = self.cache.get(name)
-        if meta is None:
-            meta = (await self.stat(name)).meta
-        return meta
-
-    async def metas(self, names: Iterable[str]) -> dict[str, TensorMeta]:
-        """Several tensors' metadata, those not cached asked for at once."""
-        names = list(dict.fromkeys(names))
-        missing = [n for n in names if n not in self.cache]
-        await self.session.gather(partial(self.stat, n) for n in missing)
-        found = {n: self.cache.get(n) for n in names}
-        return {n: m for n, m in found.items() if m is not None}
 
     async def find(self, name: str) -> TensorMeta | None:
         """The metadata of the tensor called ``name`` as stored now, or None."""

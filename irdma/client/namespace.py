@@ -10,12 +10,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
+import numpy as np
+
 from ..cluster import Node
 from ..errors import DaemonUnavailable, TensorExists, TensorMoved, TensorNotFound
+from ..modes import Mode
 from ..protocol import (
     MAX_NAME_BYTES,
     Header,
@@ -56,6 +59,25 @@ class Namespace:
     @property
     def several_copies(self) -> bool:
         return several_copies(self.config)
+
+    def meta_of(
+        self,
+        name: str,
+        shape: Sequence[int] | int,
+        dtype: Any,
+        shard_size: int | None,
+        options: Mapping[str, Any] | None,
+        mode: Mode | None,
+    ) -> TensorMeta:
+        """The metadata ``AsyncClient.create`` asks the daemons for."""
+        shape_t = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        return TensorMeta(
+            validate_name(name),
+            np.dtype(dtype).name,  # the name carries no byte order: stored little-endian
+            shape_t,
+            shard_size or self.config.shard_size,
+            dict(options or {}) | (mode.to_options() if mode is not None else {}),
+        )
 
     async def create(self, meta: TensorMeta, *, exist_ok: bool, replace: bool) -> TensorInfo:
         """``AsyncClient.create`` of the tensor ``meta`` describes."""

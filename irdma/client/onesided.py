@@ -20,11 +20,13 @@ import numpy as np
 
 from ..agreement import Served
 from ..cluster import Node
+from ..errors import DtypeMismatch, ShapeMismatch
 from ..modes import Mode
 from ..protocol import NO_WORKER, TensorMeta
 from ..ranges import Piece, shard_pieces
 from ..transport.base import StreamBroken, StreamClosed, StreamTimeout
 from ..transport.direct import Copier
+from .arrays import check_out
 from .routing import Router, several_copies
 from .session import Conn, Session
 
@@ -117,26 +119,32 @@ class OneSidedReader:
                 copied[shard] = self._served(meta, shard, got)
         return copied
 
-    def may_read_now(self, meta: TensorMeta) -> bool:
-        """Whether ``read_now`` may serve this tensor (one shard, one-sided allowed)."""
-        return meta.num_shards == 1 and self.allowed(meta, NO_WORKER)
-
-    def read_now(self, meta: TensorMeta, out: np.ndarray) -> bool:
-        """Copy a one-shard tensor into ``out`` without awaiting anything, from a
-        daemon this thread is already attached to over shared memory; False when
-        that does not hold or the daemon must be asked (``may_read_now`` first)."""
+    def read_now(self, meta: TensorMeta, out: np.ndarray | None) -> np.ndarray | None:
+        """``AsyncClient.read_now``: a one-shard tensor copied into ``out`` (or a new
+        array) without awaiting anything, from a daemon this thread is already
+        attached to over shared memory; None when that does not hold or the
+        daemon must be asked (the usual read then says what went wrong)."""
+        if meta.num_shards != 1 or not self.allowed(meta, NO_WORKER):
+            return None
+        if out is None:
+            out = np.empty(meta.shape, dtype=meta.np_dtype)
+        else:
+            try:
+                check_out(meta, out)
+            except (DtypeMismatch, ShapeMismatch, ValueError):
+                return None  # the usual read raises it
         node, seen = self._node(meta, 0)
         conn = self.session.conns.get(node.name)
         if conn is None:
-            return False
+            return None
         reader = conn.bulk.directory
         if reader is None or conn.broken or not conn.daemon_alive():
-            return False
+            return None
         got = reader.read(meta.key, meta.layout, 0, 0, out.reshape(-1).view(np.uint8), seen)
         if got is None:
-            return False
+            return None
         self._served(meta, 0, got)
-        return True
+        return out
 
     async def _connection(
         self, meta: TensorMeta, p: Piece, choice: list[Node] | None

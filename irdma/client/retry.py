@@ -3,11 +3,14 @@
 Three loops, each with its deadline and pauses here:
 
 - ``rerouted``: an operation over several daemons, run again while daemons
-  say the cluster's epoch changed (StaleEpoch), for the router's patience.
+  say the cluster's epoch changed (StaleEpoch), for the ``patience``.
 - ``with_fresh_meta``: a data call whose cached layout was stale, run again
   with fresh metadata (StaleLayout, TensorNotFound), within the timeout.
 - failover (``routing.Router.on_replicas``): one shard's request tried on its
-  other replicas, for the router's patience, pausing after each round.
+  other replicas, for the ``patience``, pausing after each round
+  (``failover_pause``).
+
+A request itself is bounded by the client timeout (``session.Session.request``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,13 @@ STALE_PAUSE = 0.002
 # round, at most FAILOVER_PAUSE_MAX (time for the cluster to fail over).
 FAILOVER_PAUSE = 0.1
 FAILOVER_PAUSE_MAX = 0.5
+
+
+def patience(timeout: float, failure_detection: float) -> float:
+    """Seconds a shard's request may keep failing over, and an operation be rerouted
+    over epochs: the client timeout plus two failure detections (time for the
+    cluster to notice a dead primary, or to move to a new epoch)."""
+    return timeout + 2 * failure_detection
 
 
 def failover_pause(rounds: int) -> float:

@@ -21,7 +21,7 @@ from ..errors import FAILOVER_STATUSES, DaemonError, DaemonUnavailable
 from ..protocol import NO_WORKER, Header, Status
 from ..protocol.messages import Read, Stat, Update
 from ..transport.base import Buffer, Reply, Sink
-from .retry import failover_pause
+from .retry import failover_pause, patience
 
 
 class Requests(Protocol):
@@ -123,9 +123,8 @@ class Router:
 
     @property
     def patience(self) -> float:
-        """Seconds a request may keep failing over: the client timeout plus two failure
-        detections (time for the cluster to notice a dead primary, or a new epoch)."""
-        return self.timeout + 2 * self.config.failure_detection
+        """Seconds a request may keep failing over (``retry.patience``)."""
+        return patience(self.timeout, self.config.failure_detection)
 
     @property
     def fails_over(self) -> bool:
