@@ -20,11 +20,11 @@ import numpy as np
 import trio
 
 from irdma import AsyncClient, Client
+from irdma.client.sinks import IntoSink
 from irdma.cluster import load_config
 from irdma.epochs import Epoch
 from irdma.protocol import Header, Op
 from irdma.registry import Registry
-from irdma.sinks import IntoSink
 
 SHARD = 4096  # bytes: many shards, so the fraction moved is measured on thousands
 ELEMS = SHARD // 8  # int64 per shard

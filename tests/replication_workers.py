@@ -29,9 +29,9 @@ import trio
 
 from irdma import Client
 from irdma.client import AsyncClient
+from irdma.client.sinks import IntoSink
 from irdma.errors import IrdmaError
 from irdma.protocol import Header, Op
-from irdma.sinks import IntoSink
 
 
 def accumulate(args: argparse.Namespace) -> None:

@@ -8,9 +8,9 @@ import pytest
 
 from irdma.client import AsyncClient
 from irdma.client.onesided import ENV
+from irdma.client.ranges import shard_pieces
 from irdma.modes import Mode
 from irdma.protocol import NO_WORKER, TensorMeta
-from irdma.ranges import shard_pieces
 
 from .conftest import Cluster
 

@@ -31,13 +31,13 @@ from ..protocol import (
     unpack_entries,
 )
 from ..protocol.messages import Read, ReadBatch, Update, UpdateBatch, batch_entry_txn
-from ..sinks import BatchReadSink, IntoSink
 from .arrays import byte_view, narrowed_delta
 from .cache import MetaCache
 from .onesided import OneSidedReader
 from .planner import Spread, batch_wire, slices, update_txn
 from .routing import Router, asks_primary, worker_field
 from .session import Session
+from .sinks import BatchReadSink, IntoSink
 
 # Payload budget of one batch frame (the daemon accepts at least 64 MiB).
 BATCH_BYTES = 32 << 20

@@ -15,19 +15,19 @@ from functools import partial
 import numpy as np
 
 from .. import narrowing
-from ..agreement import Runner, Served, agree, settle_at
 from ..cluster import Node
 from ..errors import DaemonError
 from ..protocol import Op, TensorMeta
 from ..protocol.messages import Read, Update, served_stamps
-from ..ranges import Piece
-from ..sinks import IntoSink
 from ..sizes import PARALLEL_COPY_MIN
+from .agreement import Runner, Served, agree, settle_at
 from .arrays import byte_view, narrowed_delta
 from .onesided import OneSidedReader
 from .planner import Slice, Spread, slices, update_txn, whole_write_stamp, wire_for
+from .ranges import Piece
 from .routing import Router, asks_primary, several_copies, worker_field
 from .session import Session
+from .sinks import IntoSink
 
 Progress = Callable[[int], None]
 

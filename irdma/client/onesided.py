@@ -18,15 +18,15 @@ from functools import partial
 
 import numpy as np
 
-from ..agreement import Served
 from ..cluster import Node
 from ..errors import DtypeMismatch, ShapeMismatch
 from ..modes import Mode
 from ..protocol import NO_WORKER, TensorMeta
-from ..ranges import Piece, shard_pieces
 from ..transport.base import StreamBroken, StreamClosed, StreamTimeout
 from ..transport.direct import Copier
+from .agreement import Served
 from .arrays import check_out
+from .ranges import Piece, shard_pieces
 from .routing import Router, several_copies
 from .session import Conn, Session
 

@@ -20,7 +20,7 @@ from .. import narrowing
 from ..cluster import Node
 from ..errors import DtypeMismatch
 from ..protocol import Op, Status, TensorMeta
-from ..ranges import Piece, shard_pieces
+from .ranges import Piece, shard_pieces
 from .routing import new_stamp, new_txn
 
 

@@ -33,10 +33,10 @@ import numpy as np
 import trio
 
 from irdma import AsyncClient, Client
+from irdma.client.sinks import IntoSink
 from irdma.cluster import load_config
 from irdma.errors import DaemonError, IrdmaError
 from irdma.protocol import Header, Op, Status, tensor_key
-from irdma.sinks import IntoSink
 from tests.nemesis.history import HistoryWriter, Record
 from tests.nemesis.workload import (
     ACC_ELEMENTS,
