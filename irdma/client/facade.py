@@ -232,7 +232,6 @@ class AsyncClient:
         meta = self._namespace.meta_of(name, shape, dtype, shard_size, options, mode)
         return await self._namespace.create(meta, exist_ok=exist_ok, replace=replace)
 
-    @_epoch_rerouted
     async def stat(self, name: str, *, everywhere: bool = False) -> TensorInfo:
         """Metadata and version of a tensor; raises TensorNotFound.
 
@@ -242,7 +241,7 @@ class AsyncClient:
         where the name's own key places it are asked first, and the others
         only if it is not there (renamed to the name) or to add their shards.
         """
-        return await self._lookup.stat(name, everywhere=everywhere)
+        return await self._lookup.stat_rerouted(name, everywhere=everywhere)
 
     @_epoch_rerouted
     async def list(self, prefix: str = "", *, limit: int = 0) -> builtins.list[TensorInfo]:
@@ -273,23 +272,13 @@ class AsyncClient:
         """
         return await self._namespace.rename(old, new, replace=replace)
 
-    async def _meta_for(self, name: str) -> TensorMeta:
-        meta = self._cache.get(name)
-        if meta is None:
-            meta = (await self.stat(name)).meta
-        return meta
-
-    async def _fresh_meta(self, name: str) -> TensorMeta:
-        self._cache.drop(name)
-        return (await self.stat(name)).meta
-
     # -- data ---------------------------------------------------------------
 
     async def _with_fresh_meta(self, name: str, fn: Callable[[TensorMeta], Any]) -> Any:
         """Run ``fn(meta)``; if the cached layout was stale, refresh it and run again
         (``retry.with_fresh_meta``)."""
-        meta = await self._meta_for(name)
-        refresh = partial(self._fresh_meta, name)
+        meta = await self._lookup.meta_for(name)
+        refresh = partial(self._lookup.fresh_meta, name)
         return await with_fresh_meta(self.session, self.timeout, meta, refresh, fn)
 
     def read_now(self, name: str, out: np.ndarray | None = None) -> np.ndarray | None:
@@ -461,12 +450,6 @@ class AsyncClient:
 
     # -- batched forms -------------------------------------------------------
 
-    async def _metas(self, names: Iterable[str]) -> dict[str, TensorMeta]:
-        names = list(dict.fromkeys(names))
-        missing = [n for n in names if n not in self._cache]
-        await self.session.gather(partial(self.stat, n) for n in missing)
-        return {n: await self._meta_for(n) for n in names}
-
     async def read_into(self, outs: Mapping[str, np.ndarray]) -> None:
         """Read each named tensor into its array (as ``read`` with ``out``), all at
         once: one-sided where they can be, the requests to different daemons in
@@ -494,7 +477,7 @@ class AsyncClient:
         if refresh:
             for n in names:
                 self._cache.drop(n)
-        metas = await self._metas(names)
+        metas = await self._lookup.metas(names)
         code = narrowing.wire_code(wire)
         return await self._batches.read_arrays(metas, code, worker, step)
 
@@ -530,5 +513,5 @@ class AsyncClient:
         code = narrowing.wire_code(wire)
         sources = {n: self.transfers.source(a) for n, a in deltas.items()}
         arrs = {n: delta_array(a, code) for n, a in sources.items()}
-        metas = await self._metas(arrs)
+        metas = await self._lookup.metas(arrs)
         await self._batches.accumulate_arrays(metas, arrs, alpha, code, worker, step)

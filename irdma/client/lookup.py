@@ -8,6 +8,7 @@ the metadata cache (``cache.MetaCache``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -17,6 +18,7 @@ from ..errors import DaemonUnavailable, TensorNotFound
 from ..protocol import MAX_NAME_BYTES, TensorMeta, decode_json, tensor_key, validate_name
 from ..protocol.messages import ListTensors, Stat
 from .cache import MetaCache
+from .retry import rerouted
 from .routing import Router, several_copies
 from .session import Session
 
@@ -112,6 +114,30 @@ class Lookup:
             raise ValueError("prefix is too long")
         reply = await self.session.request(node, ListTensors().frame(len(raw)), [raw])
         return decode_json(reply.data)
+
+    async def stat_rerouted(self, name: str, *, everywhere: bool = False) -> TensorInfo:
+        """``stat``, run again while daemons say the cluster's epoch changed."""
+        stat = partial(self.stat, name, everywhere=everywhere)
+        return await rerouted(self.session, self.router.patience, stat)
+
+    async def meta_for(self, name: str) -> TensorMeta:
+        """The tensor's metadata: cached, else asked for."""
+        meta = self.cache.get(name)
+        if meta is None:
+            meta = (await self.stat_rerouted(name)).meta
+        return meta
+
+    async def fresh_meta(self, name: str) -> TensorMeta:
+        """The tensor's metadata asked for again (the cached one was stale)."""
+        self.cache.drop(name)
+        return (await self.stat_rerouted(name)).meta
+
+    async def metas(self, names: Iterable[str]) -> dict[str, TensorMeta]:
+        """Several tensors' metadata, those not cached asked for at once."""
+        names = list(dict.fromkeys(names))
+        missing = [n for n in names if n not in self.cache]
+        await self.session.gather(partial(self.stat_rerouted, n) for n in missing)
+        return {n: await self.meta_for(n) for n in names}
 
     async def stat(self, name: str, *, everywhere: bool = False) -> TensorInfo:
         """``AsyncClient.stat``: the tensor's metadata and version, now cached."""
