@@ -237,7 +237,8 @@ def irdma_model(
 def connection_kinds(client: Any) -> list[str]:
     # Which connection classes the client really used: shows whether
     # IRDMA_TRANSPORT took effect (private attribute, diagnostic only).
-    conns = getattr(getattr(client, "_client", None), "_conns", {})
+    session = getattr(getattr(client, "_client", None), "session", None)
+    conns = session.conns if session is not None else {}
     return sorted({type(c).__name__ for c in conns.values()})
 
 

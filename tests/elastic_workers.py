@@ -20,11 +20,11 @@ import numpy as np
 import trio
 
 from irdma import AsyncClient, Client
+from irdma.client.sinks import IntoSink
 from irdma.cluster import load_config
 from irdma.cluster.epochs import Epoch
 from irdma.cluster.registry import Registry
 from irdma.protocol import Header, Op
-from irdma.sinks import IntoSink
 
 SHARD = 4096  # bytes: many shards, so the fraction moved is measured on thousands
 ELEMS = SHARD // 8  # int64 per shard
@@ -147,7 +147,9 @@ async def _copies(config_path: str) -> dict[str, dict[str, list]]:
                 for node in client.config.replicas_for(meta.key, index):
                     buf = bytearray(nbytes)
                     header = Header(op=Op.READ, key=meta.key, shard=index, size=nbytes)
-                    reply = await client._request(node, header, sink=IntoSink(memoryview(buf)))
+                    reply = await client.session.request(
+                        node, header, sink=IntoSink(memoryview(buf))
+                    )
                     copies[node.name] = [reply.header.version, hashlib.sha256(buf).hexdigest()]
                 out[f"{name}#{index}"] = copies
     return out

@@ -29,9 +29,9 @@ import trio
 
 from irdma import Client
 from irdma.client import AsyncClient
+from irdma.client.sinks import IntoSink
 from irdma.errors import IrdmaError
 from irdma.protocol import Header, Op
-from irdma.sinks import IntoSink
 
 
 def accumulate(args: argparse.Namespace) -> None:
@@ -76,7 +76,9 @@ async def _replicas(args: argparse.Namespace) -> dict[str, dict[str, list]]:
                 buf = bytearray(nbytes)
                 header = Header(op=Op.READ, key=key, shard=index, size=nbytes)
                 try:
-                    reply = await client._request(node, header, sink=IntoSink(memoryview(buf)))
+                    reply = await client.session.request(
+                        node, header, sink=IntoSink(memoryview(buf))
+                    )
                 except IrdmaError as exc:
                     copies[node.name] = ["error", f"{type(exc).__name__}: {exc}"]
                     continue

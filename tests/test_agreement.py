@@ -1,6 +1,6 @@
 """The rules that make a read of several shards come from one whole-tensor write.
 
-``irdma.agreement`` is driven here by a model of the daemons: every shard
+``irdma.client.agreement`` is driven here by a model of the daemons: every shard
 keeps its current copy, the previous one and at most one older (as
 ``psd/store/copies.py`` does, with older copies sometimes taken back for room), and
 a writer rewrites the tensor whole, reaching the shards one by one, while a
@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from irdma.agreement import Runner, Served, agree, settle_at
+from irdma.client.agreement import Runner, Served, agree, settle_at
+from irdma.client.ranges import Piece
+from irdma.client.shells import drive
 from irdma.errors import StampGone, StampPending, TornRead
-from irdma.ranges import Piece
-from irdma.shells import drive
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,11 +19,11 @@ import pytest
 
 import irdma
 from irdma import Client
+from irdma.client.routing import new_stamp
+from irdma.client.shells import drive
 from irdma.protocol import Op, tensor_key
 from irdma.protocol.directory import SERVING_WORD
 from irdma.protocol.messages import Update
-from irdma.routing import new_stamp
-from irdma.shells import drive
 from irdma.transport.direct import DirectReader
 
 from .conftest import Cluster, make_cluster, name_on, start_mount
@@ -38,8 +38,8 @@ def readers_of(client: Client) -> list:
     """The one-sided readers of a client's connections (the calling thread's)."""
     return [
         c.bulk.directory
-        for c in client._client._conns.values()
-        if getattr(c.bulk, "directory", None) is not None
+        for c in client._client.session.conns.values()
+        if c.bulk.directory is not None
     ]
 
 
@@ -86,7 +86,7 @@ def test_a_same_host_read_asks_no_daemon(cluster: Cluster) -> None:
         readers = readers_of(c)
         assert readers and sum(r.reads for r in readers) == 5
         assert sum(r.bytes for r in readers) == x.nbytes
-        assert sum(c.bulk.mapped_bytes for c in c._client._conns.values()) == 0
+        assert sum(c.bulk.mapped_bytes for c in c._client.session.conns.values()) == 0
         small = np.arange(10, dtype=np.int64)
         c.write("one/small", small)
         assert np.array_equal(c.read("one/small"), small)
@@ -189,7 +189,7 @@ def test_one_sided_with_replicas_follows_the_daemons_gates(tmp_path: Path) -> No
                 replicated.signal(name, signal.SIGSTOP)
             try:
                 alone = next(
-                    k for n, k in c._client._conns.items() if n == "n3" and k.bulk.directory
+                    k for n, k in c._client.session.conns.items() if n == "n3" and k.bulk.directory
                 )
                 deadline = time.monotonic() + 30
                 while alone.bulk.directory.header[SERVING_WORD] == 1:
@@ -272,7 +272,7 @@ def test_a_large_read_copies_on_two_threads_and_stays_whole(cluster: Cluster) ->
 
     with Client(cluster.config_path) as r:
         assert np.array_equal(r.read("one/large"), np.zeros(n, np.float32))
-        assert r._client._copier._pool is not None  # the second thread copied
+        assert r._client.one_sided.copier._pool is not None  # the second thread copied
         assert sum(d.reads for d in readers_of(r)) == 192
         t = threading.Thread(target=accumulate)
         t.start()
@@ -376,7 +376,7 @@ def test_a_writer_stopped_half_way_leaves_the_write_before(cluster: Cluster) -> 
     with Client(cluster.config_path) as c:
         c.write("atomic/half", old)
         core = c._client
-        meta = core._meta["atomic/half"]
+        meta = c.stat("atomic/half").meta
         stamp = new_stamp()
         for shard in (0, 1):
             new = np.full(SHARD // 4, -1, np.float32)

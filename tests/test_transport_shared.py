@@ -35,7 +35,7 @@ cluster = test_transport_shm.cluster
 
 def shm_memories(client: Client | AsyncClient) -> list[SharedMemory]:
     inner = client if isinstance(client, AsyncClient) else client._client
-    return [c.bulk for c in inner._conns.values() if isinstance(c.bulk, SharedMemory)]
+    return [c.bulk for c in inner.session.conns.values() if isinstance(c.bulk, SharedMemory)]
 
 
 # -- the region on its own ----------------------------------------------------
@@ -174,7 +174,7 @@ def test_a_write_that_fails_with_its_connection_leaves_its_room_in_doubt(
         async with AsyncClient(cluster.config_path, transport="shm", shared_memory=4 * MIB) as c:
             sent = c.shared_empty(SHARD // 4, np.float32)
             other = c.shared_empty(SHARD // 4, np.float32)
-            conn = await c._connection(node)
+            conn = await c.session.connection(node)
             header = Header(op=Op.WRITE, key=1, size=sent.nbytes, length=sent.nbytes)
             monkeypatch.setattr(FramedConnection, "exchange", broken_after_send)
             with pytest.raises(StreamBroken):

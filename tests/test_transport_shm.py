@@ -61,7 +61,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 def kinds(client: Client | AsyncClient) -> set[str]:
     inner = client if isinstance(client, AsyncClient) else client._client
-    return {conn.transport for conn in inner._conns.values()}
+    return {conn.transport for conn in inner.session.conns.values()}
 
 
 @pytest.mark.parametrize("transport", ["auto", "shm", "tcp"])
@@ -83,7 +83,7 @@ def test_read_write_accumulate_round_trip(cluster: Cluster, transport: str, nbyt
         want[start : start + len(part)] = 7.0
         assert np.array_equal(c.read(name), want)
         used = kinds(c)
-        conns = list(c._client._conns.values())
+        conns = list(c._client.session.conns.values())
         # Read out of the arena: MAPPED answers, or one-sided with no answer at all.
         mapped = sum(
             getattr(k.bulk, "mapped_bytes", 0) + getattr(k.bulk, "direct_bytes", 0) for k in conns
@@ -217,7 +217,7 @@ def run_as_nobody(config: Path, transport: str) -> dict:
         "try:\n"
         "    with Client(sys.argv[1], transport=sys.argv[2]) as c:\n"
         "        c.read('auth/x')\n"
-        "        kinds = sorted({k.transport for k in c._client._conns.values()})\n"
+        "        kinds = sorted({k.transport for k in c._client.session.conns.values()})\n"
         "        print(json.dumps({'ok': True, 'kinds': kinds}))\n"
         "except Exception as exc:\n"
         "    print(json.dumps({'ok': False, 'error': f'{type(exc).__name__}: {exc}'}))\n"
@@ -328,7 +328,7 @@ def test_staged_data_out_of_range_or_over_tcp_changes_nothing(cluster: Cluster) 
             async with AsyncClient(
                 cluster.config_path, transport=conn_kind, shared_memory=region
             ) as ac:
-                conn = await ac._connection(primary)
+                conn = await ac.session.connection(primary)
                 # Past the end of the 16 MiB staging area; with a region, from
                 # inside it past its end.
                 where = 1 << 40
@@ -362,7 +362,7 @@ def test_attach_and_detach_leak_no_descriptors(cluster: Cluster, with_region: bo
         for _ in range(20):
             async with AsyncClient(cluster.config_path, transport="shm", shared_memory=region) as c:
                 await c.hello(node)
-                assert c._conns[node.name].bulk.shared is region
+                assert c.session.conns[node.name].bulk.shared is region
 
     trio.run(attach_many)
     before = fds()
@@ -407,7 +407,7 @@ def test_long_data_dir_paths_work(tmp_path: Path) -> None:
 def test_shm_connection_class_is_what_auto_picks(cluster: Cluster) -> None:
     async def pick() -> type:
         async with AsyncClient(cluster.config_path) as c:
-            return type((await c._connection(cluster.config.node("n2"))).bulk)
+            return type((await c.session.connection(cluster.config.node("n2"))).bulk)
 
     assert trio.run(pick) is SharedMemory
 
@@ -494,7 +494,7 @@ def test_staging_of_a_failed_request_is_never_reused(cluster: Cluster, monkeypat
 
     async def run() -> tuple[int, str]:
         async with AsyncClient(cluster.config_path, transport="shm") as c:
-            conn = await c._connection(node)
+            conn = await c.session.connection(node)
             assert isinstance(conn.bulk, SharedMemory)
             monkeypatch.setattr(FramedConnection, "exchange", broken_after_send)
             with pytest.raises(StreamBroken):

@@ -1,4 +1,4 @@
-"""Update ids and whole-write stamps (irdma/routing.py) differ between clients whatever
+"""Update ids and whole-write stamps (irdma/client/routing.py) differ between clients whatever
 the application does to Python's ``random``.
 
 Training scripts seed ``random`` alike on every rank (``random.seed(0)``,
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from irdma import Client
-from irdma.routing import new_stamp, new_txn
+from irdma.client.routing import new_stamp, new_txn
 
 from .conftest import Cluster, make_cluster
 

@@ -10,7 +10,7 @@ differs (``BlockingWaits``).
 Waits happen in the calling thread (``poll`` with the client's timeout).
 
 Within one call that fans out (the shards of a large tensor), the shell
-(``irdma.shells.take_turns``) runs the requests to different daemons
+(``irdma.client.shells.take_turns``) runs the requests to different daemons
 together in this thread. A request yields ``Sent`` once its frame is out
 (so the other daemons get theirs before any answer is read), ``Busy``
 while another request of the same call has this connection (one request
@@ -115,7 +115,7 @@ def _yield(token: Token) -> Generator[Token, None, None]:
 
 
 class _FanOut(threading.local):
-    depth = 0  # fan-outs (``irdma.shells.take_turns``) running in this thread
+    depth = 0  # fan-outs (``irdma.client.shells.take_turns``) running in this thread
 
 
 _FAN_OUT = _FanOut()

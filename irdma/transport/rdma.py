@@ -73,6 +73,7 @@ from .base import (
     for_this_task,
 )
 from .direct import TRIES as DIRECT_TRIES
+from .direct import DirectReader
 from .shm import directory_of
 from .staging import StagingArea
 from .tcp import SOCKET, FramedConnection
@@ -513,6 +514,8 @@ class RdmaPath:
     answers, pushes RDMA WRITEs into the daemon's staging block then STAGED."""
 
     transport = "rdma"
+    # No arena mapped here: one-sided reads are RDMA READs (``read_direct``).
+    directory: DirectReader | None = None
 
     def __init__(self, peer: str, timeout: float) -> None:
         self.peer = peer

@@ -14,7 +14,7 @@ import os
 import socket as stdsocket
 import struct
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import trio
 
@@ -48,6 +48,11 @@ from .base import (
     translate_socket_error,
     translate_socket_errors,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .direct import DirectReader
 
 # Error messages from a daemon are bounded; anything longer is a broken peer.
 MAX_REPLY_DATA = 16 << 20
@@ -87,7 +92,7 @@ class FramedSocket:
     through the scheduler (trio's socket wrappers add two per call);
     ``YIELD_EVERY`` keeps that fair. How it waits is ``waits``: under trio
     (the default, for the daemon and ``AsyncClient``) or in the calling
-    thread (``irdma.shells.BlockingWaits``, for the blocking ``Client``).
+    thread (``irdma.client.shells.BlockingWaits``, for the blocking ``Client``).
     """
 
     def __init__(self, sock: stdsocket.socket, peer: str = "", waits: Waits | None = None) -> None:
@@ -329,12 +334,29 @@ class BulkPath(Protocol[_Conn]):
     (``rdma.RdmaPath``). A FramedConnection has one and may switch it."""
 
     transport: str
+    # The daemon's arena mapped in this process (shm): one-sided reads that copy
+    # on any thread; None where the path has none.
+    directory: DirectReader | None
 
     async def request(
         self, conn: _Conn, header: Header, payload: Sequence[Buffer], sink: Sink | None
     ) -> Reply:
         """Send one request (placing its payload where this path puts it) via
         ``conn.exchange`` and return the answer."""
+
+    async def read_direct(
+        self,
+        conn: _Conn,
+        key: int,
+        layout: int,
+        index: int,
+        offset: int,
+        out: np.ndarray,
+        min_version: int = 0,
+    ) -> tuple[int, int, int] | None:
+        """One-sided: the shard's bytes into ``out`` without a message to the daemon,
+        and (version, stamp, previous copy's stamp); None when the daemon must
+        answer (or this path cannot read one-sided)."""
 
     async def receive(self, conn: _Conn, header: Header, sink: Sink) -> bool:
         """Hand a successful answer's payload to ``sink``. True: the bytes are not
@@ -351,11 +373,24 @@ class SocketPath:
     """Bulk data travels with its frames on the socket (TCP)."""
 
     transport = "tcp"
+    directory: DirectReader | None = None  # no daemon memory reachable from here
 
     async def request(
         self, conn: Exchanger, header: Header, payload: Sequence[Buffer], sink: Sink | None
     ) -> Reply:
         return await conn.exchange(header, payload, sink)
+
+    async def read_direct(
+        self,
+        conn: Exchanger,
+        key: int,
+        layout: int,
+        index: int,
+        offset: int,
+        out: np.ndarray,
+        min_version: int = 0,
+    ) -> None:
+        return None  # every read asks the daemon
 
     async def receive(self, conn: Exchanger, header: Header, sink: Sink) -> bool:
         await sink.receive(conn.stream, header)

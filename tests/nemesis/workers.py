@@ -33,10 +33,10 @@ import numpy as np
 import trio
 
 from irdma import AsyncClient, Client
+from irdma.client.sinks import IntoSink
 from irdma.cluster import load_config
 from irdma.errors import DaemonError, IrdmaError
 from irdma.protocol import Header, Op, Status, tensor_key
-from irdma.sinks import IntoSink
 from tests.nemesis.history import HistoryWriter, Record
 from tests.nemesis.workload import (
     ACC_ELEMENTS,
@@ -79,15 +79,22 @@ class Recorder:
 
     def __init__(self, client: Client) -> None:
         router = client._client._router
-        self._inner = router.request
-        router.request = self._request
+        # The router's requests go through this (its ``routing.Requests``).
+        self._inner = router.requests
+        router.requests = self
         self.attempts: list[Attempt] = []
 
-    async def _request(self, node: Any, header: Header, payload: Any, sink: Any) -> Any:
+    def now(self) -> float:
+        return self._inner.now()
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+    async def request(self, node: Any, header: Header, payload: Any = (), sink: Any = None) -> Any:
         attempt = Attempt(node.name, header.key, header.shard, "error")
         self.attempts.append(attempt)
         try:
-            reply = await self._inner(node, header, payload, sink)
+            reply = await self._inner.request(node, header, payload, sink)
         except DaemonError as exc:
             attempt.status = Status(exc.status).name
             raise
@@ -343,7 +350,9 @@ async def _copies(config_path: str) -> dict[str, Any]:
                     buf = bytearray(nbytes)
                     header = Header(op=Op.READ, key=meta.key, shard=index, size=nbytes)
                     try:
-                        reply = await client._request(node, header, sink=IntoSink(memoryview(buf)))
+                        reply = await client.session.request(
+                            node, header, sink=IntoSink(memoryview(buf))
+                        )
                     except IrdmaError as exc:
                         copies[node.name] = {"error": f"{type(exc).__name__}: {exc}"}
                         continue

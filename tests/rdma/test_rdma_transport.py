@@ -39,7 +39,7 @@ CASES = [
 
 def connections(client: Client | AsyncClient) -> list:
     inner = client._client if isinstance(client, Client) else client
-    return list(inner._conns.values())
+    return list(inner.session.conns.values())
 
 
 def data_segments(conn) -> tuple[int, int]:
@@ -310,7 +310,7 @@ async def test_forged_stale_and_out_of_range_keys_are_refused(rdma_cluster: Clus
         node = c.config.primary_for(tensor_key("keys/victim"), 0)
 
         async def link():  # type: ignore[no-untyped-def]
-            conn = await c._connection(node)
+            conn = await c.session.connection(node)
             assert isinstance(conn.bulk, RdmaPath) and conn.bulk.link is not None
             return conn, conn.bulk.link
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
 
-from .errors import StampGone, StampPending, TornRead
+from ..errors import StampGone, StampPending, TornRead
 from .ranges import Piece
 
 # Rounds without progress a read of several shards makes to get them all from

@@ -13,15 +13,42 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
-from .cluster import ClusterConfig, Node
-from .errors import FAILOVER_STATUSES, DaemonError, DaemonUnavailable
-from .protocol import NO_WORKER, Header, Status
-from .protocol.messages import Read, Stat, Update
-from .transport.base import Buffer, Reply, Sink
+from ..cluster import ClusterConfig, Node
+from ..errors import FAILOVER_STATUSES, DaemonError, DaemonUnavailable
+from ..protocol import NO_WORKER, Header, Status
+from ..protocol.messages import Read, Stat, Update
+from ..transport.base import Buffer, Reply, Sink
+from .retry import failover_pause, patience
 
-Request = Callable[[Node, Header, Sequence[Buffer], Sink | None], Awaitable[Reply]]
+
+class Requests(Protocol):
+    """What the router asks of the client's session (``session.Session``)."""
+
+    async def request(
+        self, node: Node, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
+    ) -> Reply:
+        """One request to one daemon: raises DaemonUnavailable, DaemonTimeout or a
+        DaemonError."""
+
+    def now(self) -> float:
+        """The shell's clock."""
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+def several_copies(config: ClusterConfig) -> bool:
+    """Whether each shard is kept on more than one daemon (a read may go to any of
+    them; losing one daemon loses no shard)."""
+    return config.replicas > 1
+
+
+def fails_over(config: ClusterConfig) -> bool:
+    """Whether requests fail over and updates carry txns: the daemons replicate
+    (several copies, or members that can change under an etcd epoch)."""
+    return config.replicated
 
 
 def asks_primary(update: bool, worker_field: int) -> bool:
@@ -77,23 +104,14 @@ def _with_version(msg: Read, version: int) -> Read:
 class Router:
     """Replica choice and failover for one client.
 
-    ``request`` sends one request to one daemon (raising DaemonUnavailable,
-    DaemonTimeout or a DaemonError); ``now`` and ``sleep`` are the shell's.
+    Requests go through ``requests`` (the client's session), whose clock and
+    sleeps are the shell's.
     """
 
-    def __init__(
-        self,
-        config: ClusterConfig,
-        timeout: float,
-        request: Request,
-        now: Callable[[], float],
-        sleep: Callable[[float], Awaitable[None]],
-    ) -> None:
+    def __init__(self, config: ClusterConfig, timeout: float, requests: Requests) -> None:
         self.config = config
         self.timeout = timeout
-        self.request = request
-        self.now = now
-        self.sleep = sleep
+        self.requests = requests
         # With replicas: the highest version of each (key, shard) this client
         # saw acknowledged or read, so no replica serves it anything older.
         self.seen_versions: dict[tuple[int, int], int] = {}
@@ -105,14 +123,13 @@ class Router:
 
     @property
     def patience(self) -> float:
-        """Seconds a request may keep failing over: the client timeout plus two failure
-        detections (time for the cluster to notice a dead primary, or a new epoch)."""
-        return self.timeout + 2 * self.config.failure_detection
+        """Seconds a request may keep failing over (``retry.patience``)."""
+        return patience(self.timeout, self.config.failure_detection)
 
     @property
-    def replicated(self) -> bool:
-        """Whether requests fail over (several copies, or an epoch that can change)."""
-        return self.config.replicated
+    def fails_over(self) -> bool:
+        """Whether requests fail over (``fails_over``)."""
+        return fails_over(self.config)
 
     def seen(self, key: int, shard: int) -> int:
         """The highest version of the shard this client saw (0: none)."""
@@ -132,7 +149,7 @@ class Router:
 
     def failed(self, node: Node) -> None:
         """``node`` did not answer: prefer the other replicas for a while."""
-        self.failed_at[node.name] = self.now()
+        self.failed_at[node.name] = self.requests.now()
 
     def candidates(
         self, key: int, shard: int, update: bool, load: dict[str, int] | None = None
@@ -154,7 +171,7 @@ class Router:
             self._spread += 1
             start = self._spread % len(replicas)
         order = replicas[start:] + replicas[:start]
-        now = self.now()
+        now = self.requests.now()
         recent = self.patience
         healthy = [n for n in order if now - self.failed_at.get(n.name, -1e9) > recent]
         if load is not None:
@@ -186,12 +203,12 @@ class Router:
         the client timeout plus two failure timeouts (time for the cluster
         to notice a dead primary) with the last error.
         """
-        if not self.replicated:
+        if not self.fails_over:
             node = self.config.primary_for(key, shard)
-            return await self.request(node, msg.frame(length), payload, sink)
+            return await self.requests.request(node, msg.frame(length), payload, sink)
         worker = NO_WORKER if isinstance(msg, Stat) else msg.worker
         candidates = candidates or self.candidates(key, shard, asks_primary(update, worker))
-        deadline = self.now() + self.patience
+        deadline = self.requests.now() + self.patience
         attempt = 0
         last: Exception | None = None
         while True:
@@ -199,7 +216,7 @@ class Router:
             if track and isinstance(msg, Read):
                 msg = _with_version(msg, self.seen(key, shard))
             try:
-                reply = await self.request(node, msg.frame(length), payload, sink)
+                reply = await self.requests.request(node, msg.frame(length), payload, sink)
             except DaemonUnavailable as exc:
                 self.failed(node)
                 # A daemon's own refusal says more than another's silence.
@@ -220,9 +237,9 @@ class Router:
                     self.failed_at.pop(node.name, None)
                 return reply
             attempt += 1
-            if self.now() >= deadline:
+            if self.requests.now() >= deadline:
                 assert last is not None
                 raise last
             if attempt % len(candidates) == 0:
                 # A whole round failed: give the cluster time to fail over.
-                await self.sleep(min(0.1 * (attempt // len(candidates)), 0.5))
+                await self.requests.sleep(failover_pause(attempt // len(candidates)))

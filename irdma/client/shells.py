@@ -1,8 +1,8 @@
 """The two shells the client's core runs in: under trio, or in the calling thread.
 
-The core (``irdma.client.AsyncClient``: routing, failover, read-your-writes,
-the metadata cache, batching) is written once, as ``async`` code that does
-all its waiting, timing and concurrency through its shell:
+The core (``irdma.client``: routing, failover, read-your-writes, the metadata
+cache, batching) is written once, as ``async`` code that does all its
+waiting, timing and concurrency through its shell:
 
 - ``TrioShell`` (``AsyncClient``): connections with a reader task each in
   the client's nursery, many requests in flight on each.
@@ -26,14 +26,15 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import trio
 
-from .cluster import Node
-from .errors import ClientClosed
-from .transport.base import Connection, StreamBroken, StreamTimeout
-from .transport.blocking import (
+from ..cluster import ClusterConfig, Node
+from ..errors import ClientClosed
+from ..transport.base import Connection, StreamBroken, StreamTimeout
+from ..transport.blocking import (
     BlockingConnection,
     BlockingWaits,
     Busy,
@@ -45,17 +46,28 @@ from .transport.blocking import (
     in_fan_out,
     timed_out,
 )
-from .transport.select import open_blocking_connection, open_connection
-
-if TYPE_CHECKING:
-    from .client import AsyncClient
+from ..transport.select import open_blocking_connection, open_connection
+from ..transport.shared import SharedRegion
 
 T = TypeVar("T")
 Call = Callable[[], Awaitable[Any]]
 
 
+@dataclass(frozen=True, slots=True)
+class Dialing:
+    """How a shell opens a connection to a daemon: one client's settings."""
+
+    config: ClusterConfig
+    forced: str  # the transport asked for ("auto": chosen per daemon)
+    timeout: float
+    secret: bytes | None
+    shared: SharedRegion | None
+
+
 class Shell(Protocol):
-    """What the client's core asks of the shell it runs in (its clock is ``client._now``)."""
+    """What the client's core asks of the shell it runs in."""
+
+    def now(self) -> float: ...
 
     async def sleep(self, seconds: float) -> None: ...
 
@@ -110,12 +122,13 @@ _UNSET = object()  # a gather's result not given yet
 class TrioShell:
     """``AsyncClient``'s shell: trio's clock, sleeps, nurseries and connections."""
 
-    def __init__(self, client: AsyncClient, nursery: trio.Nursery) -> None:
-        self.client = client
+    def __init__(self, dialing: Dialing, nursery: trio.Nursery) -> None:
+        self.dialing = dialing
         self.nursery = nursery
         self.conns: dict[str, Connection] = {}
         self._connecting: dict[str, trio.Lock] = defaultdict(trio.Lock)
 
+    now = staticmethod(trio.current_time)
     sleep = staticmethod(trio.sleep)
     gather = staticmethod(gather_under_trio)
 
@@ -130,17 +143,17 @@ class TrioShell:
         async with self._connecting[node.name]:
             conn = self.conns.get(node.name)
             if conn is None or conn.broken:
-                c = self.client
+                d = self.dialing
                 conn = await open_connection(
                     node,
                     self.nursery,
-                    forced=c.transport,
-                    timeout=c.timeout,
-                    shard_size=c.config.shard_size,
-                    secret=c._secret,
-                    rdma_gid_index=c.config.rdma_gid_index,
-                    rdma_mtu=c.config.rdma_mtu,
-                    shared=c.shared,
+                    forced=d.forced,
+                    timeout=d.timeout,
+                    shard_size=d.config.shard_size,
+                    secret=d.secret,
+                    rdma_gid_index=d.config.rdma_gid_index,
+                    rdma_mtu=d.config.rdma_mtu,
+                    shared=d.shared,
                 )
                 self.conns[node.name] = conn
             return conn
@@ -172,9 +185,8 @@ class _ThreadState(threading.local):
 class BlockingShell:
     """``Client``'s shell: the calling thread's clock, sleeps and connections."""
 
-    def __init__(self, client: AsyncClient) -> None:
-        self.client = client
-        client._now = time.monotonic
+    def __init__(self, dialing: Dialing) -> None:
+        self.dialing = dialing
         self._thread = _ThreadState()
         self._all: list[BlockingConnection] = []  # every thread's, for close()
         self._lock = threading.Lock()
@@ -184,13 +196,15 @@ class BlockingShell:
     def waits(self) -> BlockingWaits:
         waits = self._thread.waits
         if waits is None:
-            waits = self._thread.waits = BlockingWaits(self.client.timeout)
+            waits = self._thread.waits = BlockingWaits(self.dialing.timeout)
         return waits
 
     @property
     def conns(self) -> dict[str, BlockingConnection]:
         """This thread's connections, by daemon name."""
         return self._thread.conns
+
+    now = staticmethod(time.monotonic)
 
     async def sleep(self, seconds: float) -> None:
         if in_fan_out():  # the call's other requests go on meanwhile
@@ -246,14 +260,14 @@ class BlockingShell:
             del state.connecting[node.name]
 
     async def _open(self, node: Node) -> BlockingConnection:
-        c = self.client
+        d = self.dialing
         conn = await open_blocking_connection(
             node,
-            forced=c.transport,
+            forced=d.forced,
             waits=self.waits,
-            shard_size=c.config.shard_size,
-            secret=c._secret,
-            shared=c.shared,
+            shard_size=d.config.shard_size,
+            secret=d.secret,
+            shared=d.shared,
         )
         with self._lock:
             self._all = [k for k in self._all if not k.broken]

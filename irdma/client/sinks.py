@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .protocol import ENTRY_SIZE, BatchEntry, Header, ProtocolError, Status, unpack_entries
-from .protocol.messages import batch_count
-from .transport.base import ByteStream, Sink
+from ..protocol import ENTRY_SIZE, BatchEntry, Header, ProtocolError, Status, unpack_entries
+from ..protocol.messages import batch_count
+from ..transport.base import ByteStream, Sink
 
 
 class IntoSink(Sink):

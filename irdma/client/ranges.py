@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .protocol import TensorMeta
+from ..protocol import TensorMeta
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,64 @@
+"""Name resolution (irdma/client/lookup.py): which tensor a name stands for now.
+Real daemons; the lookup runs on a client's session with a router and cache of its own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import irdma
+from irdma.client import AsyncClient
+from irdma.client.cache import MetaCache
+from irdma.client.lookup import Lookup, merged_version
+from irdma.client.routing import Router
+from irdma.protocol import tensor_key
+
+from .conftest import Cluster
+
+
+def lookup_of(c: AsyncClient) -> Lookup:
+    return Lookup(c.session, Router(c.config, c.timeout, c.session), MetaCache())
+
+
+async def test_a_tensor_renamed_to_a_name_is_found_by_it(cluster: Cluster) -> None:
+    async with AsyncClient(cluster.config_path) as c:
+        await c.write("lk/a", np.arange(40_000, dtype=np.float32))
+        await c.rename("lk/a", "lk/b")
+        lookup = lookup_of(c)
+        found = await lookup.find("lk/b")
+        assert found is not None and found.name == "lk/b"
+        assert found.key == tensor_key("lk/a") != tensor_key("lk/b")  # it kept its key
+        assert await lookup.find("lk/a") is None
+        info = await lookup.stat("lk/b")
+        assert lookup.cache.get("lk/b") == info.meta == found
+        assert info.shape == (40_000,)
+        assert (await lookup.stat("lk/b", everywhere=True)).meta == info.meta
+        await c.delete("lk/b")
+
+
+async def test_a_missing_name_is_not_found_and_not_cached(cluster: Cluster) -> None:
+    async with AsyncClient(cluster.config_path) as c:
+        lookup = lookup_of(c)
+        for everywhere in (False, True):
+            with pytest.raises(irdma.TensorNotFound, match="lk/none"):
+                await lookup.stat("lk/none", everywhere=everywhere)
+        assert lookup.cache.get("lk/none") is None
+
+
+async def test_holdings_are_one_daemons_records_with_their_shard_versions(
+    cluster: Cluster,
+) -> None:
+    async with AsyncClient(cluster.config_path) as c:
+        await c.write("lk/held", np.arange(100_000, dtype=np.float32))  # 7 shards
+        lookup = lookup_of(c)
+        shards = 0
+        for node in c.config.nodes:
+            records = await lookup.holdings(node, "lk/held")
+            shards += sum(len(r["shards"]) for r in records)
+        assert shards == (await c.stat("lk/held")).num_shards
+        await c.delete("lk/held")
+
+
+def test_a_version_sums_the_newest_copy_of_each_shard() -> None:
+    records = [{"shards": {"0": 3, "1": 5}}, {"shards": {"0": 4}}, {"version": 2}]
+    assert merged_version(records) == 4 + 5 + 2
