@@ -12,7 +12,7 @@ results=$(mktemp -d /tmp/irdma-systemd-loop.XXXX)
 printf 'export IRDMA_GUEST_REPEAT=%d\nexec sh /src/tests/systemd/guest_run.sh\n' "$runs" \
     > "$results/cmd.sh"
 status=0
-GUEST_INIT=systemd QEMU_TIMEOUT=${QEMU_TIMEOUT:-$((900 + 150 * runs))} \
+VM_WAIT=${VM_WAIT:-3600} GUEST_INIT=systemd QEMU_TIMEOUT=${QEMU_TIMEOUT:-$((900 + 150 * runs))} \
     bash "$HERE/../rdma/vm.sh" run "$results" || status=$?
 grep -E "^\[checks .*(ok|FAILED) \(" "$results/guest.log" || true
 echo "results in $results"
