@@ -11,8 +11,8 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from functools import partial, wraps
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -24,8 +24,6 @@ from ..cluster.registry import current_epoch
 from ..devices import Transfers, is_device_array
 from ..errors import (
     ConfigError,
-    StaleLayout,
-    TensorNotFound,
 )
 from ..protocol import (
     Op,
@@ -41,14 +39,14 @@ from ..transport.base import (
 )
 from ..transport.select import forced_transport
 from ..transport.shared import SharedRegion
-from .arrays import as_stored_array, byte_view, check_out, delta_array, fits_out, shared_array
+from .arrays import as_stored_array, byte_view, check_out, delta_array, fits, shared_array
 from .batching import Batches
 from .cache import MetaCache
 from .datapath import DataPath
 from .lookup import Lookup, TensorInfo
 from .namespace import Namespace
 from .onesided import OneSidedReader
-from .retry import rerouted, with_fresh_meta
+from .retry import redefined, with_fresh_meta
 from .routing import Router
 from .session import Session
 
@@ -65,16 +63,6 @@ def shared_region(value: int | str | SharedRegion | None) -> SharedRegion | None
     except ValueError as exc:
         raise ConfigError(f"shared_memory: {exc}") from None
     return SharedRegion(size) if size else None
-
-
-def _epoch_rerouted(method: Callable[..., Any]) -> Callable[..., Any]:
-    """An operation over several daemons, run again when the cluster's epoch changed."""
-
-    @wraps(method)
-    async def run(self: AsyncClient, *args: Any, **kwargs: Any) -> Any:
-        return await self._rerouted(lambda: method(self, *args, **kwargs))
-
-    return run
 
 
 class AsyncClient:
@@ -189,9 +177,6 @@ class AsyncClient:
         """How this client reaches ``node`` ("tcp", "shm" or "rdma"); None before it connects."""
         return self.session.transport_of(node)
 
-    async def _rerouted(self, fn: Callable[[], Awaitable[T]]) -> T:
-        return await rerouted(self.session, self._router.patience, fn)
-
     # -- metadata ---------------------------------------------------------
 
     async def hello(self, node: Node) -> dict[str, Any]:
@@ -209,7 +194,6 @@ class AsyncClient:
         """
         return await self._lookup.holdings(node, prefix)
 
-    @_epoch_rerouted
     async def create(
         self,
         name: str,
@@ -243,7 +227,6 @@ class AsyncClient:
         """
         return await self._lookup.stat_rerouted(name, everywhere=everywhere)
 
-    @_epoch_rerouted
     async def list(self, prefix: str = "", *, limit: int = 0) -> builtins.list[TensorInfo]:
         """Every tensor whose name starts with ``prefix``, sorted by name; only the
         first ``limit`` of them if it is not 0 (``limit=1``: is there any?).
@@ -253,12 +236,10 @@ class AsyncClient:
         replicas."""
         return await self._namespace.list(prefix, limit=limit)
 
-    @_epoch_rerouted
     async def delete(self, name: str) -> None:
         """Delete a tensor from every daemon; raises TensorNotFound if none had it."""
         await self._namespace.delete(name)
 
-    @_epoch_rerouted
     async def rename(self, old: str, new: str, *, replace: bool = False) -> TensorInfo:
         """Give tensor ``old`` the name ``new``; its bytes do not move.
 
@@ -322,7 +303,7 @@ class AsyncClient:
             return out if land is None else land()
         code = narrowing.wire_code(wire)
         cached = self._cache.get(name)
-        if out is not None and cached is not None and not fits_out(cached, out):
+        if out is not None and cached is not None and not fits(cached, out.dtype, out.shape):
             # Another process may have redefined the tensor to what ``out`` is:
             # ask before calling it a mismatch.
             self._cache.drop(name)
@@ -387,31 +368,13 @@ class AsyncClient:
         with a tensor this call creates.
         """
         arr = as_stored_array(self.transfers.source(array))
-        meta = self._cache.get(name)
-        shard_size = meta.shard_size if meta else self.config.shard_size
         buf = byte_view(arr)
-
-        async def define() -> TensorMeta:
-            info = await self.create(
-                name,
-                arr.shape,
-                arr.dtype,
-                exist_ok=True,
-                replace=replace,
-                shard_size=shard_size,
-                options=options,
-                mode=mode,
-            )
-            return info.meta
-
-        # A cached tensor of this dtype and shape was checked when it was defined.
-        if meta is None or replace or meta.np_dtype != arr.dtype or meta.shape != arr.shape:
-            meta = await define()
-        try:
-            await self._data.move(Op.WRITE, meta, 0, buf, progress=progress)
-        except (StaleLayout, TensorNotFound):
-            self._cache.drop(name)
-            await self._data.move(Op.WRITE, await define(), 0, buf, progress=progress)
+        d = self._namespace.definition(
+            name, arr, keep_shard_size=True, replace=replace, options=options, mode=mode
+        )
+        move = partial(self._data.move, Op.WRITE, offset=0, buf=buf, progress=progress)
+        again = partial(self._namespace.redefine, d)
+        await redefined(await self._namespace.defined(d), again, move)
 
     async def write_bytes(self, name: str, offset: int, data: Buffer) -> None:
         """Overwrite raw bytes at ``offset`` of an existing tensor."""
@@ -484,16 +447,10 @@ class AsyncClient:
     async def write_many(self, arrays: Mapping[str, Any]) -> None:
         """Write many tensors (creating new ones) with one batch frame per daemon."""
         arrs = {n: as_stored_array(self.transfers.source(a)) for n, a in arrays.items()}
-        metas: dict[str, TensorMeta] = {}
-
-        async def ensure(name: str, arr: np.ndarray) -> None:
-            meta = self._cache.get(name)
-            if meta is None or meta.dtype != arr.dtype.name or meta.shape != arr.shape:
-                meta = (await self.create(name, arr.shape, arr.dtype, exist_ok=True)).meta
-            metas[name] = meta
-
-        await self.session.gather(partial(ensure, n, a) for n, a in arrs.items())
-        await self._batches.run(Op.WRITE_BATCH, [(metas[n], byte_view(a)) for n, a in arrs.items()])
+        defs = [self._namespace.definition(n, a) for n, a in arrs.items()]
+        metas = await self.session.gather(partial(self._namespace.defined, d) for d in defs)
+        bufs = [byte_view(a) for a in arrs.values()]
+        await self._batches.run(Op.WRITE_BATCH, list(zip(metas, bufs, strict=True)))
 
     async def accumulate_many(
         self,

@@ -1,11 +1,13 @@
 """The client's retry policy: when a call is tried again, how long for, how it pauses.
 
-Three loops, each with its deadline and pauses here:
+The loops, each with its deadline and pauses here:
 
 - ``rerouted``: an operation over several daemons, run again while daemons
   say the cluster's epoch changed (StaleEpoch), for the ``patience``.
 - ``with_fresh_meta``: a data call whose cached layout was stale, run again
   with fresh metadata (StaleLayout, TensorNotFound), within the timeout.
+- ``redefined``: a write that defined its tensor, run once more on a tensor
+  defined again when the layout it went by was stale.
 - failover (``routing.Router.on_replicas``): one shard's request tried on its
   other replicas, for the ``patience``, pausing after each round
   (``failover_pause``).
@@ -99,3 +101,17 @@ async def with_fresh_meta(
             elif clock.now() > deadline:
                 raise
             meta = fresh
+
+
+async def redefined(
+    meta: TensorMeta,
+    redefine: Callable[[], Awaitable[TensorMeta]],
+    fn: Callable[[TensorMeta], Awaitable[T]],
+) -> T:
+    """Run ``fn(meta)``, a write that defined its tensor (or found it defined); if the
+    layout was stale (the tensor was redefined or deleted meanwhile), ``redefine``
+    the tensor and run once more."""
+    try:
+        return await fn(meta)
+    except (StaleLayout, TensorNotFound):
+        return await fn(await redefine())
