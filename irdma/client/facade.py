@@ -13,7 +13,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import trio
@@ -22,36 +22,25 @@ from .. import narrowing
 from ..cluster import ClusterConfig, Node, load_config, parse_size
 from ..cluster.registry import current_epoch
 from ..devices import Transfers, is_device_array
-from ..errors import (
-    ConfigError,
-)
-from ..protocol import (
-    Op,
-    TensorMeta,
-    decode_json,
-)
-from ..protocol.messages import (
-    Hello,
-)
+from ..errors import ConfigError
+from ..protocol import Op, decode_json
+from ..protocol.messages import Hello
 from ..training.modes import Mode
-from ..transport.base import (
-    Buffer,
-)
+from ..transport.base import Buffer
 from ..transport.select import forced_transport
 from ..transport.shared import SharedRegion
-from .arrays import as_stored_array, byte_view, check_out, delta_array, fits, shared_array
+from .arrays import as_stored_array, byte_view, delta_array, shared_array
 from .batching import Batches
 from .cache import MetaCache
 from .datapath import DataPath
 from .lookup import Lookup, TensorInfo
 from .namespace import Namespace
 from .onesided import OneSidedReader
-from .retry import redefined, with_fresh_meta
+from .retry import redefined
 from .routing import Router
 from .session import Session
 
 Progress = Callable[[int], None]
-T = TypeVar("T")
 
 
 def shared_region(value: int | str | SharedRegion | None) -> SharedRegion | None:
@@ -255,13 +244,6 @@ class AsyncClient:
 
     # -- data ---------------------------------------------------------------
 
-    async def _with_fresh_meta(self, name: str, fn: Callable[[TensorMeta], Any]) -> Any:
-        """Run ``fn(meta)``; if the cached layout was stale, refresh it and run again
-        (``retry.with_fresh_meta``)."""
-        meta = await self._lookup.meta_for(name)
-        refresh = partial(self._lookup.fresh_meta, name)
-        return await with_fresh_meta(self.session, self.timeout, meta, refresh, fn)
-
     def read_now(self, name: str, out: np.ndarray | None = None) -> np.ndarray | None:
         """Read a tensor (into ``out`` if given) one-sided without awaiting anything:
         a tensor of one shard whose layout this client knows, from a daemon this
@@ -302,35 +284,19 @@ class AsyncClient:
             assert out is not None  # a tensor, handed back as read() hands back out
             return out if land is None else land()
         code = narrowing.wire_code(wire)
-        cached = self._cache.get(name)
-        if out is not None and cached is not None and not fits(cached, out.dtype, out.shape):
-            # Another process may have redefined the tensor to what ``out`` is:
-            # ask before calling it a mismatch.
-            self._cache.drop(name)
-
-        async def go(meta: TensorMeta) -> np.ndarray:
-            arr = out
-            if arr is None:
-                arr = np.empty(meta.shape, dtype=meta.np_dtype)
-            else:
-                check_out(meta, arr)
-            await self._data.read_array(meta, arr, code, progress, worker, step)
-            return arr
-
-        return await self._with_fresh_meta(name, go)
+        if out is not None:
+            self._lookup.drop_unless_fits(name, out)
+        whole = partial(
+            self._data.read_whole, out=out, code=code, progress=progress, worker=worker, step=step
+        )
+        return await self._lookup.with_fresh_meta(name, whole)
 
     async def read_bytes(
         self, name: str, offset: int, size: int, out: Buffer | None = None
     ) -> memoryview:
         """Raw bytes ``[offset, offset+size)`` of a tensor (spanning shards as needed)."""
-
-        async def go(meta: TensorMeta) -> memoryview:
-            n = max(0, min(size, meta.nbytes - offset))
-            buf = memoryview(out if out is not None else bytearray(n)).cast("B")[:n]
-            await self._data.move(Op.READ, meta, offset, buf)
-            return buf
-
-        return await self._with_fresh_meta(name, go)
+        read = partial(self._data.read_bytes, offset=offset, size=size, out=out)
+        return await self._lookup.with_fresh_meta(name, read)
 
     async def read_range(self, name: str, offset: int, out: Buffer, at: int = 0) -> int:
         """Fill ``out`` with the tensor's bytes from ``offset``; return the stamp of the
@@ -341,14 +307,8 @@ class AsyncClient:
         one after another make up one version (TornRead once the daemons no
         longer hold it: the tensor was rewritten twice meanwhile).
         """
-
-        async def go(meta: TensorMeta) -> int:
-            buf = memoryview(out).cast("B")
-            n = max(0, min(len(buf), meta.nbytes - offset))
-            served = await self._data.move(Op.READ, meta, offset, buf[:n], at=at)
-            return served[0].stamp if served else 0
-
-        return await self._with_fresh_meta(name, go)
+        read = partial(self._data.read_range, offset=offset, out=out, at=at)
+        return await self._lookup.with_fresh_meta(name, read)
 
     async def write(
         self,
@@ -379,7 +339,8 @@ class AsyncClient:
     async def write_bytes(self, name: str, offset: int, data: Buffer) -> None:
         """Overwrite raw bytes at ``offset`` of an existing tensor."""
         buf = memoryview(data).cast("B")
-        await self._with_fresh_meta(name, lambda meta: self._data.move(Op.WRITE, meta, offset, buf))
+        move = partial(self._data.move, Op.WRITE, offset=offset, buf=buf)
+        await self._lookup.with_fresh_meta(name, move)
 
     async def accumulate(
         self,
@@ -405,11 +366,16 @@ class AsyncClient:
         delta = self.transfers.source(delta)
         code = narrowing.wire_code(wire)
         arr = delta_array(delta, code)
-
-        async def go(meta: TensorMeta) -> None:
-            await self._data.accumulate_array(meta, arr, alpha, code, progress, worker, step)
-
-        await self._with_fresh_meta(name, go)
+        add = partial(
+            self._data.accumulate_array,
+            arr=arr,
+            alpha=alpha,
+            code=code,
+            progress=progress,
+            worker=worker,
+            step=step,
+        )
+        await self._lookup.with_fresh_meta(name, add)
 
     # -- batched forms -------------------------------------------------------
 

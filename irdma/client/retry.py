@@ -18,7 +18,7 @@ A request itself is bounded by the client timeout (``session.Session.request``).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from ..errors import StaleEpoch, StaleLayout, TensorNotFound
 from ..protocol import TensorMeta
@@ -76,8 +76,8 @@ async def with_fresh_meta(
     timeout: float,
     meta: TensorMeta,
     refresh: Callable[[], Awaitable[TensorMeta]],
-    fn: Callable[[TensorMeta], Awaitable[Any]],
-) -> Any:
+    fn: Callable[[TensorMeta], Awaitable[T]],
+) -> T:
     """Run ``fn(meta)``; if the layout was stale, ``refresh`` it and run again.
 
     Again for as long as each refresh finds another tensor under the name
