@@ -11,9 +11,11 @@ import trio
 import trio.testing
 
 from irdma.client.retry import (
+    AGREE_PAUSE,
     EPOCH_PAUSE,
     FAILOVER_PAUSE_MAX,
     STALE_RETRIES,
+    agree_pause,
     failover_pause,
     patience,
     redefined,
@@ -145,3 +147,7 @@ def test_a_write_refused_as_stale_runs_once_more_on_the_tensor_defined_again() -
         assert (seen, redefinitions) == ([new], 2)
 
     run(main)
+
+
+def test_a_read_waiting_for_one_write_pauses_longer_each_round() -> None:
+    assert [agree_pause(r) for r in (1, 2, 3)] == [AGREE_PAUSE, 2 * AGREE_PAUSE, 3 * AGREE_PAUSE]

@@ -11,6 +11,11 @@ The loops, each with its deadline and pauses here:
 - failover (``routing.Router.on_replicas``): one shard's request tried on its
   other replicas, for the ``patience``, pausing after each round
   (``failover_pause``).
+- agreement (``agreement.agree``, ``settle_at``): a read's pieces read again
+  until they come from one whole-tensor write, within the timeout, for
+  ``AGREE_TRIES`` rounds without progress, the first ``AGREE_CHASE`` of them
+  waiting for a write in progress, pausing ``agree_pause`` (their rules on
+  which pieces to read again, and from which write, are ``agreement``'s).
 
 A request itself is bounded by the client timeout (``session.Session.request``).
 """
@@ -36,6 +41,13 @@ STALE_PAUSE = 0.002
 # round, at most FAILOVER_PAUSE_MAX (time for the cluster to fail over).
 FAILOVER_PAUSE = 0.1
 FAILOVER_PAUSE_MAX = 0.5
+# Rounds without progress a read of several shards makes to get them all from
+# one whole-tensor write before it gives up (TornRead); rounds it first spends
+# waiting for a write in progress to reach the pieces behind; the pause (times
+# the round) before it looks at those again.
+AGREE_TRIES = 16
+AGREE_CHASE = 4
+AGREE_PAUSE = 0.0005
 
 
 def patience(timeout: float, failure_detection: float) -> float:
@@ -48,6 +60,12 @@ def patience(timeout: float, failure_detection: float) -> float:
 def failover_pause(rounds: int) -> float:
     """The pause after ``rounds`` whole rounds of a shard's replicas failed."""
     return min(FAILOVER_PAUSE * rounds, FAILOVER_PAUSE_MAX)
+
+
+def agree_pause(rounds: int) -> float:
+    """The pause after ``rounds`` rounds in which a read's pieces waited for a write
+    to reach them (or to be had from its copy)."""
+    return AGREE_PAUSE * rounds
 
 
 class Clock(Protocol):
