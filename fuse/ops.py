@@ -837,7 +837,9 @@ class IrdmaOperations(pyfuse3.Operations):
             if writer is not None:
                 await self._push(writer)  # the rest of its data, to the name it has now
             await self._quiesce(src.target.name)  # this mount's readers have it whole
-            info = await self._c.rename(src.target.name, target.name, replace=True)
+            info: TensorInfo | None = await self._c.rename(
+                src.target.name, target.name, replace=True
+            )
         else:
             info = await self._store_as(src, target, writer, stored)
         if writer is not None:

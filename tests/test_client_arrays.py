@@ -10,11 +10,12 @@ from irdma.client.arrays import (
     byte_view,
     check_out,
     delta_array,
+    fits,
     narrowed_delta,
 )
 from irdma.errors import DtypeMismatch, ShapeMismatch
 from irdma.narrowing import wire_code
-from irdma.protocol import TensorMeta
+from irdma.protocol import DTYPE_CODES, TensorMeta
 
 M = TensorMeta("a/t", "float32", (2, 3), 4096)
 
@@ -54,3 +55,15 @@ def test_a_delta_travels_in_the_wire_dtype_chosen_for_it() -> None:
         narrowed_delta(M, np.zeros(6, np.float16), f16)
     with pytest.raises(DtypeMismatch):
         narrowed_delta(M, np.zeros((2, 3), np.float64), 0)
+
+
+def test_a_stored_array_fits_a_tensor_of_its_dtype_name_and_shape() -> None:
+    # write checked a cached layout by dtype, write_many by dtype name: one
+    # check (fits) serves both because a stored array's dtype is little-endian.
+    metas = [TensorMeta("a/t", name, (3,), 4096) for name in DTYPE_CODES]
+    for name in DTYPE_CODES:
+        for order in "<>=":
+            arr = as_stored_array(np.zeros(3, np.dtype(name).newbyteorder(order)))
+            for m in metas:
+                assert fits(m, arr.dtype, arr.shape) == (m.dtype == arr.dtype.name)
+                assert not fits(m, arr.dtype, (4,))

@@ -4,7 +4,9 @@ whole-tensor write that every piece of a read then names. Real daemons."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+import irdma
 from irdma.client import AsyncClient
 from irdma.client.datapath import DataPath
 from irdma.client.onesided import OneSidedReader
@@ -66,3 +68,27 @@ async def test_values_travel_narrowed_where_the_planner_lets_them(cluster: Clust
         await data.read_array(meta, out, 0)
         assert np.allclose(out, x + 2, atol=1e-6)
         await c.delete("dp/n")
+
+
+async def test_a_read_fills_out_or_a_new_array_and_stops_at_the_tensors_end(
+    cluster: Cluster,
+) -> None:
+    async with AsyncClient(cluster.config_path) as c:
+        x = np.arange(N, dtype=np.float32)
+        await c.write("dp/o", x)
+        meta = (await c.stat("dp/o")).meta
+        data = data_path_of(c)
+        assert np.array_equal(await data.read_whole(meta, None, 0), x)
+        out = np.empty(N, np.float32)
+        assert await data.read_whole(meta, out, 0) is out and np.array_equal(out, x)
+        with pytest.raises(irdma.DtypeMismatch, match="dp/o"):
+            await data.read_whole(meta, np.empty(N, np.float64), 0)
+        tail = await data.read_bytes(meta, meta.nbytes - 8, 100, None)  # cut at the end
+        assert bytes(tail) == x[-2:].tobytes()
+        into = bytearray(12)
+        assert len(await data.read_bytes(meta, 4, 8, into)) == 8 and into[:8] == x[1:3].tobytes()
+        served = await data.move(Op.WRITE, meta, 0, memoryview(x.view(np.uint8)))
+        part = bytearray(70_000)  # spans shards 0 and 1
+        assert await data.read_range(meta, 8, part, 0) == served[0].stamp
+        assert bytes(part) == x.view(np.uint8)[8 : 8 + 70_000].tobytes()
+        await c.delete("dp/o")

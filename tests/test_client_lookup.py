@@ -9,9 +9,11 @@ import pytest
 import irdma
 from irdma.client import AsyncClient
 from irdma.client.cache import MetaCache
+from irdma.client.datapath import DataPath
 from irdma.client.lookup import Lookup, merged_version
+from irdma.client.onesided import OneSidedReader
 from irdma.client.routing import Router
-from irdma.protocol import tensor_key
+from irdma.protocol import TensorMeta, tensor_key
 
 from .conftest import Cluster
 
@@ -62,3 +64,39 @@ async def test_holdings_are_one_daemons_records_with_their_shard_versions(
 def test_a_version_sums_the_newest_copy_of_each_shard() -> None:
     records = [{"shards": {"0": 3, "1": 5}}, {"shards": {"0": 4}}, {"version": 2}]
     assert merged_version(records) == 4 + 5 + 2
+
+
+async def test_a_data_call_with_a_stale_layout_runs_again_with_the_fresh_one(
+    cluster: Cluster,
+) -> None:
+    cfg = cluster.config_path
+    async with AsyncClient(cfg) as a, AsyncClient(cfg, transport="tcp") as b:
+        await a.write("lk/s", np.ones(10, np.float32))
+        router = Router(b.config, b.timeout, b.session)
+        lookup = Lookup(b.session, router, MetaCache())
+        data = DataPath(b.session, router, OneSidedReader(b.session, router))
+        seen: list[tuple[int, ...]] = []
+
+        async def read(meta: TensorMeta) -> np.ndarray:
+            seen.append(meta.shape)
+            return await data.read_whole(meta, None, 0)
+
+        assert np.array_equal(await lookup.with_fresh_meta("lk/s", read), np.ones(10))
+        await a.write("lk/s", np.full(20, 2, np.float32), replace=True)
+        got = await lookup.with_fresh_meta("lk/s", read)  # the cached (10,) is stale
+        assert seen == [(10,), (10,), (20,)]
+        assert np.array_equal(got, np.full(20, 2, np.float32))
+        await a.delete("lk/s")
+
+
+async def test_a_cached_layout_an_out_array_does_not_fit_is_dropped(cluster: Cluster) -> None:
+    async with AsyncClient(cluster.config_path) as c:
+        await c.write("lk/o", np.ones(10, np.float32))
+        lookup = lookup_of(c)
+        meta = await lookup.meta_for("lk/o")
+        lookup.drop_unless_fits("lk/o", np.empty(10, np.float32))
+        assert lookup.cache.get("lk/o") == meta
+        lookup.drop_unless_fits("lk/o", np.empty(10, np.float64))
+        assert lookup.cache.get("lk/o") is None
+        lookup.drop_unless_fits("lk/o", np.empty(5, np.float32))  # none cached: no error
+        await c.delete("lk/o")

@@ -65,3 +65,43 @@ async def test_a_bad_name_or_prefix_is_refused_before_anything_is_sent(cluster: 
             await ns.list("", limit=-1)
         with pytest.raises(ValueError):
             ns.meta_of("", 1, np.float32, None, None, None)
+
+
+async def test_a_write_goes_by_the_cached_layout_when_it_fits_and_defines_it_else(
+    cluster: Cluster,
+) -> None:
+    async with AsyncClient(cluster.config_path) as c:
+        ns = namespace_of(c)
+        arr = np.ones(100, np.float32)
+        d = ns.definition("ns/d", arr)
+        assert (d.cached, d.shard_size) == (None, None)
+        meta = await ns.defined(d)  # nothing cached: created
+        assert meta.shard_size == c.config.shard_size and ns.cache.get("ns/d") == meta
+        again = ns.definition("ns/d", arr)
+        assert again.cached == meta and await ns.defined(again) is again.cached  # fits: kept
+        wider = ns.definition("ns/d", arr.astype(np.float64), replace=True)
+        assert (await ns.defined(wider)).dtype == "float64"
+        assert (await c.stat("ns/d")).dtype == "float64"
+        await c.delete("ns/d")
+
+
+async def test_write_keeps_the_cached_shard_size_and_write_many_asks_for_the_configs(
+    cluster: Cluster,
+) -> None:
+    async with AsyncClient(cluster.config_path) as a, AsyncClient(cluster.config_path) as b:
+        for name in ("ns/one", "ns/many"):
+            await a.create(name, 100, np.float32, shard_size=256)
+            await b.read(name)  # b caches float32 in shards of 256 bytes
+            await a.create(name, 100, np.float64, shard_size=256, replace=True)
+        # b's cached layout does not fit a float64 array: the tensor is defined
+        # again, in the cached shard size for write (the one there: accepted) ...
+        await b.write("ns/one", np.full(100, 2.0))
+        assert (await b.stat("ns/one")).shard_size == 256
+        assert np.array_equal(await a.read("ns/one"), np.full(100, 2.0))
+        # ... and in the config's for write_many, which the one there is not.
+        with pytest.raises(irdma.ShapeMismatch, match="shard size 256"):
+            await b.write_many({"ns/many": np.full(100, 3.0)})
+        await b.write_many({"ns/new": np.ones(3)})
+        assert (await b.stat("ns/new")).shard_size == b.config.shard_size
+        for name in ("ns/one", "ns/many", "ns/new"):
+            await a.delete(name)

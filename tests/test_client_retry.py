@@ -11,11 +11,14 @@ import trio
 import trio.testing
 
 from irdma.client.retry import (
+    AGREE_PAUSE,
     EPOCH_PAUSE,
     FAILOVER_PAUSE_MAX,
     STALE_RETRIES,
+    agree_pause,
     failover_pause,
     patience,
+    redefined,
     rerouted,
     with_fresh_meta,
 )
@@ -110,3 +113,41 @@ def test_failover_pauses_grow_with_each_round_up_to_a_bound() -> None:
 
 def test_patience_is_the_timeout_and_two_failure_detections() -> None:
     assert patience(2.0, 0.5) == 3.0
+
+
+def test_a_write_refused_as_stale_runs_once_more_on_the_tensor_defined_again() -> None:
+    old, new = meta((8,)), meta((16,))
+    seen: list[TensorMeta] = []
+    redefinitions = 0
+
+    async def redefine() -> TensorMeta:
+        nonlocal redefinitions
+        redefinitions += 1
+        return new
+
+    async def write(m: TensorMeta) -> int:
+        seen.append(m)
+        if m is old:
+            raise StaleLayout("redefined by another client")
+        return m.shape[0]
+
+    async def always_stale(m: TensorMeta) -> None:
+        seen.append(m)
+        raise TensorNotFound("deleted again")
+
+    async def main() -> None:
+        assert await redefined(old, redefine, write) == 16
+        assert (seen, redefinitions) == ([old, new], 1)
+        seen.clear()
+        with pytest.raises(TensorNotFound):
+            await redefined(old, redefine, always_stale)
+        assert (seen, redefinitions) == ([old, new], 2)  # once more only
+        seen.clear()
+        assert await redefined(new, redefine, write) == 16  # not stale: as it is
+        assert (seen, redefinitions) == ([new], 2)
+
+    run(main)
+
+
+def test_a_read_waiting_for_one_write_pauses_longer_each_round() -> None:
+    assert [agree_pause(r) for r in (1, 2, 3)] == [AGREE_PAUSE, 2 * AGREE_PAUSE, 3 * AGREE_PAUSE]

@@ -14,7 +14,9 @@ its bytes have already replaced the old ones in the buffer.
 
 No I/O here: the caller passes how to read one piece again (``Reread``) and
 how to run calls (``Runner``), so the rules are tested with a model of the
-daemons (``tests/test_agreement.py``).
+daemons (``tests/test_agreement.py``). How many rounds, for how long and with
+what pauses are the retry policy's (``retry.AGREE_TRIES``, ``AGREE_CHASE``,
+``agree_pause``; the client timeout).
 """
 
 from __future__ import annotations
@@ -27,14 +29,7 @@ from typing import Any, NamedTuple
 
 from ..errors import StampGone, StampPending, TornRead
 from .ranges import Piece
-
-# Rounds without progress a read of several shards makes to get them all from
-# one whole-tensor write before it gives up (TornRead); rounds it first spends
-# waiting for a write in progress to reach the pieces behind; the pause (times
-# the round) before it looks at those again.
-AGREE_TRIES = 16
-AGREE_CHASE = 4
-AGREE_PAUSE = 0.0005
+from .retry import AGREE_CHASE, AGREE_TRIES, agree_pause
 
 
 class Served(NamedTuple):
@@ -108,7 +103,7 @@ async def agree(
             chased += 1
             again = await run.gather([partial(now_, i) for i in behind])
             if again == [served[i] for i in behind]:
-                await run.sleep(AGREE_PAUSE * chased)  # the writer is not there yet
+                await run.sleep(agree_pause(chased))  # the writer is not there yet
             _record(served, behind, again)
             continue
         kept = {t for t in stamps if all(t in (s.stamp, s.prev) for s in served)}
@@ -166,5 +161,5 @@ async def settle_at(
                 "half-way?); read it again"
             )
         pause += 1
-        await run.sleep(AGREE_PAUSE * pause)
+        await run.sleep(agree_pause(pause))
     return served

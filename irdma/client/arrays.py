@@ -48,8 +48,10 @@ def byte_view(arr: np.ndarray) -> memoryview:
     return arr.reshape(-1).view(np.uint8).data
 
 
-def fits_out(meta: TensorMeta, out: np.ndarray) -> bool:
-    return out.dtype == meta.np_dtype and out.shape == meta.shape
+def fits(meta: TensorMeta, dtype: np.dtype, shape: tuple[int, ...]) -> bool:
+    """Whether an array of ``dtype`` and ``shape`` (a stored array's: little-endian)
+    is the tensor's dtype and shape."""
+    return dtype == meta.np_dtype and shape == meta.shape
 
 
 def check_out(meta: TensorMeta, out: np.ndarray) -> None:

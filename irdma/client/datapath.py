@@ -20,8 +20,9 @@ from ..errors import DaemonError
 from ..protocol import Op, TensorMeta
 from ..protocol.messages import Read, Update, served_stamps
 from ..sizes import PARALLEL_COPY_MIN
+from ..transport.base import Buffer
 from .agreement import Runner, Served, agree, settle_at
-from .arrays import byte_view, narrowed_delta
+from .arrays import byte_view, check_out, narrowed_delta
 from .onesided import OneSidedReader
 from .planner import Slice, Spread, slices, update_txn, whole_write_stamp, wire_for
 from .ranges import Piece
@@ -73,6 +74,43 @@ class DataPath:
             wire=wire,
         )
         narrowing.widen_into(held, wire, arr.reshape(-1))
+
+    async def read_whole(
+        self,
+        meta: TensorMeta,
+        out: np.ndarray | None,
+        code: int,
+        progress: Progress | None = None,
+        worker: int | None = None,
+        step: int = 0,
+    ) -> np.ndarray:
+        """``AsyncClient.read``: the whole tensor into ``out`` (checked against it) or
+        into a new array; that array."""
+        arr = out
+        if arr is None:
+            arr = np.empty(meta.shape, dtype=meta.np_dtype)
+        else:
+            check_out(meta, arr)
+        await self.read_array(meta, arr, code, progress, worker, step)
+        return arr
+
+    async def read_bytes(
+        self, meta: TensorMeta, offset: int, size: int, out: Buffer | None
+    ) -> memoryview:
+        """``AsyncClient.read_bytes``: bytes ``[offset, offset+size)``, into ``out`` if
+        given, cut at the tensor's end."""
+        n = max(0, min(size, meta.nbytes - offset))
+        buf = memoryview(out if out is not None else bytearray(n)).cast("B")[:n]
+        await self.move(Op.READ, meta, offset, buf)
+        return buf
+
+    async def read_range(self, meta: TensorMeta, offset: int, out: Buffer, at: int) -> int:
+        """``AsyncClient.read_range``: ``out`` filled from ``offset`` (up to the tensor's
+        end); the stamp of the whole-tensor write the bytes come from (0: none)."""
+        buf = memoryview(out).cast("B")
+        n = max(0, min(len(buf), meta.nbytes - offset))
+        served = await self.move(Op.READ, meta, offset, buf[:n], at=at)
+        return served[0].stamp if served else 0
 
     async def accumulate_array(
         self,

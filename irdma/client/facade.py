@@ -11,9 +11,9 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from functools import partial, wraps
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
+from typing import Any
 
 import numpy as np
 import trio
@@ -22,38 +22,25 @@ from .. import narrowing
 from ..cluster import ClusterConfig, Node, load_config, parse_size
 from ..cluster.registry import current_epoch
 from ..devices import Transfers, is_device_array
-from ..errors import (
-    ConfigError,
-    StaleLayout,
-    TensorNotFound,
-)
-from ..protocol import (
-    Op,
-    TensorMeta,
-    decode_json,
-)
-from ..protocol.messages import (
-    Hello,
-)
+from ..errors import ConfigError
+from ..protocol import Op, decode_json
+from ..protocol.messages import Hello
 from ..training.modes import Mode
-from ..transport.base import (
-    Buffer,
-)
+from ..transport.base import Buffer
 from ..transport.select import forced_transport
 from ..transport.shared import SharedRegion
-from .arrays import as_stored_array, byte_view, check_out, delta_array, fits_out, shared_array
+from .arrays import as_stored_array, byte_view, delta_array, shared_array
 from .batching import Batches
 from .cache import MetaCache
 from .datapath import DataPath
 from .lookup import Lookup, TensorInfo
 from .namespace import Namespace
 from .onesided import OneSidedReader
-from .retry import rerouted, with_fresh_meta
+from .retry import redefined
 from .routing import Router
 from .session import Session
 
 Progress = Callable[[int], None]
-T = TypeVar("T")
 
 
 def shared_region(value: int | str | SharedRegion | None) -> SharedRegion | None:
@@ -65,16 +52,6 @@ def shared_region(value: int | str | SharedRegion | None) -> SharedRegion | None
     except ValueError as exc:
         raise ConfigError(f"shared_memory: {exc}") from None
     return SharedRegion(size) if size else None
-
-
-def _epoch_rerouted(method: Callable[..., Any]) -> Callable[..., Any]:
-    """An operation over several daemons, run again when the cluster's epoch changed."""
-
-    @wraps(method)
-    async def run(self: AsyncClient, *args: Any, **kwargs: Any) -> Any:
-        return await self._rerouted(lambda: method(self, *args, **kwargs))
-
-    return run
 
 
 class AsyncClient:
@@ -189,9 +166,6 @@ class AsyncClient:
         """How this client reaches ``node`` ("tcp", "shm" or "rdma"); None before it connects."""
         return self.session.transport_of(node)
 
-    async def _rerouted(self, fn: Callable[[], Awaitable[T]]) -> T:
-        return await rerouted(self.session, self._router.patience, fn)
-
     # -- metadata ---------------------------------------------------------
 
     async def hello(self, node: Node) -> dict[str, Any]:
@@ -209,7 +183,6 @@ class AsyncClient:
         """
         return await self._lookup.holdings(node, prefix)
 
-    @_epoch_rerouted
     async def create(
         self,
         name: str,
@@ -243,7 +216,6 @@ class AsyncClient:
         """
         return await self._lookup.stat_rerouted(name, everywhere=everywhere)
 
-    @_epoch_rerouted
     async def list(self, prefix: str = "", *, limit: int = 0) -> builtins.list[TensorInfo]:
         """Every tensor whose name starts with ``prefix``, sorted by name; only the
         first ``limit`` of them if it is not 0 (``limit=1``: is there any?).
@@ -253,12 +225,10 @@ class AsyncClient:
         replicas."""
         return await self._namespace.list(prefix, limit=limit)
 
-    @_epoch_rerouted
     async def delete(self, name: str) -> None:
         """Delete a tensor from every daemon; raises TensorNotFound if none had it."""
         await self._namespace.delete(name)
 
-    @_epoch_rerouted
     async def rename(self, old: str, new: str, *, replace: bool = False) -> TensorInfo:
         """Give tensor ``old`` the name ``new``; its bytes do not move.
 
@@ -273,13 +243,6 @@ class AsyncClient:
         return await self._namespace.rename(old, new, replace=replace)
 
     # -- data ---------------------------------------------------------------
-
-    async def _with_fresh_meta(self, name: str, fn: Callable[[TensorMeta], Any]) -> Any:
-        """Run ``fn(meta)``; if the cached layout was stale, refresh it and run again
-        (``retry.with_fresh_meta``)."""
-        meta = await self._lookup.meta_for(name)
-        refresh = partial(self._lookup.fresh_meta, name)
-        return await with_fresh_meta(self.session, self.timeout, meta, refresh, fn)
 
     def read_now(self, name: str, out: np.ndarray | None = None) -> np.ndarray | None:
         """Read a tensor (into ``out`` if given) one-sided without awaiting anything:
@@ -321,35 +284,19 @@ class AsyncClient:
             assert out is not None  # a tensor, handed back as read() hands back out
             return out if land is None else land()
         code = narrowing.wire_code(wire)
-        cached = self._cache.get(name)
-        if out is not None and cached is not None and not fits_out(cached, out):
-            # Another process may have redefined the tensor to what ``out`` is:
-            # ask before calling it a mismatch.
-            self._cache.drop(name)
-
-        async def go(meta: TensorMeta) -> np.ndarray:
-            arr = out
-            if arr is None:
-                arr = np.empty(meta.shape, dtype=meta.np_dtype)
-            else:
-                check_out(meta, arr)
-            await self._data.read_array(meta, arr, code, progress, worker, step)
-            return arr
-
-        return await self._with_fresh_meta(name, go)
+        if out is not None:
+            self._lookup.drop_unless_fits(name, out)
+        whole = partial(
+            self._data.read_whole, out=out, code=code, progress=progress, worker=worker, step=step
+        )
+        return await self._lookup.with_fresh_meta(name, whole)
 
     async def read_bytes(
         self, name: str, offset: int, size: int, out: Buffer | None = None
     ) -> memoryview:
         """Raw bytes ``[offset, offset+size)`` of a tensor (spanning shards as needed)."""
-
-        async def go(meta: TensorMeta) -> memoryview:
-            n = max(0, min(size, meta.nbytes - offset))
-            buf = memoryview(out if out is not None else bytearray(n)).cast("B")[:n]
-            await self._data.move(Op.READ, meta, offset, buf)
-            return buf
-
-        return await self._with_fresh_meta(name, go)
+        read = partial(self._data.read_bytes, offset=offset, size=size, out=out)
+        return await self._lookup.with_fresh_meta(name, read)
 
     async def read_range(self, name: str, offset: int, out: Buffer, at: int = 0) -> int:
         """Fill ``out`` with the tensor's bytes from ``offset``; return the stamp of the
@@ -360,14 +307,8 @@ class AsyncClient:
         one after another make up one version (TornRead once the daemons no
         longer hold it: the tensor was rewritten twice meanwhile).
         """
-
-        async def go(meta: TensorMeta) -> int:
-            buf = memoryview(out).cast("B")
-            n = max(0, min(len(buf), meta.nbytes - offset))
-            served = await self._data.move(Op.READ, meta, offset, buf[:n], at=at)
-            return served[0].stamp if served else 0
-
-        return await self._with_fresh_meta(name, go)
+        read = partial(self._data.read_range, offset=offset, out=out, at=at)
+        return await self._lookup.with_fresh_meta(name, read)
 
     async def write(
         self,
@@ -387,36 +328,19 @@ class AsyncClient:
         with a tensor this call creates.
         """
         arr = as_stored_array(self.transfers.source(array))
-        meta = self._cache.get(name)
-        shard_size = meta.shard_size if meta else self.config.shard_size
         buf = byte_view(arr)
-
-        async def define() -> TensorMeta:
-            info = await self.create(
-                name,
-                arr.shape,
-                arr.dtype,
-                exist_ok=True,
-                replace=replace,
-                shard_size=shard_size,
-                options=options,
-                mode=mode,
-            )
-            return info.meta
-
-        # A cached tensor of this dtype and shape was checked when it was defined.
-        if meta is None or replace or meta.np_dtype != arr.dtype or meta.shape != arr.shape:
-            meta = await define()
-        try:
-            await self._data.move(Op.WRITE, meta, 0, buf, progress=progress)
-        except (StaleLayout, TensorNotFound):
-            self._cache.drop(name)
-            await self._data.move(Op.WRITE, await define(), 0, buf, progress=progress)
+        d = self._namespace.definition(
+            name, arr, keep_shard_size=True, replace=replace, options=options, mode=mode
+        )
+        move = partial(self._data.move, Op.WRITE, offset=0, buf=buf, progress=progress)
+        again = partial(self._namespace.redefine, d)
+        await redefined(await self._namespace.defined(d), again, move)
 
     async def write_bytes(self, name: str, offset: int, data: Buffer) -> None:
         """Overwrite raw bytes at ``offset`` of an existing tensor."""
         buf = memoryview(data).cast("B")
-        await self._with_fresh_meta(name, lambda meta: self._data.move(Op.WRITE, meta, offset, buf))
+        move = partial(self._data.move, Op.WRITE, offset=offset, buf=buf)
+        await self._lookup.with_fresh_meta(name, move)
 
     async def accumulate(
         self,
@@ -442,11 +366,16 @@ class AsyncClient:
         delta = self.transfers.source(delta)
         code = narrowing.wire_code(wire)
         arr = delta_array(delta, code)
-
-        async def go(meta: TensorMeta) -> None:
-            await self._data.accumulate_array(meta, arr, alpha, code, progress, worker, step)
-
-        await self._with_fresh_meta(name, go)
+        add = partial(
+            self._data.accumulate_array,
+            arr=arr,
+            alpha=alpha,
+            code=code,
+            progress=progress,
+            worker=worker,
+            step=step,
+        )
+        await self._lookup.with_fresh_meta(name, add)
 
     # -- batched forms -------------------------------------------------------
 
@@ -484,16 +413,10 @@ class AsyncClient:
     async def write_many(self, arrays: Mapping[str, Any]) -> None:
         """Write many tensors (creating new ones) with one batch frame per daemon."""
         arrs = {n: as_stored_array(self.transfers.source(a)) for n, a in arrays.items()}
-        metas: dict[str, TensorMeta] = {}
-
-        async def ensure(name: str, arr: np.ndarray) -> None:
-            meta = self._cache.get(name)
-            if meta is None or meta.dtype != arr.dtype.name or meta.shape != arr.shape:
-                meta = (await self.create(name, arr.shape, arr.dtype, exist_ok=True)).meta
-            metas[name] = meta
-
-        await self.session.gather(partial(ensure, n, a) for n, a in arrs.items())
-        await self._batches.run(Op.WRITE_BATCH, [(metas[n], byte_view(a)) for n, a in arrs.items()])
+        defs = [self._namespace.definition(n, a) for n, a in arrs.items()]
+        metas = await self.session.gather(partial(self._namespace.defined, d) for d in defs)
+        bufs = [byte_view(a) for a in arrs.values()]
+        await self._batches.run(Op.WRITE_BATCH, list(zip(metas, bufs, strict=True)))
 
     async def accumulate_many(
         self,

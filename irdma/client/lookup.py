@@ -8,19 +8,24 @@ the metadata cache (``cache.MetaCache``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
+
+import numpy as np
 
 from ..cluster import ClusterConfig, Node
 from ..errors import DaemonUnavailable, TensorNotFound
 from ..protocol import MAX_NAME_BYTES, TensorMeta, decode_json, tensor_key, validate_name
 from ..protocol.messages import ListTensors, Stat
+from .arrays import fits
 from .cache import MetaCache
-from .retry import rerouted
+from .retry import rerouted, with_fresh_meta
 from .routing import Router, several_copies
 from .session import Session
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +136,22 @@ class Lookup:
         """The tensor's metadata asked for again (the cached one was stale)."""
         self.cache.drop(name)
         return (await self.stat_rerouted(name)).meta
+
+    async def with_fresh_meta(self, name: str, fn: Callable[[TensorMeta], Awaitable[T]]) -> T:
+        """Run ``fn(meta)`` with the tensor's metadata (``meta_for``); if the layout was
+        stale, ask for it again and run again, within the client timeout
+        (``retry.with_fresh_meta``)."""
+        meta = await self.meta_for(name)
+        refresh = partial(self.fresh_meta, name)
+        return await with_fresh_meta(self.session, self.session.timeout, meta, refresh, fn)
+
+    def drop_unless_fits(self, name: str, out: np.ndarray) -> None:
+        """Drop the cached layout of ``name`` if ``out`` is not its dtype and shape:
+        another process may have redefined the tensor to what ``out`` is, so the
+        daemons are asked before a read calls it a mismatch."""
+        cached = self.cache.get(name)
+        if cached is not None and not fits(cached, out.dtype, out.shape):
+            self.cache.drop(name)
 
     async def metas(self, names: Iterable[str]) -> dict[str, TensorMeta]:
         """Several tensors' metadata, those not cached asked for at once."""

@@ -3,16 +3,23 @@
 Each change goes to every daemon (those holding no shard of a tensor check
 its name) and updates the metadata cache and the router's read-your-writes
 record, as a new layout makes what was seen of the old one meaningless.
+Each runs again while daemons say the cluster's epoch changed
+(``retry.rerouted``).
+
+A write defines the tensor it stores when the cached layout does not fit
+its array (``Definition``, ``Namespace.defined``), and again when a daemon
+says that layout went stale under it (``Namespace.redefine``).
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -29,10 +36,14 @@ from ..protocol import (
 )
 from ..protocol.messages import Create, Delete, ListTensors, Rename
 from ..training.modes import Mode
+from .arrays import fits
 from .cache import MetaCache
 from .lookup import Lookup, TensorInfo, info_from, nodes_holding
+from .retry import rerouted
 from .routing import Router, several_copies
 from .session import Session
+
+T = TypeVar("T")
 
 # Salted keys a new tensor's name may take when renamed tensors hold its own
 # (each is one more round of creates; a name needs one only while a tensor
@@ -44,6 +55,26 @@ def delete_frame(key: int, name: str) -> tuple[Header, list[bytes]]:
     """A DELETE of tensor ``name`` at ``key`` (not of another renamed to it since)."""
     raw = name.encode()
     return Delete(key).frame(len(raw)), [raw]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Definition:
+    """What a write of an array defines tensor ``name`` as when it must: the array's
+    dtype and shape, with what the write asks of a tensor it creates.
+
+    ``cached`` is the layout cached when the write began: the write goes by
+    it if it fits the array. ``shard_size`` is a created tensor's (None: the
+    config's).
+    """
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    cached: TensorMeta | None = None
+    shard_size: int | None = None
+    replace: bool = False
+    options: Mapping[str, Any] | None = None
+    mode: Mode | None = None
 
 
 class Namespace:
@@ -79,8 +110,56 @@ class Namespace:
             dict(options or {}) | (mode.to_options() if mode is not None else {}),
         )
 
+    async def _rerouted(self, fn: Callable[[], Awaitable[T]]) -> T:
+        return await rerouted(self.session, self.router.patience, fn)
+
+    def definition(
+        self,
+        name: str,
+        arr: np.ndarray,
+        *,
+        keep_shard_size: bool = False,
+        replace: bool = False,
+        options: Mapping[str, Any] | None = None,
+        mode: Mode | None = None,
+    ) -> Definition:
+        """What a write of ``arr`` defines tensor ``name`` as, with the layout cached now.
+
+        ``keep_shard_size`` (``AsyncClient.write``): a tensor the write creates
+        has the shard size of the one cached under the name (it is redefined
+        to another dtype or shape), else the config's (``write_many``).
+        """
+        cached = self.cache.get(name)
+        shard_size = cached.shard_size if keep_shard_size and cached is not None else None
+        return Definition(name, arr.dtype, arr.shape, cached, shard_size, replace, options, mode)
+
+    async def defined(self, d: Definition) -> TensorMeta:
+        """The layout a write by ``d`` goes by: the cached one if it is the array's dtype
+        and shape (it was checked when it was defined), unless ``replace``; else
+        ``define``'s."""
+        if d.cached is None or d.replace or not fits(d.cached, d.dtype, d.shape):
+            return await self.define(d)
+        return d.cached
+
+    async def define(self, d: Definition) -> TensorMeta:
+        """Create the tensor ``d`` describes, or take the one of its dtype and shape there
+        is (``create`` with ``exist_ok``); its metadata."""
+        meta = self.meta_of(d.name, d.shape, d.dtype, d.shard_size, d.options, d.mode)
+        return (await self.create(meta, exist_ok=True, replace=d.replace)).meta
+
+    async def redefine(self, d: Definition) -> TensorMeta:
+        """``define`` again, the cached layout dropped: a write by it was refused as
+        stale (the tensor was redefined or deleted meanwhile)."""
+        self.cache.drop(d.name)
+        return await self.define(d)
+
     async def create(self, meta: TensorMeta, *, exist_ok: bool, replace: bool) -> TensorInfo:
         """``AsyncClient.create`` of the tensor ``meta`` describes."""
+        create = partial(self._create, meta, exist_ok=exist_ok, replace=replace)
+        return await self._rerouted(create)
+
+    async def _create(self, meta: TensorMeta, *, exist_ok: bool, replace: bool) -> TensorInfo:
+        """``create`` once: at the name's key, or at the one its tries lead to."""
         name = meta.name
         for salt in range(1, PLACES_TRIED + 1):
             try:
@@ -177,6 +256,9 @@ class Namespace:
 
     async def list(self, prefix: str = "", *, limit: int = 0) -> list[TensorInfo]:
         """``AsyncClient.list``."""
+        return await self._rerouted(partial(self._list, prefix, limit=limit))
+
+    async def _list(self, prefix: str, *, limit: int) -> builtins.list[TensorInfo]:
         raw = prefix.encode()
         if len(raw) > MAX_NAME_BYTES:
             raise ValueError("prefix is too long")
@@ -210,6 +292,9 @@ class Namespace:
 
     async def delete(self, name: str) -> None:
         """``AsyncClient.delete``."""
+        await self._rerouted(partial(self._delete, name))
+
+    async def _delete(self, name: str) -> None:
         validate_name(name)
         cached = self.cache.drop(name)
         key = cached.key if cached is not None else tensor_key(name)
@@ -238,6 +323,9 @@ class Namespace:
 
     async def rename(self, old: str, new: str, *, replace: bool = False) -> TensorInfo:
         """``AsyncClient.rename``."""
+        return await self._rerouted(partial(self._rename, old, new, replace=replace))
+
+    async def _rename(self, old: str, new: str, *, replace: bool) -> TensorInfo:
         validate_name(old)
         validate_name(new)
         src = await self.lookup.find(old)

@@ -1,14 +1,21 @@
 """The client's retry policy: when a call is tried again, how long for, how it pauses.
 
-Three loops, each with its deadline and pauses here:
+The loops, each with its deadline and pauses here:
 
 - ``rerouted``: an operation over several daemons, run again while daemons
   say the cluster's epoch changed (StaleEpoch), for the ``patience``.
 - ``with_fresh_meta``: a data call whose cached layout was stale, run again
   with fresh metadata (StaleLayout, TensorNotFound), within the timeout.
+- ``redefined``: a write that defined its tensor, run once more on a tensor
+  defined again when the layout it went by was stale.
 - failover (``routing.Router.on_replicas``): one shard's request tried on its
   other replicas, for the ``patience``, pausing after each round
   (``failover_pause``).
+- agreement (``agreement.agree``, ``settle_at``): a read's pieces read again
+  until they come from one whole-tensor write, within the timeout, for
+  ``AGREE_TRIES`` rounds without progress, the first ``AGREE_CHASE`` of them
+  waiting for a write in progress, pausing ``agree_pause`` (their rules on
+  which pieces to read again, and from which write, are ``agreement``'s).
 
 A request itself is bounded by the client timeout (``session.Session.request``).
 """
@@ -16,7 +23,7 @@ A request itself is bounded by the client timeout (``session.Session.request``).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from ..errors import StaleEpoch, StaleLayout, TensorNotFound
 from ..protocol import TensorMeta
@@ -34,6 +41,13 @@ STALE_PAUSE = 0.002
 # round, at most FAILOVER_PAUSE_MAX (time for the cluster to fail over).
 FAILOVER_PAUSE = 0.1
 FAILOVER_PAUSE_MAX = 0.5
+# Rounds without progress a read of several shards makes to get them all from
+# one whole-tensor write before it gives up (TornRead); rounds it first spends
+# waiting for a write in progress to reach the pieces behind; the pause (times
+# the round) before it looks at those again.
+AGREE_TRIES = 16
+AGREE_CHASE = 4
+AGREE_PAUSE = 0.0005
 
 
 def patience(timeout: float, failure_detection: float) -> float:
@@ -46,6 +60,12 @@ def patience(timeout: float, failure_detection: float) -> float:
 def failover_pause(rounds: int) -> float:
     """The pause after ``rounds`` whole rounds of a shard's replicas failed."""
     return min(FAILOVER_PAUSE * rounds, FAILOVER_PAUSE_MAX)
+
+
+def agree_pause(rounds: int) -> float:
+    """The pause after ``rounds`` rounds in which a read's pieces waited for a write
+    to reach them (or to be had from its copy)."""
+    return AGREE_PAUSE * rounds
 
 
 class Clock(Protocol):
@@ -74,8 +94,8 @@ async def with_fresh_meta(
     timeout: float,
     meta: TensorMeta,
     refresh: Callable[[], Awaitable[TensorMeta]],
-    fn: Callable[[TensorMeta], Awaitable[Any]],
-) -> Any:
+    fn: Callable[[TensorMeta], Awaitable[T]],
+) -> T:
     """Run ``fn(meta)``; if the layout was stale, ``refresh`` it and run again.
 
     Again for as long as each refresh finds another tensor under the name
@@ -99,3 +119,17 @@ async def with_fresh_meta(
             elif clock.now() > deadline:
                 raise
             meta = fresh
+
+
+async def redefined(
+    meta: TensorMeta,
+    redefine: Callable[[], Awaitable[TensorMeta]],
+    fn: Callable[[TensorMeta], Awaitable[T]],
+) -> T:
+    """Run ``fn(meta)``, a write that defined its tensor (or found it defined); if the
+    layout was stale (the tensor was redefined or deleted meanwhile), ``redefine``
+    the tensor and run once more."""
+    try:
+        return await fn(meta)
+    except (StaleLayout, TensorNotFound):
+        return await fn(await redefine())
