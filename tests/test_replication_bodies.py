@@ -57,12 +57,15 @@ def test_a_catch_up_question_and_answer() -> None:
     assert CatchupQuestion.parse(decode_json(question.encode())) == question
     with pytest.raises(BadBody, match="catch-up question names no sending daemon"):
         CatchupQuestion.parse({"node": {}})
-    answer = CatchupAnswer(False, (Holding(5, 0, 9, 0xDEAD), Holding(5, 1, 2, 7)))
+    answer = CatchupAnswer(False, (Holding(5, 0, 9, 0xDEAD), Holding(5, 1, 2, 7)), ("n2", "n3"))
     assert answer.encode() == encode_json(
-        {"ready": False, "shards": [[5, 0, 9, 0xDEAD], [5, 1, 2, 7]]}
+        {"ready": False, "shards": [[5, 0, 9, 0xDEAD], [5, 1, 2, 7]], "up": ["n2", "n3"]}
     )
     assert CatchupAnswer.decode(answer.encode()) == answer
     assert answer.held() == {(5, 0): (9, 0xDEAD), (5, 1): (2, 7)}
+    # An answer from a daemon that does not name whom it hears: it names none.
+    older = encode_json({"ready": True, "shards": [[5, 0, 9, 1]]})
+    assert CatchupAnswer.decode(older).up == ()
 
 
 @pytest.mark.parametrize(
@@ -72,6 +75,8 @@ def test_a_catch_up_question_and_answer() -> None:
         (b'{"ready": true}', "catch-up answer lists no shards"),
         (b'{"ready": true, "shards": [[1, 2, 3]]}', "each entry has 4 integers"),
         (b'{"ready": true, "shards": [[1, 2, 3, "x"]]}', "not a list of integer lists"),
+        (b'{"ready": true, "shards": [], "up": "n1"}', "up is not a list of daemon names"),
+        (b'{"ready": true, "shards": [], "up": [1]}', "up is not a list of daemon names"),
     ],
 )
 def test_a_catch_up_answer_of_the_wrong_shape_says_why(body: bytes, says: str) -> None:

@@ -126,3 +126,50 @@ def test_this_daemon_not_placed_first_still_counts_only_the_others() -> None:
     reports = {"n2": Report(False, {(1, 0): (1, 0x1)}), "n3": Report(False, {})}
     decided = plan("n1", mine, reports, replicas(("n2", "n3", "n1")), primary(None))
     assert decided == Plan({}, [])
+
+
+def placed(pairs: dict[tuple[int, int], tuple[str, str]]) -> Callable[[int, int], tuple[str, ...]]:
+    return lambda key, index: pairs[key, index]
+
+
+# n2 restarted empty (a SIGKILL under systemd): shard (1, 0) is placed on n2 and n3,
+# shard (2, 0) on n2 and n1; n1 and n3 hold them at version 1.
+PAIRS = {(1, 0): ("n2", "n3"), (2, 0): ("n2", "n1")}
+
+
+def test_a_restarted_daemon_waits_for_a_daemon_its_peers_hear() -> None:
+    """The systemd guest's failure: n2 came back empty, heard n3 before n1, planned with
+    n3's answer alone, copied (1, 0), called itself caught up and served (2, 0) as its
+    primary without it ("shards behind": n1 at 1, n2 none). n3's answer says it hears
+    n1: nothing is decided until n1 answered too."""
+    reports = {"n3": Report(True, {(1, 0): (1, 0xCC)}, frozenset({"n1", "n3"}))}
+    decided = plan("n2", {}, reports, placed(PAIRS), primary("n3"), heard=["n3"])
+    assert decided == Undecided("n1 may hold shards placed here and did not answer", ("n1",))
+
+
+def test_a_daemon_heard_here_that_did_not_answer_is_waited_for() -> None:
+    reports = {"n3": Report(True, {(1, 0): (1, 0xCC)}, frozenset({"n3"}))}
+    decided = plan("n2", {}, reports, placed(PAIRS), primary("n3"), heard=["n1", "n3"])
+    assert isinstance(decided, Undecided) and decided.waiting_for == ("n1",)
+
+
+def test_once_every_daemon_heard_answered_each_shard_comes_from_its_primary() -> None:
+    up = frozenset({"n1", "n3"})
+    reports = {
+        "n3": Report(True, {(1, 0): (1, 0xCC)}, up),
+        "n1": Report(True, {(2, 0): (1, 0x11)}, up),
+    }
+
+    def acting(key: int, index: int) -> str:
+        return {1: "n3", 2: "n1"}[key]
+
+    decided = plan("n2", {}, reports, placed(PAIRS), acting, heard=["n1", "n3"])
+    assert decided == Plan({"n3": [(1, 0)], "n1": [(2, 0)]}, [])
+
+
+def test_a_daemon_nobody_hears_is_not_waited_for() -> None:
+    """n1 is down for everyone: the shards n2 shares with it wait for it (the whole
+    cluster starting rule) only where n2 knows of them; the rest goes on."""
+    reports = {"n3": Report(True, {(1, 0): (1, 0xCC)}, frozenset({"n3"}))}
+    decided = plan("n2", {}, reports, placed(PAIRS), primary("n3"), heard=["n3"])
+    assert decided == Plan({"n3": [(1, 0)]}, [])

@@ -154,6 +154,10 @@ class CatchupAnswer:
 
     ready: bool
     holdings: tuple[Holding, ...]
+    # The daemons the answering one hears from now (it among them): the asker must
+    # have every one of them answer before it decides (catchup_plan). Absent from
+    # an older daemon's answer: none named.
+    up: tuple[str, ...] = ()
 
     def held(self) -> dict[ShardId, tuple[int, int]]:
         """(version, crc) by shard."""
@@ -164,6 +168,7 @@ class CatchupAnswer:
             {
                 "ready": self.ready,
                 "shards": [[h.key, h.shard, h.version, h.crc] for h in self.holdings],
+                "up": list(self.up),
             }
         )
 
@@ -173,7 +178,10 @@ class CatchupAnswer:
         if "shards" not in rec:
             raise BadBody("catch-up answer lists no shards")
         rows = _ints(rec["shards"], 4, "catch-up answer's shards")
-        return cls(bool(rec.get("ready")), tuple(Holding(*row) for row in rows))
+        up = rec.get("up", [])
+        if not isinstance(up, list) or not all(isinstance(n, str) for n in up):
+            raise BadBody("catch-up answer's up is not a list of daemon names")
+        return cls(bool(rec.get("ready")), tuple(Holding(*row) for row in rows), tuple(up))
 
 
 @dataclass(frozen=True, slots=True)

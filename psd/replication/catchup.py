@@ -77,6 +77,8 @@ class CatchUp:
         # The peers this daemon asked for shard copies and waits on (``Vetting``
         # takes their copies before this daemon is ready).
         self.asked: set[str] = set()
+        # Daemons a peer's answer said it hears: asked in the next round too.
+        self.also_ask: set[str] = set()
 
     async def run(self) -> None:
         """Become current for every local shard, then announce readiness."""
@@ -148,7 +150,8 @@ class CatchUp:
             node = self.membership.acting_primary(key, index)
             return node.name if node is not None else None
 
-        return plan(self.me, mine, reports, replicas, acting_primary, only)
+        heard = self.membership.up_peers()
+        return plan(self.me, mine, reports, replicas, acting_primary, only, heard)
 
     async def _ask_peers(self) -> dict[str, Report]:
         """Each peer's answer to the catch-up question, by name (those that gave one)."""
@@ -171,10 +174,13 @@ class CatchUp:
             except BadBody as exc:
                 log.warning("%s: %s sent %s", self.me, name, exc)
                 return
-            reports[name] = Report(answer.ready, answer.held())
+            reports[name] = Report(answer.ready, answer.held(), frozenset(answer.up))
+            # A daemon it hears and this one does not (yet): asked next round.
+            self.also_ask |= set(answer.up) - {self.me}
 
+        names = (set(self.membership.up_peers()) | self.also_ask) & set(self.peers)
         async with trio.open_nursery() as nursery:
-            for name in self.membership.up_peers():
+            for name in sorted(names):
                 nursery.start_soon(ask, name)
         return reports
 

@@ -19,11 +19,14 @@ The rules:
   among all its replicas wins, once every replica has answered.
 - A shard is copied only where the chosen copy is another daemon's and
   differs from the local one (version or checksum).
+- Nothing is decided until every daemon heard from (here, or by any peer
+  that answered) has answered: a shard only a silent daemon shares with
+  this one is in no report.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .bodies import ShardId
@@ -34,10 +37,11 @@ Holding = tuple[int, int]
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """One peer's answer to a catch-up question."""
+    """One peer's answer to a catch-up question (``up``: the daemons it hears now)."""
 
     ready: bool
     held: Mapping[ShardId, Holding]
+    up: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +72,7 @@ def plan(
     replicas: Callable[[int, int], Sequence[str]],
     acting_primary: Callable[[int, int], str | None],
     only: Callable[[int, int], bool] | None = None,
+    heard: Iterable[str] = (),
 ) -> Plan | Undecided:
     """Decide a catch-up.
 
@@ -76,7 +81,21 @@ def plan(
     among them or not); ``acting_primary(key, index)``: the replica serving it
     as this daemon sees it (None: none); ``only``: consider just the shards it
     accepts (a move's gains).
+
+    ``heard``: the peers this daemon hears now. Every one of them, and every
+    daemon an answering peer hears, must have answered: shards placed here
+    that only a silent one holds appear in no report, and a daemon that just
+    restarted empty would call itself current without them (and then serve
+    them as primary, empty).
     """
+    expected = set(heard)
+    for report in reports.values():
+        expected |= report.up
+    silent = tuple(sorted(expected - set(reports) - {me}))
+    if silent:
+        return Undecided(
+            f"{', '.join(silent)} may hold shards placed here and did not answer", silent
+        )
     wanted = set(mine)
     for report in reports.values():
         wanted |= set(report.held)

@@ -63,7 +63,8 @@ class CatchUpService:
         # this answer and the copies it asks for.
         self.membership.heard(asker)
         self.forwarding.let_go_of_down_peers()
-        return CatchupAnswer(self.membership.ready, self.holdings_for(asker)).encode()
+        up = (self.me, *self.membership.up_peers())
+        return CatchupAnswer(self.membership.ready, self.holdings_for(asker), up).encode()
 
     def holdings_for(self, asker: str) -> tuple[Holding, ...]:
         """Every local shard ``asker`` is a replica of."""
