@@ -24,7 +24,7 @@ from irdma_psd.directory import Directory
 
 from irdma.protocol.directory import MIN_SLOTS, SLOT_BYTES, directory_bytes
 from irdma.transport.base import StreamClosed
-from irdma.transport.rdma import _RETRY, SCRATCH_CELL, RdmaPath, _Link, _Pull, _Remote
+from irdma.transport.rdma.path import _RETRY, SCRATCH_CELL, RdmaPath, _Link, _Pull, _Remote
 
 BLOCK = 4096
 BLOCKS = 8

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import trio
 
-from ..protocol import (
+from ...protocol import (
     LOCATION,
     RDMA_ANSWER_KEYS,
     Flag,
@@ -49,8 +49,8 @@ from ..protocol import (
     decode_json,
     encode_json,
 )
-from ..protocol.conversation import STAGEABLE, staged
-from ..protocol.directory import (
+from ...protocol.conversation import STAGEABLE, staged
+from ...protocol.directory import (
     EMPTY,
     ONE_SIDED_ARCH,
     SERVING_WORD,
@@ -59,9 +59,9 @@ from ..protocol.directory import (
     probe,
     slot_record,
 )
-from ..protocol.messages import RdmaConnect
-from ..sizes import RDMA_BATCH_BYTES, RDMA_STAGING_MIN, STAGING_ALIGN
-from .base import (
+from ...protocol.messages import RdmaConnect
+from ...sizes import RDMA_BATCH_BYTES, RDMA_STAGING_MIN, STAGING_ALIGN
+from ..base import (
     Buffer,
     ByteStream,
     MemoryStream,
@@ -72,12 +72,12 @@ from .base import (
     StreamTimeout,
     for_this_task,
 )
-from .direct import TRIES as DIRECT_TRIES
-from .direct import DirectReader
-from .shm import directory_of
-from .staging import StagingArea
-from .tcp import SOCKET, FramedConnection
-from .verbs import (
+from ..direct import TRIES as DIRECT_TRIES
+from ..direct import DirectReader
+from ..shm import directory_of
+from ..staging import StagingArea
+from ..tcp import SOCKET, FramedConnection
+from ..verbs import (
     MTU_BYTES,
     WC_REMOTE_ACCESS_ERROR,
     WC_STATUS,
@@ -89,7 +89,7 @@ from .verbs import (
     find_gid,
     ipv4_of,
 )
-from .verbs_compat import VerbsUnavailable, comp_channel_fd
+from ..verbs_compat import VerbsUnavailable, comp_channel_fd
 
 log = logging.getLogger("irdma")
 
