@@ -1,11 +1,11 @@
-"""One-sided RDMA pulls (irdma/transport/rdma.py: the pull loop, its chains of READs
-and how their answers are judged), against a scripted responder.
+"""One-sided RDMA pulls (irdma/transport/rdma/onesided.py: the pull loop, its chains of
+READs and how their answers are judged), against a scripted responder.
 
 The real verbs run in tests/rdma, in a soft-RoCE guest. What these tests need
 no real device lets a test choose: the order in which one READ copies the
 words of a directory slot while the daemon rewrites it, and a post still in
 progress when the connection fails. So the link here executes the chains
-``RdmaPath`` posts against an arena laid out by the daemon's own directory
+``OneSidedReader`` posts against an arena laid out by the daemon's own directory
 code (``psd/directory.py``), one work request after another (the strongest
 order a fenced chain has), and the test says when the daemon writes.
 """
@@ -19,12 +19,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import trio
-import trio.testing
 from irdma_psd.directory import Directory
 
 from irdma.protocol.directory import MIN_SLOTS, SLOT_BYTES, directory_bytes
+from irdma.sizes import STAGING_ALIGN
 from irdma.transport.base import StreamClosed
-from irdma.transport.rdma import _RETRY, SCRATCH_CELL, RdmaPath, _Link, _Pull, _Remote
+from irdma.transport.rdma.link import SCRATCH_CELL, Remote
+from irdma.transport.rdma.onesided import RETRY, OneSidedReader, Pull
+from irdma.transport.staging import StagingArea
 
 BLOCK = 4096
 BLOCKS = 8
@@ -51,7 +53,8 @@ class ScriptedLink:
     posting: trio.Event = field(default_factory=trio.Event)
     buffer: SimpleNamespace = field(init=False)
     e = SimpleNamespace(IBV_SEND_FENCE=1 << 20, IBV_WR_RDMA_READ=4)
-    closed = False
+    closed: bool = False
+    scratch_at = STAGING
 
     def __post_init__(self) -> None:
         self.local = np.zeros(STAGING + 4 * SCRATCH_CELL, np.uint8)
@@ -100,36 +103,29 @@ class Daemon:
         self.block = block
         self.directory.publish(self.slot, block * BLOCK, 0, self.version, 100 + self.version)
 
-    def remote(self) -> _Remote:
-        r = _Remote(0, 0, len(self.arena), 0, 0, STAGING)
+    def remote(self) -> Remote:
+        r = Remote(0, 0, len(self.arena), 0, 0, STAGING)
         r.directory = (TABLE_AT, MIN_SLOTS)
         return r
 
 
-def pull_for(daemon: Daemon, block: int) -> _Pull:
-    return _Pull(KEY, LAYOUT, INDEX, 0, BLOCK, 0, CELL, 0, slot=daemon.slot, block=block * BLOCK)
+def reader_for(link: ScriptedLink, daemon: Daemon) -> OneSidedReader:
+    staging = StagingArea(link.local[:STAGING], STAGING_ALIGN, "scripted buffer")
+    return OneSidedReader(link, daemon.remote(), staging, "scripted", 1.0)  # type: ignore[arg-type]
 
 
-async def read_block(path: RdmaPath, link: ScriptedLink, daemon: Daemon) -> object:
-    """A one-sided read of the whole shard through the path's pull loop."""
-    return await path._read_direct(
-        link,  # type: ignore[arg-type]
-        daemon.remote(),
-        KEY,
-        LAYOUT,
-        INDEX,
-        0,
-        BLOCK,
-        0,
-        CELL,
-        0,
-    )
+def pull_for(daemon: Daemon, block: int) -> Pull:
+    return Pull(KEY, LAYOUT, INDEX, 0, BLOCK, 0, CELL, 0, slot=daemon.slot, block=block * BLOCK)
 
 
-async def judged(path: RdmaPath, link: ScriptedLink, daemon: Daemon, pull: _Pull) -> object:
-    remote = daemon.remote()
-    chain = await path._post_batch(link, remote, [pull])  # type: ignore[arg-type]
-    assert await path._settle(link, remote, chain) is None  # type: ignore[arg-type]
+async def read_block(reader: OneSidedReader) -> object:
+    """A one-sided read of the whole shard through the reader's pull loop."""
+    return await reader._read_direct(KEY, LAYOUT, INDEX, 0, BLOCK, 0, CELL, 0)
+
+
+async def judged(reader: OneSidedReader, pull: Pull) -> object:
+    chain = await reader._post_batch([pull])
+    assert await reader._settle(chain) is None
     return pull.answer
 
 
@@ -147,28 +143,27 @@ async def test_a_slot_read_torn_by_three_writes_is_read_again() -> None:
             daemon.write(block)
 
     link = ScriptedLink(daemon.arena, TABLE_AT + daemon.slot * SLOT_BYTES, three_writes)
-    path = RdmaPath("scripted", 1.0)
+    reader = reader_for(link, daemon)
     pull = pull_for(daemon, 0)
-    answer = await judged(path, link, daemon, pull)
+    answer = await judged(reader, pull)
     got = int(link.local[0])  # every byte of the block says its version
-    if answer is not _RETRY:
+    if answer is not RETRY:
         version, stamp, _ = answer  # type: ignore[misc]
         assert (version, stamp) == (got, 100 + got), (
             f"accepted version {version} (stamp {stamp}) with the bytes of version {got}"
         )
     # Read again, nothing in the way: the newest version, whole.
     pull.done = trio.Event()
-    assert await judged(path, link, daemon, pull) == (4, 104, 0)
+    assert await judged(reader, pull) == (4, 104, 0)
     assert int(link.local[0]) == 4
 
 
 async def test_an_untouched_slot_is_accepted_at_once() -> None:
     daemon = Daemon()
     daemon.write(3)
-    link = ScriptedLink(daemon.arena)
-    path = RdmaPath("scripted", 1.0)
-    assert await judged(path, link, daemon, pull_for(daemon, 3)) == (1, 101, 0)
-    assert path.direct_retries == 0
+    reader = reader_for(ScriptedLink(daemon.arena), daemon)
+    assert await judged(reader, pull_for(daemon, 3)) == (1, 101, 0)
+    assert reader.retries == 0
 
 
 async def test_a_slot_changing_at_the_start_is_read_again() -> None:
@@ -176,9 +171,8 @@ async def test_a_slot_changing_at_the_start_is_read_again() -> None:
     daemon = Daemon()
     daemon.write(1)
     daemon.directory.begin(daemon.slot)  # odd: the shard is changing in place
-    link = ScriptedLink(daemon.arena)
-    path = RdmaPath("scripted", 1.0)
-    assert await judged(path, link, daemon, pull_for(daemon, 1)) is _RETRY
+    reader = reader_for(ScriptedLink(daemon.arena), daemon)
+    assert await judged(reader, pull_for(daemon, 1)) is RETRY
 
 
 async def test_a_failed_connection_fails_its_pulls_with_their_own_error() -> None:
@@ -188,16 +182,14 @@ async def test_a_failed_connection_fails_its_pulls_with_their_own_error() -> Non
     daemon = Daemon()
     daemon.write(0)
     link = ScriptedLink(daemon.arena, hold=trio.Event())  # the post never finishes
-    path = RdmaPath("scripted", 1.0)
-    path.link = link  # type: ignore[assignment]
-    link.remote = daemon.remote()  # type: ignore[attr-defined]
-    path._slots[(KEY, INDEX)] = (daemon.slot, 0)
+    reader = reader_for(link, daemon)
+    reader._slots[(KEY, INDEX)] = (daemon.slot, 0)
     loop = trio.CancelScope()
     sibling_ran = False
 
     async def pull_loop() -> None:
         with loop:
-            await path._pull_loop()
+            await reader.run()
 
     async def sibling() -> None:
         nonlocal sibling_ran
@@ -211,7 +203,7 @@ async def test_a_failed_connection_fails_its_pulls_with_their_own_error() -> Non
         nursery.start_soon(pull_loop)
         nursery.start_soon(sibling)
         try:
-            await read_block(path, link, daemon)
+            await read_block(reader)
         except StreamClosed as exc:
             failed = exc
     # A foreign Cancelled raised here would have been swallowed by this nursery
@@ -220,24 +212,21 @@ async def test_a_failed_connection_fails_its_pulls_with_their_own_error() -> Non
     assert sibling_ran
     # A pull queued after the loop ended fails at once instead of waiting for ever.
     with pytest.raises(StreamClosed):
-        await read_block(path, link, daemon)
+        await read_block(reader)
 
 
-async def test_a_pull_loop_without_a_link_ends_its_pulls() -> None:
-    """A pull loop that finds no link (its set-up failed) still marks its pulls ended."""
-    path = RdmaPath("scripted", 1.0)
-    await path._pull_loop()
-    assert path._pulls_ended
-
-
-async def test_a_post_cancelled_while_the_send_queue_is_full_gives_its_room_back(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    link = object.__new__(_Link)  # only its send-queue room: no verbs here
-    link.slots = trio.Semaphore(4)
-    with trio.move_on_after(5) as waited:  # a chain of 6 waits for room that never comes
-        await link.take_room(6)
-    assert waited.cancelled_caught
-    assert link.slots.value == 4
-    await link.take_room(4)  # all of it is there to take
-    assert link.slots.value == 0
+async def test_a_pull_loop_whose_link_closed_first_ends_its_pulls() -> None:
+    """A pull loop that starts after its link closed (the set-up failed, or the
+    connection, before the loop ran) still marks its pulls ended: a pull queued
+    then fails at once instead of waiting for ever."""
+    daemon = Daemon()
+    daemon.write(0)
+    link = ScriptedLink(daemon.arena)
+    link.closed = True
+    reader = reader_for(link, daemon)
+    reader.stop()
+    await reader.run()
+    assert reader._ended
+    reader._slots[(KEY, INDEX)] = (daemon.slot, 0)
+    with pytest.raises(StreamClosed):
+        await read_block(reader)
