@@ -13,7 +13,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 runs=${1:?usage: $0 N PYTEST_ARGS...}
 shift
 results=$(mktemp -d /tmp/irdma-guest-loop.XXXX)
-args=$(printf ' %q' "$@")
+args=""
+[ $# -eq 0 ] || args=$(printf ' %q' "$@")  # none: the whole file, not an empty ''
 cat > "$results/cmd.sh" <<CMD
 fails=0
 for i in \$(seq 1 $runs); do
