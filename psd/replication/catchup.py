@@ -77,7 +77,8 @@ class CatchUp:
         # The peers this daemon asked for shard copies and waits on (``Vetting``
         # takes their copies before this daemon is ready).
         self.asked: set[str] = set()
-        # Daemons a peer's answer said it hears: asked in the next round too.
+        # Daemons the last round's answers said they hear: asked in the next round
+        # too (only the last round's: one heard once and gone since is not waited on).
         self.also_ask: set[str] = set()
 
     async def run(self) -> None:
@@ -176,12 +177,14 @@ class CatchUp:
                 return
             reports[name] = Report(answer.ready, answer.held(), frozenset(answer.up))
             # A daemon it hears and this one does not (yet): asked next round.
-            self.also_ask |= set(answer.up) - {self.me}
+            heard_there.update(answer.up)
 
         names = (set(self.membership.up_peers()) | self.also_ask) & set(self.peers)
+        heard_there: set[str] = set()
         async with trio.open_nursery() as nursery:
             for name in sorted(names):
                 nursery.start_soon(ask, name)
+        self.also_ask = heard_there - {self.me}
         return reports
 
     async def fetch(self, source: str, shards: list[ShardId]) -> None:
