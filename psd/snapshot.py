@@ -17,7 +17,9 @@ File format, version 1 (integers little-endian)::
               file, crc32 of the bytes, txns: the shard's window of recent
               update ids as [txn, version] pairs, so a client's retry of an
               update acknowledged before a restart is still applied once;
-              files written before it was kept have none)
+              files written before it was kept have none), and deleted: the keys
+              of tensors deleted here that the daemon remembers (tombstones, see
+              store/catalogue.py; absent from older files)
     trailer   32 bytes: u64 header offset, u64 header length, u32 crc32 of the
               header, u32 crc32 of the preceding 20 trailer bytes, b"IRDMSEND"
 
@@ -175,8 +177,9 @@ async def write_snapshot(store: Store, data_dir: Path) -> SnapshotInfo:
         try:
             created = time.time()
             tensors = _cut(store, pinned)  # synchronous: the image of this instant
+            deleted = list(store.deleted)
             info = await trio.to_thread.run_sync(
-                _write_file, data_dir, tensors, created, release_from_thread
+                _write_file, data_dir, tensors, created, release_from_thread, deleted
             )
         except SnapshotError:
             history.failed += 1
@@ -219,6 +222,7 @@ def _write_file(
     tensors: list[_CutTensor],
     created: float,
     release: Callable[[int], None],
+    deleted: list[int],
 ) -> SnapshotInfo:
     """Write the cut to disk (in a worker thread); ``release(slot)`` unpins a written block."""
     path = data_dir / SNAPSHOT_FILE
@@ -273,6 +277,7 @@ def _write_file(
                         "tensors": entries,
                         "shards": nshards,
                         "nbytes": nbytes,
+                        "deleted": deleted,
                     },
                     separators=(",", ":"),
                 ).encode()
@@ -518,6 +523,11 @@ def _check_header(
             spans.append((entry.offset, entry.offset + entry.nbytes, where))
             shards.append(entry)
         tensors.append(_TensorEntry(meta, ctime, shards))
+    deleted = header.get("deleted", [])
+    if not isinstance(deleted, list) or not all(
+        isinstance(k, int) and 0 <= k < 1 << 64 for k in deleted
+    ):
+        raise _Corrupt("header: 'deleted' must be a list of tensor keys")
     spans.sort()
     for (_, end, a), (start, _, b) in itertools.pairwise(spans):
         if start < end:
@@ -674,8 +684,11 @@ def _restore(store: Store, f: io.FileIO, parsed: _Parsed, path: Path) -> None:
     except BaseException:
         for tensor in created:
             if store.tensors.get(tensor.meta.key) is tensor:
-                store.delete(tensor.meta.key)
+                store.delete(tensor.meta.key, tombstone=False)
         raise
+    for key in parsed.header.get("deleted", []):
+        if key not in store.tensors:
+            store.catalogue.note_deleted(key)
     info = parsed.info
     log.info(
         "restored snapshot %s (seq %d): %d tensors, %d of its %d shards (%d not held here)",

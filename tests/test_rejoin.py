@@ -1,7 +1,9 @@
 """What a daemon that comes back does with the copies it kept (docs/semantics.md, Rejoin):
 real daemons with two copies of every shard, stopped (SIGTERM: a snapshot) and started.
 
-- a shard deleted while a daemon was down is dropped when it rejoins;
+- a shard deleted while a daemon was down is dropped when it rejoins (its primary
+  remembers the delete), and one its primary lost (restarted empty) is given back to
+  it, never dropped;
 - after a whole-cluster stop, copies at different versions: the highest wins, and a
   daemon that starts alone waits for the other replica rather than guess.
 """
@@ -72,6 +74,30 @@ def test_a_shard_deleted_while_a_daemon_was_down_is_dropped_when_it_rejoins(
     kept_on = {n.name for n in c.config.replicas_for(tensor_key("rejoin/kept"), 0)}
     if backup in kept_on:
         assert "rejoin/kept" in held(c, backup, "rejoin/")  # what was not deleted stays
+
+
+def test_a_shard_its_primary_lost_is_given_back_not_dropped(cluster: Cluster) -> None:
+    """The systemd guest's data loss, second step: a primary that came back empty and
+    served (its other copy was away) answered a rejoining replica without the shard,
+    and the replica dropped the only copy left, taking the primary's silence for a
+    delete. Now only a delete the primary remembers drops a copy; a copy the primary
+    lacks is given to it."""
+    c = cluster
+    name = "rejoin/lost"
+    primary, backup, _ = replicas(c, name)
+    data = np.arange(N, dtype=np.float32)
+    with Client(c.config_path) as client:
+        client.write(name, data)
+        c.stop(backup)  # its snapshot holds the tensor
+        c.kill(primary)  # no snapshot: it comes back empty
+        (c.config.node(primary).data_dir / "snapshot.irdma").unlink(missing_ok=True)
+        c.start(primary)  # caught up from the daemons it hears: nobody holds the tensor
+        assert name not in held(c, primary, "rejoin/")
+        c.start(backup)
+        assert name in held(c, backup, "rejoin/"), c.log(backup)
+        assert name in held(c, primary, "rejoin/"), c.log(backup)
+        assert "had lost" in c.log(backup)
+        assert np.array_equal(client.read(name), data)
 
 
 def test_after_a_whole_cluster_stop_the_highest_version_wins(cluster: Cluster) -> None:

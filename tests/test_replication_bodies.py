@@ -57,15 +57,24 @@ def test_a_catch_up_question_and_answer() -> None:
     assert CatchupQuestion.parse(decode_json(question.encode())) == question
     with pytest.raises(BadBody, match="catch-up question names no sending daemon"):
         CatchupQuestion.parse({"node": {}})
-    answer = CatchupAnswer(False, (Holding(5, 0, 9, 0xDEAD), Holding(5, 1, 2, 7)), ("n2", "n3"))
+    answer = CatchupAnswer(
+        False, (Holding(5, 0, 9, 0xDEAD), Holding(5, 1, 2, 7)), ("n2", "n3"), (8, 1 << 63)
+    )
     assert answer.encode() == encode_json(
-        {"ready": False, "shards": [[5, 0, 9, 0xDEAD], [5, 1, 2, 7]], "up": ["n2", "n3"]}
+        {
+            "ready": False,
+            "shards": [[5, 0, 9, 0xDEAD], [5, 1, 2, 7]],
+            "up": ["n2", "n3"],
+            "deleted": [8, 1 << 63],
+        }
     )
     assert CatchupAnswer.decode(answer.encode()) == answer
     assert answer.held() == {(5, 0): (9, 0xDEAD), (5, 1): (2, 7)}
     # An answer from a daemon that does not name whom it hears: it names none.
     older = encode_json({"ready": True, "shards": [[5, 0, 9, 1]]})
     assert CatchupAnswer.decode(older).up == ()
+    # Nor which tensors were deleted there: none (so nothing is dropped on its word).
+    assert CatchupAnswer.decode(older).deleted == ()
 
 
 @pytest.mark.parametrize(
@@ -77,6 +86,9 @@ def test_a_catch_up_question_and_answer() -> None:
         (b'{"ready": true, "shards": [[1, 2, 3, "x"]]}', "not a list of integer lists"),
         (b'{"ready": true, "shards": [], "up": "n1"}', "up is not a list of daemon names"),
         (b'{"ready": true, "shards": [], "up": [1]}', "up is not a list of daemon names"),
+        (b'{"ready": true, "shards": [], "deleted": [-1]}', "deleted is not a list of tensor keys"),
+        (b'{"ready": true, "shards": [], "deleted": [true]}', "deleted is not a list of tensor"),
+        (b'{"ready": true, "shards": [], "deleted": {}}', "deleted is not a list of tensor keys"),
     ],
 )
 def test_a_catch_up_answer_of_the_wrong_shape_says_why(body: bytes, says: str) -> None:

@@ -43,11 +43,46 @@ def test_the_same_version_with_other_bytes_is_copied() -> None:
     assert plan("n1", mine, reports, replicas(), primary("n2")) == Plan({"n2": [(1, 0)]}, [])
 
 
-def test_a_shard_its_primary_no_longer_holds_is_dropped() -> None:
-    """Deleted while this daemon was away: the primary answered without it."""
+def test_a_shard_deleted_while_this_daemon_was_away_is_dropped() -> None:
+    """The primary answered without it, and says the tensor was deleted (a tombstone)."""
+    mine = {(1, 0): (5, 0xBB), (2, 0): (1, 0x11)}
+    reports = {"n2": Report(True, {(2, 0): (1, 0x11)}, deleted=frozenset({1}))}
+    assert plan("n1", mine, reports, replicas(), primary("n2")) == Plan({}, [(1, 0)])
+
+
+def test_a_shard_its_primary_lost_is_given_to_it_not_dropped() -> None:
+    """The systemd guest's second failure: the primary answered ready without the shard
+    and without a tombstone (it restarted empty and took its role back before this
+    daemon had caught up). Its answer is no word that the tensor was deleted: this
+    copy, the only one left, goes to the primary instead of being dropped."""
     mine = {(1, 0): (5, 0xBB), (2, 0): (1, 0x11)}
     reports = {"n2": Report(True, {(2, 0): (1, 0x11)})}
-    assert plan("n1", mine, reports, replicas(), primary("n2")) == Plan({}, [(1, 0)])
+    decided = plan("n1", mine, reports, replicas(), primary("n2"))
+    assert decided == Plan({}, [], {"n2": [(1, 0)]})
+
+
+def test_a_lost_shard_is_given_from_the_newest_copy() -> None:
+    """Two copies survive the primary's loss: the newer (n3's) is taken here first, and
+    given next round; the older is never given."""
+    mine = {(1, 0): (5, 0xBB)}
+    reports = {"n2": Report(True, {}), "n3": Report(False, {(1, 0): (7, 0xCC)})}
+    decided = plan("n1", mine, reports, replicas(), primary("n2"))
+    assert decided == Plan({"n3": [(1, 0)]}, [])
+    now = {(1, 0): (7, 0xCC)}
+    assert plan("n1", now, reports, replicas(), primary("n2")) == Plan({}, [], {"n2": [(1, 0)]})
+
+
+def test_nothing_is_decided_without_answers_from_a_majority() -> None:
+    """The systemd guest's first step to losing data: n2, restarted empty, asked n1 and
+    n3 while they were busy catching up; neither answered, and by the time it planned
+    it heard neither (heartbeats late). With no report and nobody heard there was
+    nothing to wait for: it planned to copy nothing and served its shards empty."""
+    decided = plan("n2", {}, {}, placed(PAIRS), primary(None), heard=[], quorum=2)
+    assert isinstance(decided, Undecided)
+    assert decided.why == "only 1 of the 2 daemons a decision needs answered (no peer)"
+    reports = {"n1": Report(False, {(2, 0): (1, 0x11)}, frozenset({"n1"}))}
+    decided = plan("n2", {}, reports, placed(PAIRS), primary(None), heard=[], quorum=2)
+    assert decided == Plan({"n1": [(2, 0)]}, [])
 
 
 def test_it_waits_while_the_acting_primary_did_not_answer_ready() -> None:

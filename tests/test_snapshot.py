@@ -137,6 +137,28 @@ def corrupt_files(data_dir: Path) -> list[Path]:
 # -- round trip ----------------------------------------------------------------
 
 
+async def test_deleted_tensors_are_remembered_across_a_restart(
+    stores: Callable[..., Store], tmp_path: Path
+) -> None:
+    """A daemon restarted from its snapshot still knows which tensors were deleted
+    (tombstones): a replica that missed a delete drops its copy on its word, and one
+    that did not is never told to drop a copy (docs/semantics.md, Rejoin)."""
+    store = stores()
+    metas = sample_metas()
+    populate(store, metas)
+    gone, kept = metas[0], metas[1]
+    store.delete(gone.key)
+    store.drop_shard(kept.key, 0)  # no longer kept here: not a delete
+    assert store.deleted == (gone.key,)
+    await write_snapshot(store, tmp_path)
+    back = stores()
+    load_snapshot(back, tmp_path)
+    assert back.deleted == (gone.key,)
+    assert back.was_deleted(gone.key) and not back.was_deleted(kept.key)
+    back.create(gone)  # created again: no longer deleted
+    assert back.deleted == ()
+
+
 async def test_round_trip(stores: Callable[..., Store], tmp_path: Path) -> None:
     src = stores()
     metas = sample_metas()
@@ -299,7 +321,7 @@ async def test_update_after_cut_keeps_cut_bytes(
     real = snapshot._write_file
     released: list[tuple[int, int]] = []
 
-    def held(data_dir, tensors, created, release):
+    def held(data_dir, tensors, created, release, deleted):
         started.set()
         assert go.wait(30)
 
@@ -307,7 +329,7 @@ async def test_update_after_cut_keeps_cut_bytes(
             release(slot)  # unpins on the trio thread, and returns once that is done
             released.append((slot, old_block.pins))
 
-        return real(data_dir, tensors, created, spy)
+        return real(data_dir, tensors, created, spy, deleted)
 
     monkeypatch.setattr(snapshot, "_write_file", held)
     infos: list[SnapshotInfo] = []

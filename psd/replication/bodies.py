@@ -158,6 +158,9 @@ class CatchupAnswer:
     # have every one of them answer before it decides (catchup_plan). Absent from
     # an older daemon's answer: none named.
     up: tuple[str, ...] = ()
+    # The keys of tensors deleted there (tombstones): the only word on which the asker
+    # drops a copy its primary lacks. Absent from an older daemon's answer: none.
+    deleted: tuple[int, ...] = ()
 
     def held(self) -> dict[ShardId, tuple[int, int]]:
         """(version, crc) by shard."""
@@ -169,6 +172,7 @@ class CatchupAnswer:
                 "ready": self.ready,
                 "shards": [[h.key, h.shard, h.version, h.crc] for h in self.holdings],
                 "up": list(self.up),
+                "deleted": list(self.deleted),
             }
         )
 
@@ -181,7 +185,17 @@ class CatchupAnswer:
         up = rec.get("up", [])
         if not isinstance(up, list) or not all(isinstance(n, str) for n in up):
             raise BadBody("catch-up answer's up is not a list of daemon names")
-        return cls(bool(rec.get("ready")), tuple(Holding(*row) for row in rows), tuple(up))
+        deleted = rec.get("deleted", [])
+        if not isinstance(deleted, list) or not all(
+            isinstance(k, int) and not isinstance(k, bool) and 0 <= k < 1 << 64 for k in deleted
+        ):
+            raise BadBody("catch-up answer's deleted is not a list of tensor keys")
+        return cls(
+            bool(rec.get("ready")),
+            tuple(Holding(*row) for row in rows),
+            tuple(up),
+            tuple(deleted),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from ..store import Store
 from .bodies import BadBody, CatchupAnswer, CatchupQuestion, CopyRequest, ShardId
 from .catchup_plan import Plan, Report, Undecided, plan
 from .delivery import MODEST_RATE
+from .forwarding import Forwarding
 from .heartbeats import Heartbeats
 from .links import PeerError
 from .peers import Peers
@@ -67,6 +68,7 @@ class CatchUp:
         membership: Membership,
         peers: Peers,
         heartbeats: Heartbeats,
+        forwarding: Forwarding,
     ) -> None:
         self.config = config
         self.me = me
@@ -74,12 +76,15 @@ class CatchUp:
         self.membership = membership
         self.peers = peers
         self.heartbeats = heartbeats
+        self.forwarding = forwarding
         # The peers this daemon asked for shard copies and waits on (``Vetting``
         # takes their copies before this daemon is ready).
         self.asked: set[str] = set()
         # Daemons the last round's answers said they hear: asked in the next round
         # too (only the last round's: one heard once and gone since is not waited on).
         self.also_ask: set[str] = set()
+        # Why the last round could not decide, as logged (a reason is logged once).
+        self._why = ""
 
     async def run(self) -> None:
         """Become current for every local shard, then announce readiness."""
@@ -105,15 +110,18 @@ class CatchUp:
                 await trio.sleep(RETRY_PAUSE)
                 continue
             for key, index in done.drop:
-                self.store.drop_shard(key, index)
+                self.store.drop_deleted(key, index)
             if await self.handoff():
                 break
             await trio.sleep(RETRY_PAUSE)
+        given = sum(len(shards) for shards in done.give.values())
         log.info(
-            "%s: caught up (%d shard(s) copied from replicas, %d dropped); ready",
+            "%s: caught up (%d shard(s) copied from replicas, %d dropped as deleted, "
+            "%d given to a primary that had lost them); ready",
             me,
             done.copies,
             len(done.drop),
+            given,
         )
 
     async def copy_planned(
@@ -123,12 +131,16 @@ class CatchUp:
         a pause) when it could not be decided or a copy failed."""
         decided = await self.plan(only)
         if isinstance(decided, Undecided):
-            if decided.waiting_for:
+            if decided.why != self._why:
                 log.info("%s: %s", self.me, decided.why)
+            self._why = decided.why
             return None
+        self._why = ""
         try:
             for source, shards in decided.fetch.items():
                 await self.fetch(source, shards)
+            for primary, shards in decided.give.items():
+                await self.give(primary, shards)
         except PeerError as exc:
             log.info("%s: %s from a peer failed (%s); again", self.me, doing, exc)
             return None
@@ -137,7 +149,7 @@ class CatchUp:
     async def plan(self, only: Callable[[int, int], bool] | None = None) -> Plan | Undecided:
         """Ask every peer that is up what it holds, and decide (``catchup_plan.plan``).
         ``only``: consider just the shards it accepts (a move's gains)."""
-        reports = await self._ask_peers()
+        reports, asked = await self._ask_peers()
         mine = {
             (key, index): (shard.version, self.store.checksum(shard))
             for key, tensor in self.store.tensors.items()
@@ -151,11 +163,16 @@ class CatchUp:
             node = self.membership.acting_primary(key, index)
             return node.name if node is not None else None
 
-        heard = self.membership.up_peers()
-        return plan(self.me, mine, reports, replicas, acting_primary, only, heard)
+        # Those asked count as heard: one that was up when asked and silent since may
+        # hold shards placed here (it was only slow to answer).
+        heard = set(self.membership.up_peers()) | asked
+        return plan(
+            self.me, mine, reports, replicas, acting_primary, only, heard, self.config.quorum
+        )
 
-    async def _ask_peers(self) -> dict[str, Report]:
-        """Each peer's answer to the catch-up question, by name (those that gave one)."""
+    async def _ask_peers(self) -> tuple[dict[str, Report], set[str]]:
+        """Each peer's answer to the catch-up question, by name (those that gave one),
+        and the names of the peers asked."""
         question = CatchupQuestion(self.me, epoch_number(self.config)).encode()
         reports: dict[str, Report] = {}
 
@@ -175,7 +192,9 @@ class CatchUp:
             except BadBody as exc:
                 log.warning("%s: %s sent %s", self.me, name, exc)
                 return
-            reports[name] = Report(answer.ready, answer.held(), frozenset(answer.up))
+            reports[name] = Report(
+                answer.ready, answer.held(), frozenset(answer.up), frozenset(answer.deleted)
+            )
             # A daemon it hears and this one does not (yet): asked next round.
             heard_there.update(answer.up)
 
@@ -185,7 +204,7 @@ class CatchUp:
             for name in sorted(names):
                 nursery.start_soon(ask, name)
         self.also_ask = heard_there - {self.me}
-        return reports
+        return reports, names
 
     async def fetch(self, source: str, shards: list[ShardId]) -> None:
         """Have ``source`` send these shards whole (after what it queued for this daemon).
@@ -212,6 +231,21 @@ class CatchUp:
             self.asked.discard(source)
         if header.status != Status.OK:
             raise PeerError(f"{source}: {data.decode(errors='replace')}")
+
+    async def give(self, primary: str, shards: list[ShardId]) -> None:
+        """Send ``primary`` these shards whole: it serves them and lost its copies
+        (``catchup_plan``). Raises PeerError when it did not take every one."""
+        items = self.forwarding.send_whole(primary, shards)
+        for item in items:
+            await item.done.wait()
+        if not all(item.delivered for item in items):
+            raise PeerError(f"{primary} did not take the copies of shards it had lost")
+        log.info(
+            "%s: gave %s %d shard(s) it had lost (restarted without them)",
+            self.me,
+            primary,
+            len(shards),
+        )
 
     async def handoff(self) -> bool:
         """Tell every peer this daemon is ready; each first delivers what it queued for it.

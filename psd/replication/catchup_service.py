@@ -64,7 +64,10 @@ class CatchUpService:
         self.membership.heard(asker)
         self.forwarding.let_go_of_down_peers()
         up = (self.me, *self.membership.up_peers())
-        return CatchupAnswer(self.membership.ready, self.holdings_for(asker), up).encode()
+        answer = CatchupAnswer(
+            self.membership.ready, self.holdings_for(asker), up, self.store.deleted
+        )
+        return answer.encode()
 
     def holdings_for(self, asker: str) -> tuple[Holding, ...]:
         """Every local shard ``asker`` is a replica of."""

@@ -55,7 +55,9 @@ class Replicator:
             me, self.membership, self.peers, delivery, retry_pause=config.heartbeat / 2
         )
         self.heartbeats = Heartbeats(config, me, self.membership, self.peers, self.forwarding)
-        self.catchup = CatchUp(config, me, store, self.membership, self.peers, self.heartbeats)
+        self.catchup = CatchUp(
+            config, me, store, self.membership, self.peers, self.heartbeats, self.forwarding
+        )
         self.vetting = Vetting(
             config, me, store, self.membership, self.peers, self.catchup.asked, self.copies
         )

@@ -97,8 +97,9 @@ class Vetting:
         """Refuse a forwarded update or shard copy from a daemon that is not in charge of it.
 
         Taken: from a peer this daemon sees as up and ready, for a shard it
-        is not the acting primary of; and while catching up, from the peer it
-        asked for copies. Anything else is a stale primary's leftover: Refusal
+        is not the acting primary of; while catching up, from the peer it
+        asked for copies; and a whole shard this daemon lacks (never deleted
+        here) from any replica that is up. Anything else is a stale primary's leftover: Refusal
         (NOT_OWNER), or BAD_ARGUMENT for a sender no daemon is.
         """
         refuse_unless_replicated(self.config, "copy")
@@ -128,6 +129,11 @@ class Vetting:
                 Status.NOT_OWNER,
                 f"{me} is catching up and takes copies only from ready replicas, not {sender}",
             )
+        if whole and m.up(sender) and self._lost(key, shard):
+            # A replica gives back a shard this daemon serves without holding: it
+            # restarted empty while that copy was away (catchup_plan). Nothing here
+            # to overwrite, and the tensor was not deleted here.
+            return
         primary = m.acting_primary(key, shard)
         if whole and m.leased and (primary is None or primary.name != sender):
             # A whole shard replaces what is here: only from the primary, whose forwards
@@ -144,6 +150,12 @@ class Vetting:
             f"{me} takes shard {shard} of tensor {key:#x} from "
             f"{primary.name if primary else 'no ready replica'}, not {sender}",
         )
+
+    def _lost(self, key: int, shard: int) -> bool:
+        """Whether this daemon lacks a shard placed on it, and never saw it deleted."""
+        tensor = self.store.tensors.get(key)
+        held = tensor is not None and shard in tensor.shards
+        return not held and not self.store.was_deleted(key)
 
     def install(self, copy: ShardCopy, payload: memoryview) -> None:
         """Apply a shard copy (SYNC) ``check_sender`` took: replace the local copy of a

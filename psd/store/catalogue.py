@@ -19,6 +19,12 @@ from ..errors import StoreError
 from .blocks import Blocks
 from .records import PendingUpdate, Shard, Tensor
 
+# How many deleted tensors' keys a daemon remembers (a few hundred KiB at most, sent
+# whole in catch-up answers). A replica away for more deletes than this keeps the
+# copies of the oldest ones (and offers them to a primary that lacks them): a
+# deleted tensor may come back, nothing written is lost.
+TOMBSTONES_KEPT = 4096
+
 
 class Catalogue:
     """The tensors held here, with their shards' blocks in ``blocks``.
@@ -33,6 +39,11 @@ class Catalogue:
         self.tensors: dict[int, Tensor] = {}
         # Each tensor's key by its name (a renamed tensor's key is not its name's).
         self.keys: dict[str, int] = {}
+        # Keys of tensors a client deleted here, oldest first (tombstones). A replica
+        # that was away drops its copy of a tensor only on its primary's word that it
+        # was deleted, never because the primary lacks it: that primary may have
+        # restarted empty, and its peers' copies are then the only ones left.
+        self.deleted: dict[int, None] = {}
 
     # -- changes ------------------------------------------------------------
 
@@ -70,6 +81,7 @@ class Catalogue:
         tensor = Tensor(meta, shards, coord=coord)
         self.tensors[key] = tensor
         self.keys[meta.name] = key
+        self.deleted.pop(key, None)
         return tensor, True, old
 
     def check_create(
@@ -143,8 +155,13 @@ class Catalogue:
             self.blocks.publish(shard)
         return tensor
 
-    def delete(self, key: int, name: str | None = None) -> Tensor:
-        """Delete the tensor at ``key`` (only if it is called ``name``, when given)."""
+    def delete(self, key: int, name: str | None = None, *, tombstone: bool = True) -> Tensor:
+        """Delete the tensor at ``key`` (only if it is called ``name``, when given).
+
+        ``tombstone``: a client's delete, remembered (``deleted``) so replicas
+        that missed it drop their copies; not when this daemon merely stops
+        keeping the tensor (its last shard dropped, a rename's leftover).
+        """
         tensor = self.tensors.get(key)
         if tensor is None or (name is not None and tensor.meta.name != name):
             what = f"tensor {name!r}" if name is not None else "tensor"
@@ -153,7 +170,17 @@ class Catalogue:
         if self.keys.get(tensor.meta.name) == key:
             del self.keys[tensor.meta.name]
         self._drop(tensor)
+        if tombstone:
+            self.note_deleted(key)
         return tensor
+
+    def note_deleted(self, key: int) -> None:
+        """Remember that the tensor at ``key`` was deleted (here, or on a primary's word),
+        forgetting the oldest such record beyond ``TOMBSTONES_KEPT``."""
+        self.deleted.pop(key, None)
+        self.deleted[key] = None
+        while len(self.deleted) > TOMBSTONES_KEPT:
+            del self.deleted[next(iter(self.deleted))]
 
     def add_shard(self, tensor: Tensor, index: int) -> Shard:
         """A new, zero-filled local shard of an existing tensor."""
@@ -172,7 +199,7 @@ class Catalogue:
         if tensor is None or index not in tensor.shards:
             return None
         self.blocks.forget(key, tensor.shards.pop(index))
-        return self.delete(key) if not tensor.shards else None
+        return self.delete(key, tombstone=False) if not tensor.shards else None
 
     def _admit(
         self, meta: TensorMeta, replace: bool, exclusive: bool

@@ -108,9 +108,10 @@ class Store:
         """Raise what ``create`` would raise now; change nothing stored."""
         self.catalogue.check_create(meta, replace=replace, exclusive=exclusive)
 
-    def delete(self, key: int, name: str | None = None) -> TensorMeta:
-        """Delete the tensor at ``key`` (only if it is called ``name``, when given)."""
-        tensor = self.catalogue.delete(key, name)
+    def delete(self, key: int, name: str | None = None, *, tombstone: bool = True) -> TensorMeta:
+        """Delete the tensor at ``key`` (only if it is called ``name``, when given);
+        ``tombstone``: remember it (a client's delete, see ``Catalogue.delete``)."""
+        tensor = self.catalogue.delete(key, name, tombstone=tombstone)
         self._dropped(tensor)
         return tensor.meta
 
@@ -119,8 +120,23 @@ class Store:
         return self.catalogue.rename(key, old, new)
 
     def drop_shard(self, key: int, index: int) -> None:
-        """Forget a local shard the cluster no longer has (deleted while this daemon was away)."""
+        """Forget a local shard this daemon no longer keeps (no tombstone: see
+        ``drop_deleted`` for a tensor deleted while this daemon was away)."""
         self._dropped(self.catalogue.drop_shard(key, index))
+
+    def drop_deleted(self, key: int, index: int) -> None:
+        """Forget a local shard of a tensor deleted while this daemon was away, and
+        remember the delete (this daemon may be the shard's primary next)."""
+        self.drop_shard(key, index)
+        self.catalogue.note_deleted(key)
+
+    @property
+    def deleted(self) -> tuple[int, ...]:
+        """The keys of the tensors deleted here that this daemon remembers, oldest first."""
+        return tuple(self.catalogue.deleted)
+
+    def was_deleted(self, key: int) -> bool:
+        return key in self.catalogue.deleted
 
     def _dropped(self, tensor: Tensor | None) -> None:
         if tensor is not None and tensor.coord is not None:
@@ -297,7 +313,7 @@ class Store:
         tensor = self.tensors.get(meta.key)
         if tensor is not None and tensor.meta.name != meta.name:
             # Renamed while this copy was away: the primary's is the tensor now.
-            self.delete(meta.key)
+            self._dropped(self.catalogue.delete(meta.key, tombstone=False))
             tensor = None
         if tensor is None or not tensor.meta.same_layout(meta):
             tensor, _ = self.create(meta, replace=True)
