@@ -76,6 +76,8 @@ class Membership:
         self._last_quorum = clock()
         # Set when this daemon must catch up again (callback for the replicator).
         self.on_lost: Callable[[], None] = _nothing
+        # Why, when ``lose`` was the cause (read by ``on_lost``; "" otherwise).
+        self.why_lost = ""
         # Called when a peer comes up or goes down (forward queues react).
         self.on_change: Callable[[], None] = _nothing
         # Called once this daemon has caught up (its directory says so at once).
@@ -103,6 +105,7 @@ class Membership:
             now = self.clock() if now is None else now
             if now >= self.lease_until and self.ready:
                 self.ready = False
+                self.why_lost = ""
                 self.on_lost()
             return
         now = self.clock() if now is None else now
@@ -116,6 +119,7 @@ class Membership:
             self._last_quorum = heard
         if now - self._last_quorum > self.grace and self.ready:
             self.ready = False
+            self.why_lost = ""
             self.on_lost()
 
     def heard(
@@ -125,15 +129,16 @@ class Membership:
         now: float | None = None,
         stamp: tuple[int, int] | None = None,
         epoch: int | None = None,
-    ) -> None:
+    ) -> bool:
         """A message from ``peer`` arrived (``ready``: the state it reported, if any).
 
         ``stamp`` is (boot, seq) of that report: within one run of the peer
         (same boot) a report older than one already seen is not believed.
+        Whether the report is believed (False: stale, or not from a peer).
         """
         state = self.peers.get(peer)
         if state is None:
-            return
+            return False
         now = self.clock() if now is None else now
         self.observe(now)
         was_up = self.up(peer, now)
@@ -160,6 +165,7 @@ class Membership:
         if not was_up or was_ready != state.ready:
             self.on_change()
         self.observe(now)
+        return not stale
 
     # -- etcd (``psd.presence``) ------------------------------------------------
 
@@ -202,11 +208,13 @@ class Membership:
             if name in self.registered
         )
 
-    def lose(self) -> None:
+    def lose(self, why: str = "") -> None:
         """This daemon's copies may be stale (a peer refused what it forwarded as
-        primary): not ready until it has caught up again."""
+        primary, or its primary went on without it): not ready until it has caught
+        up again."""
         if self.ready:
             self.ready = False
+            self.why_lost = why
             self.on_lost()
 
     def holds_lease_until(self, until: float) -> None:
@@ -282,6 +290,15 @@ class Membership:
             n.name
             for n in self.config.copies_for(key, shard)
             if n.name != self.me and self.up(n.name, now)
+        ]
+
+    def down_copies(self, key: int, shard: int, now: float | None = None) -> list[str]:
+        """The shard's other copies that are down (they miss its updates)."""
+        now = self.clock() if now is None else now
+        return [
+            n.name
+            for n in self.config.copies_for(key, shard)
+            if n.name != self.me and not self.up(n.name, now)
         ]
 
     def up_peers(self, now: float | None = None) -> list[str]:

@@ -204,13 +204,19 @@ class StateCollector(Collector):
             "Seconds the oldest item queued for a backup has waited.",
             labels=["peer"],
         )
+        resync = GaugeMetricFamily(
+            "irdma_replication_resync_owed",
+            "1 while this daemon owes a backup a resync (it acknowledged updates without it).",
+            labels=["peer"],
+        )
         for p in st.peers:
             up.add_metric([p.name], p.state != "down")
             ready.add_metric([p.name], p.state == "ready")
             items.add_metric([p.name], p.queued)
             nbytes.add_metric([p.name], p.queued_bytes)
             lag.add_metric([p.name], p.lag)
-        yield from (up, ready, items, nbytes, lag)
+            resync.add_metric([p.name], p.resync)
+        yield from (up, ready, items, nbytes, lag, resync)
         yield gauge("irdma_arena_capacity_bytes", "Bytes in the arena.", st.arena_capacity)
         yield gauge("irdma_arena_used_bytes", "Arena bytes allocated.", st.arena_used)
         yield gauge("irdma_tensors", "Tensors with metadata or shards here.", st.tensors)

@@ -29,6 +29,9 @@ class PeerReport:
     queued: int  # updates and shard copies not yet acknowledged by the peer
     queued_bytes: int
     lag: float  # seconds the oldest of them has waited (0 when none)
+    # This daemon acknowledged updates without the peer and owes it a resync
+    # (``replication.debts``): its copies may be stale until it has caught up.
+    resync: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,12 @@ class DaemonState:
             if last is None
             else {"created": last.created, "seq": last.seq, "age": self.snapshot_age},
             "replication": {
-                p.name: {"queued": p.queued, "bytes": p.queued_bytes, "lag": p.lag}
+                p.name: {
+                    "queued": p.queued,
+                    "bytes": p.queued_bytes,
+                    "lag": p.lag,
+                    "resync": p.resync,
+                }
                 for p in self.peers
             },
             "epoch": None
@@ -110,7 +118,12 @@ class StateReader:
         now_mono = time.monotonic()
         view = membership.describe()
         peers = tuple(
-            PeerReport(name, view.get(name, "down"), *_queue_figures(r, name, now_mono))
+            PeerReport(
+                name,
+                view.get(name, "down"),
+                *_queue_figures(r, name, now_mono),
+                resync=r.forwarding.debts.owes(name),
+            )
             for name in (r.peers if membership.replicated else ())
         )
         return DaemonState(

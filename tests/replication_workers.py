@@ -12,6 +12,8 @@ expected value (for shaped, lossy links).
 
 ``wait-quorum``: wait until a daemon says it has lost (or regained) quorum.
 ``wait-primaries``: wait until a daemon took over shards (its HELLO's count).
+``wait-peer``: wait until a daemon sees a peer in a state (its HELLO's view), and
+with ``--settled`` owes it no resync.
 """
 
 from __future__ import annotations
@@ -184,6 +186,17 @@ def wait_primaries(args: argparse.Namespace) -> None:
     _wait_hello(args, lambda hello: hello["shards"]["primary"] > args.above)
 
 
+def wait_peer(args: argparse.Namespace) -> None:
+    """Wait until a daemon's HELLO shows --peer in --state (ready, catching-up, down) and,
+    with --settled, no resync owed to it (a daemon that does not say owes none)."""
+
+    def done(hello: dict) -> bool:
+        owed = hello["replication"].get(args.peer, {}).get("resync", False)
+        return hello["view"].get(args.peer) == args.state and not (args.settled and owed)
+
+    _wait_hello(args, done)
+
+
 def try_write(args: argparse.Namespace) -> None:
     """Accumulate ones ``--times`` times; print what happened (for a partition's sides)."""
     with Client(args.config, timeout=args.timeout) as client:
@@ -267,6 +280,13 @@ def main() -> None:
     wp.add_argument("--node", required=True)
     wp.add_argument("--above", type=int, required=True)
     wp.add_argument("--timeout", type=float, default=30.0)
+    wv = sub.add_parser("wait-peer")
+    wv.add_argument("--config", required=True)
+    wv.add_argument("--node", required=True)
+    wv.add_argument("--peer", required=True)
+    wv.add_argument("--state", required=True, choices=["ready", "catching-up", "down"])
+    wv.add_argument("--settled", action="store_true", help="and it owes the peer no resync")
+    wv.add_argument("--timeout", type=float, default=30.0)
     wr = sub.add_parser("write")
     wr.add_argument("--config", required=True)
     wr.add_argument("--tensor", required=True)
@@ -289,6 +309,7 @@ def main() -> None:
         "wait-ready": wait_ready,
         "wait-quorum": wait_quorum,
         "wait-primaries": wait_primaries,
+        "wait-peer": wait_peer,
         "try-write": try_write,
         "write": write,
     }

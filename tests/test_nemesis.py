@@ -75,8 +75,10 @@ def test_concurrent_whole_tensor_writes_keep_read_your_writes(tmp_path: Path) ->
     strict=True,
     raises=NemesisViolation,
     reason="known gap (README, docs/semantics.md 'Not covered'): a daemon that cannot reach "
-    "one peer but reaches the majority stays ready; its primary acknowledges updates without "
-    "it, it serves stale reads, and takes over with its stale copy if the primary dies",
+    "one peer but reaches the majority stays ready while the link is down; its primary "
+    "acknowledges updates without it, it serves stale reads, and takes over with its stale "
+    "copy if the primary dies before the link heals (after, the primary's heartbeat tells it "
+    "to catch up)",
 )
 @pytest.mark.timeout(300)
 def test_asymmetric_link_failures_lose_nothing(tmp_path: Path) -> None:

@@ -337,6 +337,52 @@ def test_a_primary_cut_off_mid_update_does_not_acknowledge_what_its_backup_lacks
 
 
 @pytest.mark.timeout(180)
+def test_a_backup_its_primary_went_on_without_catches_up_before_the_primary_dies(
+    netcluster: NetCluster,
+) -> None:
+    """The primary stops hearing its backup while the backup hears a majority (seen in
+    the nemesis under CPU load; here the link between their hosts is cut, and both still
+    reach the other two). The primary declares the backup down and acknowledges updates
+    without it; the backup stays ready, stale. The link heals with no further update
+    of the shard, and the primary dies. The backup used to take over with its stale copy
+    (the acknowledged updates lost); now the primary owes it a resync and says so in its
+    heartbeats, so it catches up as soon as it hears the primary again.
+
+    A link cut one way only is no better a model: the daemons talk over TCP, which
+    needs both directions, so either way both stop hearing each other."""
+    c = netcluster
+    tensor = "s8/t"  # 1,000 float64: one shard
+    primary, backup = (n.name for n in c.config.replicas_for(tensor_key(tensor), 0))
+    c.worker("write", "--tensor", tensor, "--count", "1000", "--value", "0")
+    c.net.cut_link(primary, backup)
+    try:
+        c.worker("wait-peer", "--node", primary, "--peer", backup, "--state", "down")
+        acked = c.worker("try-write", "--tensor", tensor, "--times", "5", "--timeout", "10")
+        assert acked["ok"], f"{acked}\n{c.logs()}"
+        # The backup heard a majority all along: still ready, serving its stale copy.
+        stale = c.copies(tensor)["0"][backup]
+        assert stale[2] == 0.0, f"the backup got the updates during the cut: {stale}"
+    finally:
+        c.net.restore_link(primary, backup)
+    # The link works again and the cluster looks whole: the primary sees the backup ready
+    # and owes it nothing (a release without resyncs never says it owes anything).
+    c.worker("wait-peer", "--node", primary, "--peer", backup, "--state", "ready", "--settled")
+    c.wait_ready([backup])
+    c.kill(primary)
+    live = set(HOSTS) - {primary}
+    c.wait_ready(sorted(live))
+    # The backup takes the shard over: one more update goes through it.
+    more = c.worker("try-write", "--tensor", tensor, "--times", "1", "--timeout", "10")
+    assert more["ok"], f"{more}\n{c.logs()}"
+    copies = c.copies(tensor)
+    assert copies["0"][backup][2] == 6.0, (
+        f"acknowledged updates lost: 5 acknowledged while the backup was cut off, then 1 "
+        f"through it; it holds {copies['0'][backup]}\n{c.logs()}"
+    )
+    assert "owes it a resync" in c.log(backup), c.log(backup)
+
+
+@pytest.mark.timeout(180)
 def test_restart_of_every_daemon_keeps_every_byte(netcluster: NetCluster) -> None:
     c = netcluster
     for i in range(3):

@@ -25,6 +25,20 @@ def test_a_heartbeat_is_the_bytes_daemons_exchanged_as_a_dict() -> None:
     assert beat.stamp == (7, 3)
 
 
+def test_a_heartbeat_says_a_resync_is_owed_only_when_one_is() -> None:
+    """Absent means nothing owed: the bytes of a heartbeat owing nothing are those a
+    daemon of an older release sends and reads; only JSON true says one is owed."""
+    owing = Heartbeat("n2", True, False, boot=7, seq=3, epoch=0, resync=True)
+    assert owing.encode() == encode_json(
+        {"node": "n2", "ready": True, "handoff": False, "boot": 7, "seq": 3, "epoch": 0}
+        | {"resync": True}
+    )
+    assert Heartbeat.decode(owing.encode()) == owing
+    assert b"resync" not in Heartbeat("n2", True, boot=7, seq=3, epoch=0).encode()
+    assert not Heartbeat.parse({"node": "n2", "ready": True}).resync
+    assert not Heartbeat.parse({"node": "n2", "ready": True, "resync": "yes"}).resync
+
+
 def test_a_heartbeat_missing_its_stamp_and_epoch_has_none() -> None:
     """A peer that leaves them out (or sends another type) reports no stamp: its report
     is believed, never compared (``Membership.heard``)."""

@@ -110,3 +110,85 @@ def test_forwards_are_queued_in_order_for_the_backups_that_are_up(tmp_path: Path
         trio.run(main)
     finally:
         store.arena.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_forward_in_flight_when_its_backup_went_down_owes_it_a_resync(tmp_path: Path) -> None:
+    """The forward being sent when its backup is declared down fails and is given up
+    (acknowledged without it) before the tick lets go of the rest of the queue, which
+    is then empty: the sending task itself notes the resync owed. (n2's address has no
+    daemon: its link fails as a silent one's does, at once.)"""
+    config = load_config(write_config(tmp_path, 3, replicas=2, arena_size=1 << 20))
+    node = config.node("n1")
+    store = build_store(config, node)
+    try:
+        replicator = Replicator(config, node, store)
+        m, forwarding = replicator.membership, replicator.forwarding
+        clock = Clock()
+        m.clock = clock
+        m.heard("n2", True)
+        m.heard("n3", True)
+        m.became_ready()
+        key = next(
+            k for k in range(1, 1000) if [n.name for n in config.replicas_for(k, 0)] == ["n1", "n2"]
+        )
+        (item,) = forwarding.forward([commit(key, 0, 1)])  # for n2
+        # n2 silent past the failure timeout, n3 heard all along (the tick not run yet).
+        while clock.now <= config.failure_timeout:
+            clock.now += config.heartbeat
+            m.heard("n3", True)
+        assert not m.up("n2") and m.ready
+
+        async def main() -> None:
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+                    replicator.serve_in(nursery)
+                    nursery.start_soon(forwarding.run, replicator.peers["n2"])
+                    await item.done.wait()
+                    nursery.cancel_scope.cancel()
+
+        trio.run(main)
+        assert not item.delivered and len(replicator.peers["n2"].queue) == 0
+        assert forwarding.debts.owes("n2") and not forwarding.debts.owes("n3")
+    finally:
+        store.arena.close()
+
+
+def test_a_primary_resumed_after_a_pause_owes_nothing_to_the_peers_it_stopped_hearing(
+    tmp_path: Path,
+) -> None:
+    """Seen in the nemesis with the cores busy (seed 1618600898): a primary resumed after
+    SIGSTOP found its forward to a backup timed out and the backup 'down' (it had heard
+    nobody for the pause), and said it owed it a resync; the backup, which had taken
+    the primary's shards over meanwhile, gave up being ready. A daemon that has no
+    majority is not acknowledging anything: it gives up being ready and owes nothing."""
+    config = load_config(write_config(tmp_path, 3, replicas=2, arena_size=1 << 20))
+    node = config.node("n1")
+    store = build_store(config, node)
+    try:
+        replicator = Replicator(config, node, store)
+        m, forwarding = replicator.membership, replicator.forwarding
+        clock = Clock()
+        m.clock = clock
+        m.heard("n2", True)
+        m.heard("n3", True)
+        m.became_ready()
+        key = next(
+            k for k in range(1, 1000) if [n.name for n in config.replicas_for(k, 0)] == ["n1", "n2"]
+        )
+        (item,) = forwarding.forward([commit(key, 0, 1)])
+        clock.now += config.failure_timeout + 0.01  # paused: it heard nobody since
+        forwarding.let_go_of_down_peers()  # the tick, first thing after the pause
+        assert item.done.is_set() and not m.ready
+        assert not forwarding.debts.owes("n2")
+        assert forwarding.forward([commit(key, 0, 2)]) == []  # none up; not acknowledged
+        assert not forwarding.debts.owes("n2")
+    finally:
+        store.arena.close()

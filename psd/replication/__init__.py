@@ -7,6 +7,8 @@
 - ``heartbeats``: pings and their answers, each side's state;
 - ``forwarding``: queueing updates for the backups, sending them in order,
   and what acknowledging an update waits for;
+- ``debts``: the resyncs owed to backups declared down (updates acknowledged
+  without them), said in heartbeats and settled by their handoff;
 - ``delivery``: one forwarded update or one whole shard sent to a peer;
 - ``catchup_plan``: the catch-up decision, a pure function;
 - ``catchup``: asking the peers, taking the copies, the handoff;
@@ -22,7 +24,9 @@
   task per peer sends the queue in order over one connection, so backups
   apply the same updates in the same order (byte-identical copies). A backup
   that missed updates answers BEHIND and is sent the whole shard instead.
-  The client's update is acknowledged once every backup that is up has it.
+  The client's update is acknowledged once every backup that is up has it;
+  a backup declared down is owed a resync, which the primary's heartbeats
+  tell it, so one that stayed ready (it kept hearing a majority) catches up.
 - **Catching up.** A daemon that starts, or that was cut off long enough to
   have been declared down, asks its peers which shards they hold (versions
   and checksums), has the current copy of each of its shards pushed to it,

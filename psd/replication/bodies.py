@@ -72,7 +72,10 @@ class Heartbeat:
     ``boot`` and ``seq`` order the reports of one run of the sender (a late
     one cannot undo a newer one); ``epoch`` is the number of the epoch it
     follows (0 without etcd). A peer of an older release may leave out what it
-    does not know: then None.
+    does not know: then None. ``resync``: the sender owes the receiver a resync
+    (it acknowledged updates without it, ``debts``); written only when true, so
+    a peer of an older release reads the same bytes it always did and an
+    absent field means nothing is owed.
     """
 
     node: str
@@ -81,6 +84,7 @@ class Heartbeat:
     boot: int | None = None
     seq: int | None = None
     epoch: int | None = None
+    resync: bool = False
 
     @property
     def stamp(self) -> tuple[int, int] | None:
@@ -89,16 +93,17 @@ class Heartbeat:
         return self.boot, self.seq
 
     def encode(self) -> bytes:
-        return encode_json(
-            {
-                "node": self.node,
-                "ready": self.ready,
-                "handoff": self.handoff,
-                "boot": self.boot,
-                "seq": self.seq,
-                "epoch": self.epoch,
-            }
-        )
+        body: dict[str, Any] = {
+            "node": self.node,
+            "ready": self.ready,
+            "handoff": self.handoff,
+            "boot": self.boot,
+            "seq": self.seq,
+            "epoch": self.epoch,
+        }
+        if self.resync:
+            body["resync"] = True
+        return encode_json(body)
 
     @classmethod
     def parse(cls, body: Any) -> Self:
@@ -110,6 +115,7 @@ class Heartbeat:
             boot=_optional_int(rec.get("boot")),
             seq=_optional_int(rec.get("seq")),
             epoch=_optional_int(rec.get("epoch")),
+            resync=rec.get("resync") is True,
         )
 
     @classmethod

@@ -63,6 +63,7 @@ class CatchUpService:
         # this answer and the copies it asks for.
         self.membership.heard(asker)
         self.forwarding.let_go_of_down_peers()
+        self.forwarding.debts.asked(asker)  # the copies it takes now cover what it lacked
         up = (self.me, *self.membership.up_peers())
         answer = CatchupAnswer(
             self.membership.ready, self.holdings_for(asker), up, self.store.deleted

@@ -9,6 +9,11 @@ update's shard sent whole first), ``send_whole`` (shards a peer asked for),
 that sends its queue in order over its link: backups apply the same updates
 in the same order, so copies stay byte-identical. A backup that missed
 updates answers BEHIND and gets the whole shard instead (``delivery``).
+
+A backup declared down gets nothing more: what was queued for it is dropped and
+later updates are acknowledged without it. This daemon then owes it a resync
+(``debts``), which its heartbeats to it say, so a backup that never noticed
+(it kept hearing a majority) catches up rather than stay ready and stale.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from irdma.protocol import Status
 from ..errors import Refusal
 from ..membership import Membership
 from ..store import Commit
+from .debts import Debts
 from .delivery import Delivery
 from .links import PeerError, Refused
 from .peers import Peer, Peers
@@ -50,18 +56,21 @@ class Forwarding:
         # Times this daemon gave up being ready: an update queued before one of them
         # is not acknowledged even if it is ready again by the time it is answered.
         self.losses = 0
-        # Why this daemon gives up being ready, when a refusal here is the cause.
-        self._refusal = ""
+        # The backups declared down while this daemon acknowledged updates without them.
+        self.debts = Debts(me)
 
     # -- queueing ---------------------------------------------------------------
 
     def forward(self, commits: list[Commit]) -> list[Item]:
-        """Queue updates just applied here for the shards' backups; call with no await since."""
-        return [
-            self._queue(name, c.key, c.shard, c)
-            for c in commits
-            for name in self.membership.backups(c.key, c.shard)
-        ]
+        """Queue updates just applied here for the shards' backups; call with no await since.
+        A copy that is down misses them: it is owed a resync."""
+        items = []
+        for c in commits:
+            backups = self.membership.backups(c.key, c.shard)
+            for name in self.membership.down_copies(c.key, c.shard):
+                self._owe(name, "updates are acknowledged without it while it is down")
+            items += [self._queue(name, c.key, c.shard, c) for name in backups]
+        return items
 
     def send_whole(self, peer_name: str, shards: Iterable[tuple[int, int]]) -> list[Item]:
         """Queue whole shards for a peer (after anything queued for it before)."""
@@ -142,17 +151,25 @@ class Forwarding:
     # -- what changes it -------------------------------------------------------------
 
     def let_go_of_down_peers(self) -> None:
-        """A peer that went down no longer holds up acknowledgements."""
+        """A peer that went down no longer holds up acknowledgements (and is owed a
+        resync if something queued for it is dropped)."""
         for name, peer in self.peers.items():
             if not self.membership.up(name):
+                if peer.queue:
+                    self._owe(name, f"{len(peer.queue)} item(s) queued for it dropped (it is down)")
                 peer.queue.skip_all()
 
-    def lost(self) -> str:
-        """This daemon gave up being ready: count it. Why, if a refusal here caused it
-        (else "")."""
+    def _owe(self, peer: str, why: str) -> None:
+        """``peer`` misses updates this daemon may acknowledge: it is owed a resync.
+        Not while this daemon is not ready or has no majority (``has_quorum`` checks
+        first, so one resumed after a pause gives up being ready here): then what it
+        dropped is not acknowledged, and the peer may be the one serving now."""
+        if self.membership.ready and self.membership.has_quorum():
+            self.debts.incur(peer, why)
+
+    def lost(self) -> None:
+        """This daemon gave up being ready: count it."""
         self.losses += 1
-        why, self._refusal = self._refusal, ""
-        return why
 
     # -- sending --------------------------------------------------------------------
 
@@ -175,15 +192,15 @@ class Forwarding:
                     # Applied here as primary, refused by a copy that sees another
                     # primary (an epoch switch): this copy may hold an update no
                     # other has. Not acknowledged; caught up from the primary.
-                    self._refusal = f"{peer.name} refused an update it forwarded"
-                    self.membership.lose()
+                    self.membership.lose(f"{peer.name} refused an update it forwarded")
             except PeerError as exc:
-                # Keep trying while the peer is up; once it is down the
-                # queue is dropped (it catches up when it returns).
+                # Keep trying while the peer is up; once it is down the queue is
+                # dropped and it is owed a resync (``let_go_of_down_peers``).
                 if self.membership.up(peer.name):
                     log.info("%s: forwarding to %s failed (%s); retrying", self.me, peer.name, exc)
                     await trio.sleep(self.retry_pause)
                     continue
+                self._owe(peer.name, f"forwarding to it failed once it was down ({exc})")
             peer.queue.done(item)
 
     async def _deliver(self, peer: Peer, item: Item) -> None:

@@ -5,6 +5,11 @@ A heartbeat carries (boot, seq) so a late one cannot undo a newer state. A
 *handoff* is the heartbeat of a peer that caught up and takes its shards back:
 it is answered only once everything queued for that peer was delivered, so
 the peer starts serving with every update this daemon applied for it.
+
+A heartbeat to a peer this daemon owes a resync (``debts``: it acknowledged
+updates without it) says so; a ready peer told so gives up being ready and
+catches up, and its handoff settles the debt. A handoff answered with the debt
+still owed was not taken (the peer plans its catch-up again).
 """
 
 from __future__ import annotations
@@ -60,8 +65,8 @@ class Heartbeats:
         finally:
             self._announcing = False
 
-    def body(self, handoff: bool = False) -> bytes:
-        """This daemon's state, as its heartbeats carry it."""
+    def body(self, to: str, handoff: bool = False) -> bytes:
+        """This daemon's state, as its heartbeats to peer ``to`` carry it."""
         self.membership.observe()  # a daemon resumed after a pause says so at once
         self._seq += 1
         return Heartbeat(
@@ -71,6 +76,7 @@ class Heartbeats:
             self._boot,
             self._seq,
             epoch_number(self.config),
+            resync=self.forwarding.debts.owes(to),
         ).encode()
 
     async def received(self, body: Any) -> bytes:
@@ -86,10 +92,13 @@ class Heartbeats:
             raise Refusal(Status.BAD_ARGUMENT, str(exc)) from None
         if not self.peers.is_peer(beat.node):
             raise Refusal(Status.BAD_ARGUMENT, f"heartbeat from an unknown node {beat.node!r}")
-        self.membership.heard(beat.node, beat.ready, stamp=beat.stamp, epoch=beat.epoch)
+        believed = self.membership.heard(beat.node, beat.ready, stamp=beat.stamp, epoch=beat.epoch)
+        if believed and beat.resync:
+            self._owed_resync(beat.node)
         if beat.handoff:
             await self.forwarding.drain(beat.node)
-        return self.body()
+            self.forwarding.debts.settle(beat.node)
+        return self.body(beat.node)
 
     async def run(self, peer: Peer) -> None:
         """Ping ``peer`` every heartbeat, until cancelled."""
@@ -101,8 +110,9 @@ class Heartbeats:
 
     async def ping(self, peer: Peer, timeout: float | None = None, handoff: bool = False) -> bool:
         """Send ``peer`` this daemon's state and record the one it answers with; whether
-        it answered."""
-        body = self.body(handoff)
+        it answered (a handoff: and took it; not while it still owes this daemon a
+        resync)."""
+        body = self.body(peer.name, handoff)
         try:
             header, data = await peer.link.request(
                 Ping().frame(len(body)), [body], timeout=timeout or self.config.failure_timeout
@@ -115,5 +125,18 @@ class Heartbeats:
             reply = Heartbeat.decode(data)
         except BadBody:
             return True  # it answered, without a state this daemon can read
-        self.membership.heard(peer.name, reply.ready, stamp=reply.stamp, epoch=reply.epoch)
+        believed = self.membership.heard(
+            peer.name, reply.ready, stamp=reply.stamp, epoch=reply.epoch
+        )
+        if believed and reply.resync:
+            self._owed_resync(peer.name)
+            return not handoff
         return True
+
+    def _owed_resync(self, peer: str) -> None:
+        """``peer`` says it acknowledged updates without this daemon (it saw it down):
+        this daemon's copies may be stale, so a ready one catches up. (One not ready
+        is catching up already; its handoff tells whether that settles it.)"""
+        self.membership.lose(
+            f"{peer} acknowledged updates without it while it saw it down (it owes it a resync)"
+        )

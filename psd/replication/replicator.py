@@ -124,7 +124,8 @@ class Replicator:
     def _on_lost(self) -> None:
         """This daemon gave up being ready (``Membership.on_lost``)."""
         m = self.membership
-        why = self.forwarding.lost() or (
+        self.forwarding.lost()
+        why = m.why_lost or (
             f"no contact with a majority for {m.grace:.1f} s"
             if not m.leased
             else "its etcd lease is not held"
@@ -135,7 +136,7 @@ class Replicator:
         # to a peer's socket are dropped too (a reset, not a close): sent when
         # the path comes back, a backup could apply an update that was never
         # acknowledged and that this daemon's catch-up is about to undo.
-        self.peers.cut_off(f"{self.node.name} lost its majority")
+        self.peers.cut_off(f"{self.node.name} gave up being ready: {why}")
         self._lost.set()
 
     def adopt(self, epoch: Epoch) -> None:
