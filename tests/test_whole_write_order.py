@@ -6,11 +6,16 @@ then A. Without an order between writes, shard 0 ended with B and shard 1
 with A for good; readers got one write only while the copies kept from
 before lasted, then ``TornRead`` on every read. The race is made to happen
 every time by holding A's shard 1 until B has finished.
+
+Whole writes are ordered by their stamps now (``irdma.client.stamps``): a
+shard refuses a write older than the one it holds, and its writer stamps it
+again and writes every shard again.
 """
 
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +25,9 @@ import trio
 
 import irdma
 from irdma import AsyncClient, Client
-from irdma.protocol import HEADER_SIZE, Status, tensor_key, unpack_header
+from irdma.client.routing import new_txn
+from irdma.client.stamps import StampClock, new_stamp
+from irdma.protocol import HEADER_SIZE, Op, Status, tensor_key, unpack_header
 from irdma.protocol.messages import Read, Update, served_stamps
 
 from .conftest import Cluster, make_cluster, recv_exactly
@@ -68,8 +75,9 @@ def reported(client: AsyncClient, shard: int, done: trio.Event) -> None:
     client._router.on_replicas = on_replicas  # type: ignore[method-assign]
 
 
-async def opposite_orders(config: Path) -> None:
-    """A reaches shard 0, then B all of the tensor, then A reaches shard 1."""
+async def opposite_orders(config: Path) -> tuple[int, int]:
+    """A reaches shard 0, then B all of the tensor, then A reaches shard 1; the
+    writes A and B stamped again."""
     async with AsyncClient(config) as a, AsyncClient(config) as b:
         a_on_0, b_done = trio.Event(), trio.Event()
         reported(a, 0, a_on_0)
@@ -83,6 +91,7 @@ async def opposite_orders(config: Path) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(write_b)
             await a.write(NAME, np.full(N, 1, np.float32))
+        return a.writes_restamped, b.writes_restamped
 
 
 def copy_on(cluster: Cluster, node: str, shard: int) -> tuple[int, int, float]:
@@ -117,7 +126,9 @@ def test_whole_writes_in_opposite_orders_converge_on_one(replicated: Cluster) ->
     cluster = replicated
     with Client(cluster.config_path) as c:
         c.write(NAME, np.zeros(N, np.float32))
-    trio.run(opposite_orders, cluster.config_path)
+    # B was stamped after A, so it is the later write: shard 1, holding it, refuses
+    # A, which is stamped again after B and written to both shards again.
+    assert trio.run(opposite_orders, cluster.config_path) == (1, 0)
     # Every copy of every shard holds the same write (one stamp, one value).
     copies = {
         (node.name, shard): copy_on(cluster, node.name, shard)
@@ -129,4 +140,42 @@ def test_whole_writes_in_opposite_orders_converge_on_one(replicated: Cluster) ->
     with Client(cluster.config_path) as c:
         give_back_kept_copies(c, cluster)
         got = c.read(NAME)
-    assert np.unique(got).tolist() in ([1.0], [2.0]), np.unique(got)
+    assert np.unique(got).tolist() == [1.0], np.unique(got)
+
+
+def test_a_write_from_a_clock_behind_is_refused_then_wins(replicated: Cluster) -> None:
+    """Another machine's clock ran an hour ahead: its whole write holds the shards. A
+    later write from here (stamped by a clock behind it) is refused with that
+    write's stamp, stamped after it, and written again: it is not lost."""
+    cluster = replicated
+    with Client(cluster.config_path) as c:
+        c.write(NAME, np.zeros(N, np.float32))
+        meta = c.stat(NAME).meta
+        ahead = StampClock(lambda: time.time() + 3600).next()
+        for shard in range(2):
+            a = cluster.config.primary_for(KEY, shard).address
+            with socket.create_connection((a.host, a.port), timeout=10) as s:
+                for stamp, value in ((ahead, 5.0), (new_stamp(), 3.0)):
+                    write = Update(
+                        Op.WRITE,
+                        KEY,
+                        shard,
+                        0,
+                        SHARD,
+                        layout=meta.layout,
+                        txn=new_txn(),
+                        stamp=stamp,
+                    )
+                    data = np.full(SHARD // 4, value, np.float32).tobytes()
+                    s.sendall(write.frame(SHARD).pack() + data)
+                    reply = unpack_header(recv_exactly(s, HEADER_SIZE))
+                    text = recv_exactly(s, reply.length)
+                # The second, older, is refused with the stamp of the one held.
+                assert (reply.status, reply.stamp) == (Status.STALE_STAMP, ahead), text
+        c.write(NAME, np.full(N, 3, np.float32))
+        assert c._client.writes_restamped == 1
+        assert np.unique(c.read(NAME)).tolist() == [3.0]
+    for shard in range(2):
+        for node in cluster.config.replicas_for(KEY, shard):
+            _, stamp, value = copy_on(cluster, node.name, shard)
+            assert value == 3.0 and stamp > ahead
