@@ -177,6 +177,14 @@ class StampPending(DaemonError):
     status = Status.STAMP_PENDING
 
 
+class StaleStamp(DaemonError):
+    """A shard holds a later whole-tensor write than the one sent (``held`` is its
+    stamp): the client stamps its write above it and writes every shard again."""
+
+    status = Status.STALE_STAMP
+    held: int = 0
+
+
 class TornRead(DaemonError):
     """A read of several shards could not get them all from one whole-tensor write:
     the tensor kept being rewritten, or a writer stopped half-way and the
@@ -230,6 +238,7 @@ _BY_STATUS: dict[int, type[DaemonError]] = {
     Status.STAMP_GONE: StampGone,
     Status.STAMP_PENDING: StampPending,
     Status.STALE_EPOCH: StaleEpoch,
+    Status.STALE_STAMP: StaleStamp,
 }
 
 # Statuses that mean "this replica cannot do it now, another one may": a

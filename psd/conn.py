@@ -90,12 +90,15 @@ class Replies:
         self.metrics.series(header.op, conn.transport).sent += length
         await conn.send(buffers)
 
-    async def error(self, conn: Conn, header: Header, status: Status, message: str) -> None:
-        """Refuse ``header`` with ``status``; the message is the payload."""
+    async def error(
+        self, conn: Conn, header: Header, status: Status, message: str, stamp: int | None = None
+    ) -> None:
+        """Refuse ``header`` with ``status``; the message is the payload. ``stamp``:
+        the answer's stamp field (None: the request's)."""
         # Messages quote what the peer sent, which may hold a lone surrogate
         # (JSON "\ud800"): plain encode() raised UnicodeEncodeError here.
         data = message.encode(errors="backslashreplace")[:MAX_ERROR_MESSAGE]
-        frame = pack_response(header, int(status), len(data))
+        frame = pack_response(header, int(status), len(data), stamp=stamp)
         self.metrics.series(header.op, conn.transport).sent += len(data)
         self.metrics.error(header.op, status)
         await conn.send([frame + data])

@@ -13,12 +13,14 @@ from irdma.protocol import Status
 
 
 class Refusal(Exception):
-    """A request the daemon refuses; ``status`` goes back to the client."""
+    """A request the daemon refuses; ``status`` goes back to the client, and with
+    ``stamp`` the answer's stamp field (a STALE_STAMP names the later write)."""
 
-    def __init__(self, status: Status, message: str) -> None:
+    def __init__(self, status: Status, message: str, *, stamp: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.stamp = stamp
 
 
 class StoreError(Refusal):

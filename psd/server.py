@@ -337,7 +337,7 @@ class Server:
         except Refusal as exc:
             # A refused request's unread payload is skipped before the answer.
             await payload.skip_rest()
-            await self.replies.error(conn, header, exc.status, exc.message)
+            await self.replies.error(conn, header, exc.status, exc.message, exc.stamp)
         else:
             await payload.skip_rest()
         return True

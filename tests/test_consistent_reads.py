@@ -19,8 +19,8 @@ import pytest
 
 import irdma
 from irdma import Client
-from irdma.client.routing import new_stamp
 from irdma.client.shells import drive
+from irdma.client.stamps import new_stamp
 from irdma.protocol import Op, tensor_key
 from irdma.protocol.directory import SERVING_WORD
 from irdma.protocol.messages import Update

@@ -66,3 +66,59 @@ def test_a_stamp_needs_a_write_of_the_whole_shard(store: Store) -> None:
     with pytest.raises(StoreError, match="whole-tensor write's stamp") as ei:
         store.applier.commit(u)
     assert ei.value.status == Status.BAD_ARGUMENT and tensor.shards[0].version == 0
+
+
+def whole(store: Store, meta: TensorMeta, value: float, stamp: int, txn: int) -> PendingUpdate:
+    """Shard 0 of a whole-tensor write ``stamp``, every element ``value``."""
+    u = staged(store, meta, Op.WRITE, [value] * (SHARD // 4))
+    u.stamp, u.txn = stamp, txn
+    return u
+
+
+def test_a_client_s_whole_write_older_than_the_shard_s_is_refused(store: Store) -> None:
+    """The shard keeps the later whole write whatever order they come in; the refusal
+    names it (the writer stamps its write after it)."""
+    meta = TensorMeta("a/o", "float32", (1024,), SHARD)
+    tensor, _ = store.create(meta)
+    shard = tensor.shards[0]
+    assert store.push(whole(store, meta, 2.0, 0xB0, txn=2)) == 1
+    used = store.arena.used
+    for stamp in (0xA0, 0xB0):  # older, and another write that drew the same stamp
+        with pytest.raises(StoreError, match="not older than this one") as ei:
+            store.push(whole(store, meta, 1.0, stamp, txn=stamp))
+        assert ei.value.status == Status.STALE_STAMP and ei.value.stamp == 0xB0
+    assert (shard.version, shard.stamp) == (1, 0xB0) and store.arena.used == used
+    assert store.arena.view(shard.block, 0, 4).view(np.float32)[0] == 2.0
+    # Stamped again after it, the write applies.
+    assert store.push(whole(store, meta, 1.0, 0xC0, txn=3)) == 2 and shard.stamp == 0xC0
+    # Accumulates and partial writes carry no stamp: they apply between whole writes.
+    assert store.push(staged(store, meta, Op.ACCUMULATE, [1.0])) == 3
+    assert store.push(staged(store, meta, Op.WRITE, [7.0])) == 4
+    with pytest.raises(StoreError) as ei:
+        store.push(whole(store, meta, 1.0, 0xB8, txn=4))
+    assert ei.value.stamp == 0xC0
+
+
+def test_a_retry_of_a_whole_write_overtaken_since_is_answered_applied(store: Store) -> None:
+    """A retry (same txn) of a write a later one replaced is answered with the version
+    it made, not refused: it was applied, in its turn."""
+    meta = TensorMeta("a/y", "float32", (1024,), SHARD)
+    store.create(meta)
+    assert store.push(whole(store, meta, 1.0, 0xA0, txn=7)) == 1
+    assert store.push(whole(store, meta, 2.0, 0xB0, txn=8)) == 2
+    retry = whole(store, meta, 1.0, 0xA0, txn=7)
+    assert store.applied(retry) == 1
+    store.abort(retry)
+
+
+def test_a_backup_applies_its_primary_s_whole_writes_in_the_primary_s_order(
+    store: Store,
+) -> None:
+    """A backup applies what its primary forwards in the order it comes, stamps or
+    not: the primary decided which write is later (``Store.push``), and a backup
+    that refused one would no longer hold the primary's copy."""
+    meta = TensorMeta("a/b", "float32", (1024,), SHARD)
+    tensor, _ = store.create(meta)
+    store.commit_replica(whole(store, meta, 2.0, 0xB0, txn=1), 1)
+    assert store.commit_replica(whole(store, meta, 1.0, 0xA0, txn=2), 2) == 2
+    assert tensor.shards[0].stamp == 0xA0

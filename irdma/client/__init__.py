@@ -20,7 +20,7 @@ One role per module:
   batched calls; ``onesided``: reads copied out of a daemon's arena;
   ``ranges``: byte ranges cut at shard boundaries.
 - ``routing``: replica order and failover; ``retry``: every retry's deadline
-  and pause.
+  and pause; ``stamps``: whole-write stamps, unique and ordered.
 """
 
 from .arrays import as_stored_array

@@ -16,8 +16,8 @@ import numpy as np
 
 from .. import narrowing
 from ..cluster import Node
-from ..errors import DaemonError
-from ..protocol import Op, TensorMeta
+from ..errors import DaemonError, StaleStamp
+from ..protocol import Op, Status, TensorMeta
 from ..protocol.messages import Read, Update, served_stamps
 from ..sizes import PARALLEL_COPY_MIN
 from ..transport.base import Buffer
@@ -29,6 +29,7 @@ from .ranges import Piece
 from .routing import Router, asks_primary, several_copies, worker_field
 from .session import Session
 from .sinks import IntoSink
+from .stamps import new_stamp
 
 Progress = Callable[[int], None]
 
@@ -45,6 +46,12 @@ class DataPath:
         # Reads of several shards that met two whole-tensor writes and read
         # pieces again to get one (a measure of write/read contention).
         self.reads_reconciled = 0
+        # Whole-tensor writes stamped and written again because a shard held a
+        # later one (a measure of write/write contention).
+        self.writes_restamped = 0
+        # Their pieces applied before the refusal and written again (each bumped
+        # its shard's version once more).
+        self.pieces_rewritten = 0
 
     async def read_array(
         self,
@@ -192,9 +199,11 @@ class DataPath:
             s = by_shard[p.shard]
             view = buf[s.start : s.start + s.length]
             if op != Op.READ:
-                return await self._update(
-                    op, meta, s, view, alpha, wire, wid, step, stamp, progress
-                )
+                got = await self._update(op, meta, s, view, alpha, wire, wid, step, stamp)
+                if progress is not None and p.shard not in moved:
+                    moved.add(p.shard)  # a whole write written again counts once
+                    progress(s.length)
+                return got
             if direct and not want:
                 got = copied.pop(p.shard, None) or await self.reader.read(
                     meta, p, view, choice.get(p.shard)
@@ -230,10 +239,27 @@ class DataPath:
             return Served(reply.header.version, *served_stamps(reply.header))
 
         pieces = [s.piece for s in cut]
+        moved: set[int] = set()  # shards whose progress was reported
         if len(pieces) == 1:  # most small requests: no fan-out to set up
             served = [await one(pieces[0])]
         else:
             kept = await self.session.gather(partial(_refusal_kept, one, p) for p in pieces)
+            deadline = self.session.now() + self.session.timeout
+            while stamp and (later := _outrun(kept)) and self.session.now() < deadline:
+                # A shard holds a later whole write: this one goes after it, on
+                # every shard (those it reached too), or they would end with
+                # different writes (see ``stamps``).
+                stamp = new_stamp(after=later)
+                self.writes_restamped += 1
+                self.pieces_rewritten += sum(isinstance(s, Served) for s in kept)
+                kept = await self.session.gather(partial(_refusal_kept, one, p) for p in pieces)
+            if stamp and _outrun(kept):
+                raise StaleStamp(
+                    f"tensor {meta.name!r}: later whole-tensor writes from other clients "
+                    f"kept reaching some of its shards first for {self.session.timeout:g} s; "
+                    "this write is not applied everywhere: write it again",
+                    Status.STALE_STAMP,
+                )
             refused = [s for s in kept if isinstance(s, DaemonError)]
             if refused:
                 raise refused[0]
@@ -261,7 +287,6 @@ class DataPath:
         wid: int,
         step: int,
         stamp: int,
-        progress: Progress | None,
     ) -> Served:
         """Write or accumulate one slice at the shard's primary, failing over."""
         p = s.piece
@@ -291,9 +316,16 @@ class DataPath:
             update=True,
             track=not stamp,
         )
-        if progress is not None:
-            progress(s.length)
         return Served(reply.header.version, stamp, 0)
+
+
+def _outrun(kept: list[Served | DaemonError]) -> int:
+    """The latest stamp shards named in refusing a whole write because they hold a
+    later one, when that is every refusal (0: none, or others too)."""
+    refused = [s for s in kept if isinstance(s, DaemonError)]
+    if not refused or not all(isinstance(r, StaleStamp) for r in refused):
+        return 0
+    return max(r.held for r in refused if isinstance(r, StaleStamp))
 
 
 async def _refusal_kept(

@@ -150,6 +150,18 @@ class AsyncClient:
         again to get one (a measure of write/read contention)."""
         return self._data.reads_reconciled
 
+    @property
+    def writes_restamped(self) -> int:
+        """Whole-tensor writes stamped again and written to every shard again because
+        a shard held a later one (a measure of write/write contention)."""
+        return self._data.writes_restamped
+
+    @property
+    def pieces_rewritten(self) -> int:
+        """Shards those writes had reached before they were stamped again: each was
+        written twice, so its version went up once more than the write count says."""
+        return self._data.pieces_rewritten
+
     def shared_empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> np.ndarray:
         """An uninitialised array in this client's shared memory: same-host daemons
         copy a write of it straight from there (no staging copy).

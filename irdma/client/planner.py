@@ -21,7 +21,8 @@ from ..cluster import Node
 from ..errors import DtypeMismatch
 from ..protocol import Op, Status, TensorMeta
 from .ranges import Piece, shard_pieces
-from .routing import new_stamp, new_txn
+from .routing import new_txn
+from .stamps import new_stamp
 
 
 def wire_for(meta: TensorMeta, code: int) -> int:

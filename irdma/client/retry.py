@@ -16,6 +16,9 @@ The loops, each with its deadline and pauses here:
   ``AGREE_TRIES`` rounds without progress, the first ``AGREE_CHASE`` of them
   waiting for a write in progress, pausing ``agree_pause`` (their rules on
   which pieces to read again, and from which write, are ``agreement``'s).
+- a whole-tensor write a shard refused for a later one (StaleStamp), stamped
+  after it and sent to every shard again, within the timeout, without pause
+  (``datapath.DataPath.move``; the order is ``stamps``').
 
 A request itself is bounded by the client timeout (``session.Session.request``).
 """

@@ -90,11 +90,6 @@ def new_txn() -> int:
     return _os_random(64) or 1
 
 
-def new_stamp() -> int:
-    """A fresh whole-tensor write id: random, never 0 (none) or 1 (UNSTAMPED)."""
-    return _os_random(64) | 2
-
-
 def _with_version(msg: Read, version: int) -> Read:
     if msg.min_version == version:
         return msg

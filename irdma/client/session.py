@@ -23,6 +23,7 @@ from ..errors import (
     ClientClosed,
     DaemonTimeout,
     DaemonUnavailable,
+    StaleStamp,
     error_for_status,
 )
 from ..protocol import Header, Status
@@ -165,7 +166,10 @@ class Session:
             text = reply.data.decode("utf-8", "replace")
             if status == Status.STALE_EPOCH:
                 text = self._follow_epoch(text)
-            raise error_for_status(status, f"{node.name}: {text}")
+            exc = error_for_status(status, f"{node.name}: {text}")
+            if isinstance(exc, StaleStamp):
+                exc.held = reply.header.stamp  # the later write the shard holds
+            raise exc
         return reply
 
     def _unavailable(self, node: Node, exc: Exception) -> DaemonUnavailable:

@@ -25,7 +25,7 @@ import numpy as np
 from .. import dtypes as _dtypes  # noqa: F401
 
 MAGIC = b"IRDM"
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 
 # magic, protocol version, op, flags, status, dtype, shard (or entry count),
 # request id, tensor key, offset, size (bytes of tensor data the op covers),
@@ -41,8 +41,9 @@ PROTOCOL_VERSION = 8
 # training mode lets that step proceed), txn (the client's id of one logical
 # update, the same on every retry, so a retried update is applied once; 0 for
 # none), stamp (the id of one whole-tensor write, the same on all its shards,
-# so readers can tell two writes apart; 0: none; in a read, the copy wanted;
-# in a read's answer, the copy served). In a read, version is the least
+# so readers can tell two writes apart, and ordered, so every shard keeps the
+# later of two; 0: none; in a read, the copy wanted; in a read's answer, the
+# copy served; in a STALE_STAMP answer, the later write's). In a read, version is the least
 # version the client will accept (a replica behind it answers BEHIND). In a
 # REPLICA update and in SYNC, worker is the index of the sending daemon in the
 # cluster's node list (a receiver takes copies only from the daemon it sees as
@@ -265,6 +266,11 @@ class Status(enum.IntEnum):
     # the key under another name (a tensor renamed from it): find the tensor
     # by its name, then create at its key, or at another key for the name.
     MOVED = 26
+    # A WRITE of a whole-tensor write whose stamp is not later than the stamp of
+    # the whole write the shard holds: the answer's ``stamp`` is that one. The
+    # writer stamps its write above it and writes every shard again, so all
+    # shards end with the same write (``irdma.client.stamps``).
+    STALE_STAMP = 27
 
 
 # Stored dtypes. Always little-endian on the wire and in the arena.

@@ -4,7 +4,8 @@ Pure functions over numpy arrays and tensor metadata: the parameter-server
 update rule (``target += alpha * delta``, in three forms that give
 bit-identical results), which ``alpha`` may scale a delta of which dtype,
 which byte ranges an accumulate or a narrowed wire dtype may cover, and how
-many tensor bytes a narrowed payload stands for. Refusals are StoreErrors
+many tensor bytes a narrowed payload stands for, and which whole-tensor
+write is later than another. Refusals are StoreErrors
 naming the problem.
 """
 
@@ -115,6 +116,26 @@ def check_accumulate(meta: TensorMeta, offset: int, size: int, alpha: float) -> 
             Status.BAD_ARGUMENT,
             f"accumulate range [{offset}, {offset + size}) is not aligned to "
             f"{dt} elements of {dt.itemsize} bytes",
+        )
+
+
+def check_later(meta: TensorMeta, index: int, held: int, stamp: int) -> None:
+    """Raise StoreError (STALE_STAMP, naming ``held``) unless whole-tensor write
+    ``stamp`` is later than ``held``, the one shard ``index`` holds (0: none).
+
+    Every shard then keeps the later of two whole writes, whatever order they
+    arrive in, and the earlier one's writer, refused, writes it again after
+    the later one on every shard: the shards end with one write. An equal
+    stamp is refused too: a retry of the same request never gets here (its
+    txn is known), so it is another write that drew the same stamp.
+    """
+    if held and stamp <= held:
+        raise StoreError(
+            Status.STALE_STAMP,
+            f"shard {index} of {meta.name!r} holds whole-tensor write {held:#x}, "
+            f"not older than this one ({stamp:#x}): stamp the write after it and "
+            "write every shard again",
+            stamp=held,
         )
 
 

@@ -207,11 +207,22 @@ class Store:
         return self.applier.commit(update, step, pushed)
 
     def push(self, update: PendingUpdate, worker: int = NO_WORKER, step: int = 0) -> int:
-        """Apply (or, in a lockstep mode, hold) a received update; return the shard's version.
+        """Apply (or, in a lockstep mode, hold) a client's update; return the shard's version.
 
         ``worker`` and ``step`` say whose gradient for which training step
         the update is; they matter only for tensors with a training mode.
+        A shard of a whole-tensor write not later than the one the shard holds
+        is refused (STALE_STAMP, ``rules.check_later``); a backup never checks
+        this: it applies its primary's updates in the primary's order.
         """
+        if update.stamp:
+            try:
+                rules.check_later(
+                    update.tensor.meta, update.shard.index, update.shard.stamp, update.stamp
+                )
+            except StoreError:
+                self.abort(update)
+                raise
         version, changed = self.steps.push(update, worker, step)
         if changed:
             self._wake()
