@@ -19,6 +19,7 @@ from irdma.client.planner import (
 )
 from irdma.client.routing import Router
 from irdma.client.session import Session
+from irdma.client.stamps import StampClock
 from irdma.cluster import load_config
 from irdma.errors import DtypeMismatch
 from irdma.narrowing import wire_code
@@ -77,13 +78,14 @@ def test_a_batch_with_a_wire_dtype_names_the_tensor_that_is_not_wider() -> None:
 
 def test_only_a_whole_write_over_several_shards_is_stamped() -> None:
     m = meta()
+    clock = StampClock()
     whole = slices(m, 0, m.nbytes)
-    stamps = {whole_write_stamp(Op.WRITE, m, whole) for _ in range(8)}
+    stamps = {whole_write_stamp(Op.WRITE, m, whole, clock) for _ in range(8)}
     assert len(stamps) == 8 and not stamps & {0, 1}  # fresh, never "none" or UNSTAMPED
-    assert whole_write_stamp(Op.WRITE, m, slices(m, 4, m.nbytes - 4)) == 0
-    assert whole_write_stamp(Op.ACCUMULATE, m, whole) == 0
+    assert whole_write_stamp(Op.WRITE, m, slices(m, 4, m.nbytes - 4), clock) == 0
+    assert whole_write_stamp(Op.ACCUMULATE, m, whole, clock) == 0
     one = meta(n=100)
-    assert whole_write_stamp(Op.WRITE, one, slices(one, 0, one.nbytes)) == 0
+    assert whole_write_stamp(Op.WRITE, one, slices(one, 0, one.nbytes), clock) == 0
 
 
 def test_updates_carry_a_txn_only_where_daemons_replicate() -> None:

@@ -20,7 +20,7 @@ import pytest
 import irdma
 from irdma import Client
 from irdma.client.shells import drive
-from irdma.client.stamps import new_stamp
+from irdma.client.stamps import StampClock
 from irdma.protocol import Op, tensor_key
 from irdma.protocol.directory import SERVING_WORD
 from irdma.protocol.messages import Update
@@ -377,7 +377,7 @@ def test_a_writer_stopped_half_way_leaves_the_write_before(cluster: Cluster) -> 
         c.write("atomic/half", old)
         core = c._client
         meta = c.stat("atomic/half").meta
-        stamp = new_stamp()
+        stamp = StampClock().next()
         for shard in (0, 1):
             new = np.full(SHARD // 4, -1, np.float32)
             msg = Update(Op.WRITE, meta.key, shard, 0, SHARD, layout=meta.layout, stamp=stamp)

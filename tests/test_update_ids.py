@@ -21,7 +21,7 @@ import pytest
 
 from irdma import Client
 from irdma.client.routing import new_txn
-from irdma.client.stamps import new_stamp
+from irdma.client.stamps import StampClock
 
 from .conftest import Cluster, make_cluster
 
@@ -52,10 +52,10 @@ UPDATES = 100  # per run, split over the ranks
 
 def test_ids_differ_after_equal_seeds() -> None:
     random.seed(0)
-    txns, stamps = [new_txn() for _ in range(4)], [new_stamp() for _ in range(4)]
+    txns, stamps = [new_txn() for _ in range(4)], [StampClock().next() for _ in range(4)]
     random.seed(0)
     assert not set(txns) & {new_txn() for _ in range(4)}
-    assert not set(stamps) & {new_stamp() for _ in range(4)}
+    assert not set(stamps) & {StampClock().next() for _ in range(4)}
     assert all(s > 1 for s in stamps)  # 0 and 1 mean "no stamp" and UNSTAMPED
 
 

@@ -26,7 +26,7 @@ import trio
 import irdma
 from irdma import AsyncClient, Client
 from irdma.client.routing import new_txn
-from irdma.client.stamps import StampClock, new_stamp
+from irdma.client.stamps import StampClock
 from irdma.protocol import HEADER_SIZE, Op, Status, tensor_key, unpack_header
 from irdma.protocol.messages import Read, Update, served_stamps
 
@@ -155,7 +155,7 @@ def test_a_write_from_a_clock_behind_is_refused_then_wins(replicated: Cluster) -
         for shard in range(2):
             a = cluster.config.primary_for(KEY, shard).address
             with socket.create_connection((a.host, a.port), timeout=10) as s:
-                for stamp, value in ((ahead, 5.0), (new_stamp(), 3.0)):
+                for stamp, value in ((ahead, 5.0), (StampClock().next(), 3.0)):
                     write = Update(
                         Op.WRITE,
                         KEY,

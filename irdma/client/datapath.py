@@ -29,7 +29,7 @@ from .ranges import Piece
 from .routing import Router, asks_primary, several_copies, worker_field
 from .session import Session
 from .sinks import IntoSink
-from .stamps import new_stamp
+from .stamps import StampClock
 
 Progress = Callable[[int], None]
 
@@ -48,6 +48,7 @@ class DataPath:
         self.reads_reconciled = 0
         # Whole-tensor writes stamped and written again because a shard held a
         # later one (a measure of write/write contention).
+        self.stamps = StampClock()  # this client's whole-write stamps
         self.writes_restamped = 0
         # Their pieces applied before the refusal and written again (each bumped
         # its shard's version once more).
@@ -185,7 +186,7 @@ class DataPath:
         if not asks_primary(update, wid) and several_copies(self.session.config):
             spread = Spread(self.router, to_primary=False)
             choice = {s.shard: spread.order(meta.key, s.piece) for s in cut}
-        stamp = whole_write_stamp(op, meta, cut)
+        stamp = whole_write_stamp(op, meta, cut, self.stamps)
         by_shard = {s.shard: s for s in cut}
         # A large one-sided read copies its shards on two threads first; what
         # they could not copy goes the usual way below.
@@ -199,11 +200,11 @@ class DataPath:
             s = by_shard[p.shard]
             view = buf[s.start : s.start + s.length]
             if op != Op.READ:
-                got = await self._update(op, meta, s, view, alpha, wire, wid, step, stamp)
+                applied = await self._update(op, meta, s, view, alpha, wire, wid, step, stamp)
                 if progress is not None and p.shard not in moved:
                     moved.add(p.shard)  # a whole write written again counts once
                     progress(s.length)
-                return got
+                return applied
             if direct and not want:
                 got = copied.pop(p.shard, None) or await self.reader.read(
                     meta, p, view, choice.get(p.shard)
@@ -249,7 +250,7 @@ class DataPath:
                 # A shard holds a later whole write: this one goes after it, on
                 # every shard (those it reached too), or they would end with
                 # different writes (see ``stamps``).
-                stamp = new_stamp(after=later)
+                stamp = self.stamps.next(after=later)
                 self.writes_restamped += 1
                 self.pieces_rewritten += sum(isinstance(s, Served) for s in kept)
                 kept = await self.session.gather(partial(_refusal_kept, one, p) for p in pieces)

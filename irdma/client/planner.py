@@ -22,7 +22,7 @@ from ..errors import DtypeMismatch
 from ..protocol import Op, Status, TensorMeta
 from .ranges import Piece, shard_pieces
 from .routing import new_txn
-from .stamps import new_stamp
+from .stamps import StampClock
 
 
 def wire_for(meta: TensorMeta, code: int) -> int:
@@ -79,12 +79,12 @@ def slices(meta: TensorMeta, offset: int, buf_len: int, wire: int = 0) -> list[S
     return [Slice(p, p.buf_offset // itemsize * held, p.length // itemsize * held) for p in pieces]
 
 
-def whole_write_stamp(op: Op, meta: TensorMeta, cut: list[Slice]) -> int:
-    """A fresh stamp for a write of the whole tensor over several shards (one write
-    for its readers: every shard carries it, see psd's store); 0 otherwise."""
+def whole_write_stamp(op: Op, meta: TensorMeta, cut: list[Slice], clock: StampClock) -> int:
+    """A fresh stamp from ``clock`` for a write of the whole tensor over several shards
+    (one write for its readers: every shard carries it, see psd's store); 0 otherwise."""
     if op != Op.WRITE or len(cut) < 2:
         return 0
-    return new_stamp() if sum(s.piece.length for s in cut) == meta.nbytes else 0
+    return clock.next() if sum(s.piece.length for s in cut) == meta.nbytes else 0
 
 
 def update_txn(fails_over: bool) -> int:

@@ -166,10 +166,10 @@ class Session:
             text = reply.data.decode("utf-8", "replace")
             if status == Status.STALE_EPOCH:
                 text = self._follow_epoch(text)
-            exc = error_for_status(status, f"{node.name}: {text}")
-            if isinstance(exc, StaleStamp):
-                exc.held = reply.header.stamp  # the later write the shard holds
-            raise exc
+            error = error_for_status(status, f"{node.name}: {text}")
+            if isinstance(error, StaleStamp):
+                error.held = reply.header.stamp  # the later write the shard holds
+            raise error
         return reply
 
     def _unavailable(self, node: Node, exc: Exception) -> DaemonUnavailable:

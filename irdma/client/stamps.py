@@ -9,16 +9,17 @@ on every shard, whatever order each shard's primary received them in.
 
 A stamp is a hybrid logical clock: ``TICK_BITS`` of 1/``TICKS_PER_SECOND``-s
 ticks since the Unix epoch (good until 2106) above ``RANDOM_BITS`` random
-bits. The tick is this process's, monotonic: above the last it stamped with
-and above any stamp it was told of (``after``), and the wall clock's when that
-is ahead. Writes of one process therefore never refuse each other, writes of
-different machines are ordered by their clocks as far as those agree, and a
+bits. The tick is the client's (each client's data path owns a ``StampClock``;
+no state is shared across a process), monotonic: above the last it stamped
+with and above any stamp it was told of (``after``), and the wall clock's when
+that is ahead. Writes of one client therefore never refuse each other, writes of
+different clients are ordered by their clocks as far as those agree, and a
 write refused because another machine's clock was ahead goes after that write
 (a causally later write is never silently lost: its refusal makes it win).
 
 The random bits are drawn per stamp from the operating system (``secrets``),
 never from the process-wide ``random``, which training scripts seed alike on
-every rank. They make two stamps of one tick from two processes differ (and a
+every rank. They make two stamps of one tick from two clients differ (and a
 forked child's from its parent's): two distinct writes share a stamp only if
 they fall in the same tick and draw the same bits (1 in 2**22), and even then
 a daemon refuses the second one it receives (an equal stamp is not later), so
@@ -28,7 +29,6 @@ cannot repeat that collision on the writes stamped again.
 
 from __future__ import annotations
 
-import os
 import secrets
 import threading
 import time
@@ -41,12 +41,12 @@ LAST_TICK = (1 << TICK_BITS) - 1
 
 
 class StampClock:
-    """The stamps of one process: each above the one before it and any it was told of."""
+    """The stamps of one client: each above the one before it and any it was told of."""
 
     def __init__(self, wall: Callable[[], float] = time.time) -> None:
         self._wall = wall
         self._tick = 0
-        self._lock = threading.Lock()  # blocking clients stamp from their own threads
+        self._lock = threading.Lock()  # cheap, and safe should two threads share a client
 
     def next(self, after: int = 0) -> int:
         """A fresh stamp, later than every stamp this clock made and than ``after``."""
@@ -60,21 +60,7 @@ class StampClock:
             self._tick = tick
         return tick << RANDOM_BITS | secrets.randbits(RANDOM_BITS)
 
-    def reset_lock(self) -> None:
-        """A new lock (in a forked child: the parent's may have been held by another thread)."""
-        self._lock = threading.Lock()
-
 
 def tick_of(stamp: int) -> int:
     """The clock part of ``stamp``."""
     return stamp >> RANDOM_BITS
-
-
-_CLOCK = StampClock()
-os.register_at_fork(after_in_child=_CLOCK.reset_lock)
-
-
-def new_stamp(after: int = 0) -> int:
-    """A fresh whole-tensor write stamp from this process's clock, later than every
-    stamp it made before and than ``after`` (never 0, none, or 1, UNSTAMPED)."""
-    return _CLOCK.next(after)

@@ -233,7 +233,7 @@ class Read:
 # A copy's stamp as reads name it: a shard never written whole by a stamped
 # write has stamp 0 in the daemon; on the wire that copy is UNSTAMPED, since
 # 0 means "the current copy" in a request and "none kept" in an answer.
-# Clients never make stamps 0 or 1 (``irdma.client.stamps.new_stamp``).
+# Clients never make stamps 0 or 1 (``irdma.client.stamps.StampClock``).
 UNSTAMPED = 1
 
 
