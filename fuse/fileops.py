@@ -157,16 +157,19 @@ class FileOps:
         if not handle.writable:
             raise FsError(errno.EBADF)
         n = handle.write(off, buf)
-        c = self._backend.c
         if not handle.planned:
-            plan_outflow(handle, c.config.shard_size)
+            plan_outflow(handle, self._backend.c.config.shard_size)
         if handle.outflow is not None and handle.buf is not None:
             # Complete shards behind the writer go now, not all at close (after
             # the snapshots of the old content streaming in, as for any push).
             if handle.outflow.sent == 0:
                 await self._files.quiesce(handle.target.name)
             await handle.outflow.advance(
-                self._backend.n, c, handle.buf.array, handle.written_to, self._backend.mover
+                self._backend.n,
+                self._backend.c,
+                handle.buf.array,
+                handle.written_to,
+                self._backend.mover,
             )
         return n
 
