@@ -125,17 +125,17 @@ async def serve(
     record = mounts.publish(mountpoint, config.path)
     try:
         async with AsyncClient(config, timeout=timeout, shared_memory=shared) as client:
-            ops.client = client
+            ops.backend.client = client
             pyfuse3.init(ops, str(mountpoint), options)
             # Mounted: a process that opens a file now is served once main() runs.
             log.info("serving %s; this log goes to %s", mountpoint, mounts.log_destination())
             notifier.ready(f"serving {mountpoint}")
             try:
                 async with trio.open_nursery() as nursery:
-                    ops.nursery = nursery  # readers' snapshots stream in here
+                    ops.backend.nursery = nursery  # readers' snapshots stream in here
                     mover = Mover(config, timeout, shared)
                     await nursery.start(mover.run)
-                    ops.mover = mover
+                    ops.backend.mover = mover
 
                     async def on_signals() -> None:
                         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -157,8 +157,8 @@ async def serve(
                         # Free buffers unused for a while go back to the system
                         # even when no new file is opened.
                         while True:
-                            await trio.sleep(ops.buffers.idle)
-                            ops.buffers.trim()
+                            await trio.sleep(ops.backend.buffers.idle)
+                            ops.backend.buffers.trim()
 
                     nursery.start_soon(on_signals)
                     nursery.start_soon(tune)

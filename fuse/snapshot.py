@@ -7,7 +7,7 @@ the whole load, and pulling the next chunks overlaps with answering it.
 
 Consistency: the snapshot is of the version the open saw (its stat); this
 mount's own writes to the tensor wait until snapshots being filled are
-complete (``IrdmaOperations._quiesce``), so they never mix into one. A
+complete (``OpenFiles.quiesce``), so they never mix into one. A
 whole-tensor write from elsewhere while a file streams in does not mix in
 either: the first chunk is read alone, and every later chunk is read from
 the same write (``AsyncClient.read_range``; the daemons keep each shard's
