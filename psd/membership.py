@@ -57,6 +57,21 @@ class PeerState:
     epoch: int = 0  # the newest epoch number it reported (with etcd)
 
 
+class MembershipListener:
+    """A part of the daemon told of membership changes (``Membership.listen``); each
+    method does nothing unless overridden, and is called with no await since the
+    change."""
+
+    def membership_lost(self) -> None:
+        """This daemon gave up being ready (``Membership.why_lost`` may say why)."""
+
+    def peers_changed(self) -> None:
+        """A peer came up or went down, changed readiness, or the registered set changed."""
+
+    def became_ready(self) -> None:
+        """This daemon caught up and serves."""
+
+
 class Membership:
     """This daemon's view of the cluster."""
 
@@ -74,14 +89,10 @@ class Membership:
         # declared down (it last spoke to peers up to a heartbeat earlier).
         self.grace = config.failure_timeout - config.heartbeat
         self._last_quorum = clock()
-        # Set when this daemon must catch up again (callback for the replicator).
-        self.on_lost: Callable[[], None] = _nothing
-        # Why, when ``lose`` was the cause (read by ``on_lost``; "" otherwise).
+        # Why, when ``lose`` was the cause (read by listeners told ``lost``; "" otherwise).
         self.why_lost = ""
-        # Called when a peer comes up or goes down (forward queues react).
-        self.on_change: Callable[[], None] = _nothing
-        # Called once this daemon has caught up (its directory says so at once).
-        self.on_ready: Callable[[], None] = _nothing
+        # The parts told of changes (``listen``).
+        self._listeners: list[MembershipListener] = []
         # With etcd: the names registered there now, and whether this daemon holds
         # its own lease (``psd.presence`` keeps both); None: heartbeats decide.
         self.leased = config.etcd is not None
@@ -90,6 +101,22 @@ class Membership:
         # against the clock at every decision, so a daemon resumed after a pause
         # longer than its lease refuses before any task has noticed.
         self.lease_until = float("-inf")
+
+    def listen(self, listener: MembershipListener) -> None:
+        """Tell ``listener`` of every change from now on (synchronously, no await since)."""
+        self._listeners.append(listener)
+
+    def _lost(self) -> None:
+        for listener in self._listeners:
+            listener.membership_lost()
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener.peers_changed()
+
+    def _ready(self) -> None:
+        for listener in self._listeners:
+            listener.became_ready()
 
     # -- observations -------------------------------------------------------
 
@@ -106,7 +133,7 @@ class Membership:
             if now >= self.lease_until and self.ready:
                 self.ready = False
                 self.why_lost = ""
-                self.on_lost()
+                self._lost()
             return
         now = self.clock() if now is None else now
         # Counted from when a majority was last *heard*, not from when the lease last
@@ -120,7 +147,7 @@ class Membership:
         if now - self._last_quorum > self.grace and self.ready:
             self.ready = False
             self.why_lost = ""
-            self.on_lost()
+            self._lost()
 
     def heard(
         self,
@@ -163,7 +190,7 @@ class Membership:
         if was_ready != state.ready:
             log.info("%s: sees %s %s", self.me, peer, "ready" if state.ready else "not ready")
         if not was_up or was_ready != state.ready:
-            self.on_change()
+            self._changed()
         self.observe(now)
         return not stale
 
@@ -173,7 +200,7 @@ class Membership:
         """The member names registered in etcd now (their leases alive)."""
         if names != self.registered:
             self.registered = names
-            self.on_change()
+            self._changed()
 
     def follow_nodes(self) -> None:
         """The config's nodes changed (a new epoch): its new daemons become peers. Those
@@ -182,7 +209,7 @@ class Membership:
         for n in self.config.nodes:
             if n.name != self.me and n.name not in self.peers:
                 self.peers[n.name] = PeerState()
-        self.on_change()
+        self._changed()
 
     def forget_leavers(self) -> list[str]:
         """Stop counting the peers the epoch in force left out; return their names."""
@@ -191,7 +218,7 @@ class Membership:
         for name in gone:
             del self.peers[name]
         if gone:
-            self.on_change()
+            self._changed()
         return gone
 
     def settled(self) -> bool:
@@ -215,7 +242,7 @@ class Membership:
         if self.ready:
             self.ready = False
             self.why_lost = why
-            self.on_lost()
+            self._lost()
 
     def holds_lease_until(self, until: float) -> None:
         """This daemon holds its lease until ``until`` (this object's clock, i.e.
@@ -226,7 +253,7 @@ class Membership:
     def became_ready(self) -> None:
         self.ready = True
         self._last_quorum = self.clock()
-        self.on_ready()
+        self._ready()
 
     # -- questions ------------------------------------------------------------
 
@@ -315,7 +342,3 @@ class Membership:
             else:
                 out[p] = "ready" if self.peers[p].ready else "catching-up"
         return out
-
-
-def _nothing() -> None:
-    pass

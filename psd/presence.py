@@ -22,6 +22,7 @@ from irdma.cluster.etcd import EtcdError, Lease
 from irdma.cluster.registry import ClusterState, MemberRecord, Registry
 
 from .replication import Replicator
+from .replication.following import EpochListener
 from .steward import Steward
 
 log = logging.getLogger("psd")
@@ -30,7 +31,7 @@ log = logging.getLogger("psd")
 RETRY = 0.25
 
 
-class Presence:
+class Presence(EpochListener):
     """Keeps ``node`` registered in etcd and ``membership`` told who is."""
 
     def __init__(self, config: ClusterConfig, node: Node, replicator: Replicator) -> None:
@@ -44,7 +45,7 @@ class Presence:
         self.steward = Steward(config, node, self.registry, self.membership)
         self.state: ClusterState | None = None
         self._wake = trio.Event()
-        replicator.epochs.on_gained = self.say_gained
+        replicator.epochs.listen(self)
 
     def record(self) -> MemberRecord:
         n = self.node
@@ -148,7 +149,7 @@ class Presence:
             except EtcdError as exc:
                 log.info("%s: proposing an epoch: %s; again", self.node.name, exc)
 
-    async def say_gained(self, number: int) -> None:
+    async def epoch_gained(self, number: int) -> None:
         """Tell etcd this daemon has its copies for epoch ``number``'s target."""
         while True:
             try:

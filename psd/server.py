@@ -67,12 +67,14 @@ from .auth import admit
 from .conn import Conn, Replies
 from .data_ops import DataOps
 from .errors import Refusal
+from .membership import MembershipListener
 from .meta_ops import MetaOps
 from .metrics import RequestMetrics
 from .payload import RequestPayload
 from .peer_ops import PeerOps
 from .rdma import RdmaService, RdmaSession
 from .replication import Replicator
+from .replication.following import EpochListener
 from .staged import StagedMemory
 from .state import StateReader
 from .store import Store
@@ -93,7 +95,7 @@ def max_payload_for(config: ClusterConfig) -> int:
 MAX_POLL = 1.0
 
 
-class Server:
+class Server(MembershipListener, EpochListener):
     """Serves one node's store on its configured TCP address."""
 
     def __init__(
@@ -120,8 +122,9 @@ class Server:
         self.replies = replies
         admission = Admission(config, node, self.membership)
         self._admission = admission
-        self.membership.on_ready = self._refresh_serving  # the directory says so at once
-        self.replicator.epochs.on_adopted = self._refresh_serving
+        # The directory says at once when this daemon serves, and what.
+        self.membership.listen(self)
+        self.replicator.epochs.listen(self)
         poll = min(MAX_POLL, config.timeout / 4)
         data = DataOps(
             node,
@@ -204,6 +207,14 @@ class Server:
             if not self.config.replicated:
                 return  # always ready: nothing changes
             await trio.sleep(SERVING_REFRESH)
+
+    def became_ready(self) -> None:
+        """Caught up (``MembershipListener``): serving now."""
+        self._refresh_serving()
+
+    def epoch_adopted(self) -> None:
+        """A newer epoch is in force (``EpochListener``): what this daemon serves changed."""
+        self._refresh_serving()
 
     def _refresh_serving(self) -> None:
         try:

@@ -5,7 +5,27 @@ from __future__ import annotations
 from irdma.cli.local import write_config
 from irdma.cluster import ClusterConfig, load_config
 from irdma.protocol import tensor_key
-from psd.membership import Membership
+from psd.membership import Membership, MembershipListener
+
+
+class Record(MembershipListener):
+    """What a listener was told, each with what ``seen()`` returned then."""
+
+    def __init__(self, m: Membership, seen) -> None:
+        self.lost: list = []
+        self.ready: list = []
+        self.changes: list = []
+        self._seen = seen
+        m.listen(self)
+
+    def membership_lost(self) -> None:
+        self.lost.append(self._seen())
+
+    def became_ready(self) -> None:
+        self.ready.append(self._seen())
+
+    def peers_changed(self) -> None:
+        self.changes.append(self._seen())
 
 
 class Clock:
@@ -51,25 +71,23 @@ def test_a_daemon_cut_off_past_the_grace_is_not_ready_and_says_so(tmp_path) -> N
     cfg = config(tmp_path)
     clock = Clock()
     m = Membership(cfg, "n1", clock)
-    lost: list[float] = []
-    m.on_lost = lambda: lost.append(clock.now)
+    told = Record(m, lambda: clock.now)
     m.heard("n2", ready=True)
     m.became_ready()
     clock.now = m.grace + m.lease + 0.01  # e.g. SIGSTOP for that long
     # The first message after the pause must not hide the pause.
     m.heard("n2", ready=True)
-    assert not m.ready and lost == [clock.now]
+    assert not m.ready and told.lost == [clock.now]
 
 
 def test_catching_up_done_is_told_at_once_with_the_state_already_ready(tmp_path) -> None:
-    """The server rewrites its directory's serving word from this hook, so a client
-    told "ready" by HELLO never finds the word still unset."""
+    """The server rewrites its directory's serving word when told, so a client told
+    "ready" by HELLO never finds the word still unset."""
     m = Membership(config(tmp_path), "n1", Clock())
-    seen: list[bool] = []
-    m.on_ready = lambda: seen.append(m.ready)
+    told = Record(m, lambda: m.ready)
     assert not m.ready
     m.became_ready()
-    assert seen == [True]
+    assert told.ready == [True]
 
 
 def test_a_daemon_cut_off_past_the_grace_is_not_ready_even_while_its_lease_ran(
@@ -81,8 +99,7 @@ def test_a_daemon_cut_off_past_the_grace_is_not_ready_even_while_its_lease_ran(
     cfg = config(tmp_path)
     clock = Clock()
     m = Membership(cfg, "n1", clock)
-    lost: list[float] = []
-    m.on_lost = lambda: lost.append(clock.now)
+    told = Record(m, lambda: clock.now)
     m.heard("n2", ready=True)
     m.heard("n3", ready=True)
     m.became_ready()
@@ -91,7 +108,7 @@ def test_a_daemon_cut_off_past_the_grace_is_not_ready_even_while_its_lease_ran(
         m.observe()
     assert clock.now < cfg.failure_timeout
     m.heard("n2", ready=True)  # healed
-    assert not m.ready and len(lost) == 1
+    assert not m.ready and len(told.lost) == 1
 
 
 def test_acting_primary_is_the_first_ready_replica(tmp_path) -> None:
@@ -140,14 +157,13 @@ def test_with_etcd_a_peer_is_up_while_registered_whatever_the_heartbeats(tmp_pat
     m = Membership(cfg, "n1", clock)
     m.heard("n3", ready=True)  # a ping alone does not make it up
     assert not m.up("n3")
-    changes: list[frozenset[str]] = []
-    m.on_change = lambda: changes.append(m.registered)
+    told = Record(m, lambda: m.registered)
     m.saw_registered(frozenset({"n1", "n2"}))
     assert m.up("n2") and not m.up("n3")
     clock.now = 10 * cfg.failure_timeout  # no heartbeat for ages: still up
     assert m.up("n2")
     m.saw_registered(frozenset({"n1", "n2"}))  # the same: no change reported
-    assert changes == [frozenset({"n1", "n2"})]
+    assert told.changes == [frozenset({"n1", "n2"})]
 
 
 def test_with_etcd_a_daemon_resumed_past_its_lease_refuses_before_anything_runs(
@@ -158,8 +174,7 @@ def test_with_etcd_a_daemon_resumed_past_its_lease_refuses_before_anything_runs(
     cfg = leased_config(tmp_path)
     clock = Clock()
     m = Membership(cfg, "n1", clock)
-    lost: list[float] = []
-    m.on_lost = lambda: lost.append(clock.now)
+    told = Record(m, lambda: clock.now)
     assert not m.has_quorum()  # not registered yet
     m.holds_lease_until(2.0)
     m.became_ready()
@@ -167,4 +182,4 @@ def test_with_etcd_a_daemon_resumed_past_its_lease_refuses_before_anything_runs(
     assert m.has_quorum() and m.ready
     clock.now = 2.0  # e.g. resumed after a pause, before any renewal ran
     assert not m.has_quorum()
-    assert not m.ready and lost == [2.0]
+    assert not m.ready and told.lost == [2.0]

@@ -12,7 +12,6 @@ a switch, once settled, a daemon drops the copies it no longer keeps.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -26,6 +25,17 @@ from .heartbeats import Heartbeats
 from .peers import Peers
 
 log = logging.getLogger("psd")
+
+
+class EpochListener:
+    """A part of the daemon told of epochs (``EpochFollower.listen``); each method does
+    nothing unless overridden."""
+
+    def epoch_adopted(self) -> None:
+        """A newer epoch is in force here."""
+
+    async def epoch_gained(self, number: int) -> None:
+        """This daemon has its copies of epoch ``number``'s target."""
 
 
 class EpochFollower:
@@ -48,11 +58,19 @@ class EpochFollower:
         self.peers = peers
         self.heartbeats = heartbeats
         self.catchup = catchup
-        # ``on_adopted`` is the server's (its directory says at once what it serves);
-        # ``on_gained`` tells etcd this daemon has its copies of a move's target.
-        self.on_adopted: Callable[[], None] = _nothing
-        self.on_gained: Callable[[int], Awaitable[None]] = _gained_nowhere
+        # Told of each epoch adopted (the server: its directory says at once what it
+        # serves) and gained (presence: etcd hears this daemon has its copies).
+        self._listeners: list[EpochListener] = []
         self._work = trio.CancelScope()
+
+    def listen(self, listener: EpochListener) -> None:
+        """Tell ``listener`` of every epoch adopted and gained from now on."""
+        self._listeners.append(listener)
+
+    def adopted(self) -> None:
+        """A newer epoch is in force here (its copies may not be dropped yet)."""
+        for listener in self._listeners:
+            listener.epoch_adopted()
 
     def follow(self, epoch: Epoch, nursery: trio.Nursery) -> None:
         """Start following ``epoch`` (just adopted), ending the work for the one before."""
@@ -66,10 +84,11 @@ class EpochFollower:
             for name in self.membership.forget_leavers():
                 self.peers.part(name)
             drop_unkept(self.config, self.store, self.me)
-            self.on_adopted()  # serving again (one-sided readers too), without those copies
+            self.adopted()  # serving again (one-sided readers too), without those copies
             if epoch.target is not None and self.me in epoch.target:
                 await self._gain(epoch)
-                await self.on_gained(epoch.number)
+                for listener in self._listeners:
+                    await listener.epoch_gained(epoch.number)
 
     async def _settle(self, epoch: Epoch) -> None:
         """Tell every peer of the new epoch now, and wait until all registered ones
@@ -96,11 +115,3 @@ class EpochFollower:
                     break
             await trio.sleep(RETRY_PAUSE)
         log.info("%s: has its copies for epoch %d (%d copied)", me, epoch.number, done.copies)
-
-
-def _nothing() -> None:
-    pass
-
-
-async def _gained_nowhere(number: int) -> None:
-    pass

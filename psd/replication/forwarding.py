@@ -26,7 +26,7 @@ import trio
 from irdma.protocol import Status
 
 from ..errors import Refusal
-from ..membership import Membership
+from ..membership import Membership, MembershipListener
 from ..store import Commit
 from .debts import Debts
 from .delivery import Delivery
@@ -37,7 +37,7 @@ from .queues import Item
 log = logging.getLogger("psd")
 
 
-class Forwarding:
+class Forwarding(MembershipListener):
     """The forward queues of one daemon and what acknowledging an update waits for."""
 
     def __init__(
@@ -149,6 +149,10 @@ class Forwarding:
             await self.drain(name)
 
     # -- what changes it -------------------------------------------------------------
+
+    def peers_changed(self) -> None:
+        """A peer came up or went down (``MembershipListener``)."""
+        self.let_go_of_down_peers()
 
     def let_go_of_down_peers(self) -> None:
         """A peer that went down no longer holds up acknowledgements (and is owed a

@@ -16,7 +16,7 @@ from irdma.auth import cluster_secret
 from irdma.cluster import ClusterConfig, Node
 from irdma.cluster.epochs import Epoch
 
-from ..membership import Membership
+from ..membership import Membership, MembershipListener
 from ..store import Store
 from .catchup import CatchUp
 from .catchup_service import CatchUpService
@@ -31,7 +31,7 @@ from .vetting import Vetting, sender_id
 log = logging.getLogger("psd")
 
 
-class Replicator:
+class Replicator(MembershipListener):
     """Runs the heartbeats, the forward queues and the catch-up of one daemon.
 
     Its parts are public, for the request handlers that use them:
@@ -67,8 +67,8 @@ class Replicator:
         self.epochs = EpochFollower(
             config, me, store, self.membership, self.peers, self.heartbeats, self.catchup
         )
-        self.membership.on_lost = self._on_lost
-        self.membership.on_change = self.forwarding.let_go_of_down_peers
+        self.membership.listen(self)
+        self.membership.listen(self.forwarding)
         self.recovered = trio.Event()  # set the first time this daemon is ready
         # With etcd: set once the first epoch is adopted (catching up waits for it).
         self.adopted = trio.Event()
@@ -121,8 +121,8 @@ class Replicator:
             await self._lost.wait()
             self._lost = trio.Event()
 
-    def _on_lost(self) -> None:
-        """This daemon gave up being ready (``Membership.on_lost``)."""
+    def membership_lost(self) -> None:
+        """This daemon gave up being ready (``MembershipListener``)."""
         m = self.membership
         self.forwarding.lost()
         why = m.why_lost or (
@@ -149,7 +149,7 @@ class Replicator:
         for peer in self.peers.follow(self.config.nodes):
             self._nursery.start_soon(self._peer_tasks, peer)
         self.membership.follow_nodes()
-        self.epochs.on_adopted()
+        self.epochs.adopted()
         log.info(
             "%s: epoch %d: members %s%s",
             self.node.name,
