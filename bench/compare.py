@@ -227,7 +227,7 @@ def irdma_worker(args: argparse.Namespace) -> dict[str, Any]:
                 with contextlib.suppress(Exception):
                     client.delete(name)
         # Which transports served us: tells whether the transport was honoured.
-        conns = client._client.session.conns.values()
+        conns = client.async_client.session.conns.values()
         kinds = sorted({c.transport for c in conns})
         readers = [r for c in conns if (r := getattr(c.bulk, "directory", None)) is not None]
     memory = {"extra_bytes": extra, "largest_tensor": max(args.sizes)}
@@ -341,7 +341,7 @@ def group_worker(args: argparse.Namespace) -> dict[str, Any]:
                     results.append(result(op, size, times))
                 finally:
                     group.close()
-        kinds = sorted({c.transport for c in client._client.session.conns.values()})
+        kinds = sorted({c.transport for c in client.async_client.session.conns.values()})
     return {"results": results, "connections": kinds}
 
 

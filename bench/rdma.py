@@ -176,11 +176,13 @@ def main() -> int:
                         f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in rows.items())
                     )
                 for c in (rdma, asking):
-                    via = {conn.transport for conn in c._client.session.conns.values()}
+                    via = {conn.transport for conn in c.async_client.session.conns.values()}
                     if via != {"rdma"}:
                         raise RuntimeError(f"the rdma client used {via}")
-                one_sided = sum(k.bulk.direct_reads for k in rdma._client.session.conns.values())
-                asked = sum(k.bulk.direct_reads for k in asking._client.session.conns.values())
+                one_sided = sum(
+                    k.bulk.direct_reads for k in rdma.async_client.session.conns.values()
+                )
+                asked = sum(k.bulk.direct_reads for k in asking.async_client.session.conns.values())
                 if not one_sided or asked:
                     raise RuntimeError(f"one-sided reads: {one_sided} and {asked} (off)")
         finally:

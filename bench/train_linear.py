@@ -44,7 +44,7 @@ def worker(
             client.read("train/linear/w", out=w)
             grad = x.T @ (x @ w - y) / SAMPLES_PER_WORKER
             client.accumulate("train/linear/w", grad, alpha=-lr / workers)
-        conns = client._client.session.conns.values()
+        conns = client.async_client.session.conns.values()
         readers = [r for c in conns if (r := getattr(c.bulk, "directory", None)) is not None]
         counts.put(
             (

@@ -19,7 +19,7 @@ async def test_reads_of_one_tensor_spread_evenly_over_the_replicas(tmp_path: Pat
     key = tensor_key("m/w")
     load: dict[str, int] = {}
     for shard in range(64):
-        first = client._router.candidates(key, shard, False, load)[0]
+        first = client.router.candidates(key, shard, False, load)[0]
         assert first in client.config.replicas_for(key, shard)
         load[first.name] = load.get(first.name, 0) + 1
     # Placement alone put 18 of 64 primaries on one daemon in the bench;
@@ -32,6 +32,6 @@ async def test_updates_start_at_the_primary_and_follow_a_failover(tmp_path: Path
     client = client_for(tmp_path, 3, 2)
     key = tensor_key("m/w")
     replicas = client.config.replicas_for(key, 0)
-    assert client._router.candidates(key, 0, True)[0] == replicas[0]
-    client._router.primary_hint[replicas[0].name] = replicas[1]  # the backup took over
-    assert client._router.candidates(key, 0, True) == [replicas[1], replicas[0]]
+    assert client.router.candidates(key, 0, True)[0] == replicas[0]
+    client.router.primary_hint[replicas[0].name] = replicas[1]  # the backup took over
+    assert client.router.candidates(key, 0, True) == [replicas[1], replicas[0]]

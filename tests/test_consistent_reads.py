@@ -38,7 +38,7 @@ def readers_of(client: Client) -> list:
     """The one-sided readers of a client's connections (the calling thread's)."""
     return [
         c.bulk.directory
-        for c in client._client.session.conns.values()
+        for c in client.async_client.session.conns.values()
         if c.bulk.directory is not None
     ]
 
@@ -86,7 +86,7 @@ def test_a_same_host_read_asks_no_daemon(cluster: Cluster) -> None:
         readers = readers_of(c)
         assert readers and sum(r.reads for r in readers) == 5
         assert sum(r.bytes for r in readers) == x.nbytes
-        assert sum(c.bulk.mapped_bytes for c in c._client.session.conns.values()) == 0
+        assert sum(c.bulk.mapped_bytes for c in c.async_client.session.conns.values()) == 0
         small = np.arange(10, dtype=np.int64)
         c.write("one/small", small)
         assert np.array_equal(c.read("one/small"), small)
@@ -110,7 +110,7 @@ def test_a_small_read_of_a_known_tensor_skips_the_general_path(
         def general(*args: object, **kwargs: object) -> None:
             raise AssertionError("the general read path ran")
 
-        monkeypatch.setattr(c._client, "read", general)
+        monkeypatch.setattr(c.async_client, "read", general)
         out = np.empty_like(x)
         assert c.read("now/x", out) is out and np.array_equal(out, x)
         assert np.array_equal(c.read("now/x"), x)
@@ -189,7 +189,9 @@ def test_one_sided_with_replicas_follows_the_daemons_gates(tmp_path: Path) -> No
                 replicated.signal(name, signal.SIGSTOP)
             try:
                 alone = next(
-                    k for n, k in c._client.session.conns.items() if n == "n3" and k.bulk.directory
+                    k
+                    for n, k in c.async_client.session.conns.items()
+                    if n == "n3" and k.bulk.directory
                 )
                 deadline = time.monotonic() + 30
                 while alone.bulk.directory.header[SERVING_WORD] == 1:
@@ -272,7 +274,7 @@ def test_a_large_read_copies_on_two_threads_and_stays_whole(cluster: Cluster) ->
 
     with Client(cluster.config_path) as r:
         assert np.array_equal(r.read("one/large"), np.zeros(n, np.float32))
-        assert r._client.one_sided.copier._pool is not None  # the second thread copied
+        assert r.async_client.one_sided.copier._pool is not None  # the second thread copied
         assert sum(d.reads for d in readers_of(r)) == 192
         t = threading.Thread(target=accumulate)
         t.start()
@@ -344,7 +346,7 @@ def test_a_whole_tensor_write_is_atomic_for_readers(
     pieces = record_one_sided_pieces(monkeypatch)
     # A name of its own: the one-sided and shm cases share a transport, and a
     # client's id() can be reused once the one before it is gone.
-    name = f"atomic/{reader._client.transport}-{uuid.uuid4().hex}"
+    name = f"atomic/{reader.async_client.transport}-{uuid.uuid4().hex}"
     w = cluster.client()
     w.write(name, np.zeros(N, np.float32))
     seen: set[float] = set()
@@ -355,17 +357,17 @@ def test_a_whole_tensor_write_is_atomic_for_readers(
                 f"shards of two writes: {np.unique(y)}; first value of each shard "
                 f"{y.reshape(-1, SHARD // 4)[:, 0].tolist()}; one-sided pieces "
                 f"(shard, offset) -> ((version, stamp, prev), first values): {pieces}; "
-                f"reads reconciled {reader._client.reads_reconciled}"
+                f"reads reconciled {reader.async_client.reads_reconciled}"
             )
             pieces.clear()
             seen.add(float(y[0]))
             # Three of the rewriter's values (not the first zeros): at least three
             # of its writes were applied, and the last of them is acknowledged by
             # the time the rewriter is stopped and joined.
-            if reader._client.reads_reconciled >= 3 and len(seen - {0.0}) >= 3:
+            if reader.async_client.reads_reconciled >= 3 and len(seen - {0.0}) >= 3:
                 break
         else:
-            pytest.fail(f"reads never met a write: {reader._client.reads_reconciled}")
+            pytest.fail(f"reads never met a write: {reader.async_client.reads_reconciled}")
     assert writer.done >= 3
 
 
@@ -375,17 +377,17 @@ def test_a_writer_stopped_half_way_leaves_the_write_before(cluster: Cluster) -> 
     old = np.arange(N, dtype=np.float32)
     with Client(cluster.config_path) as c:
         c.write("atomic/half", old)
-        core = c._client
+        core = c.async_client
         meta = c.stat("atomic/half").meta
         stamp = StampClock().next()
         for shard in (0, 1):
             new = np.full(SHARD // 4, -1, np.float32)
             msg = Update(Op.WRITE, meta.key, shard, 0, SHARD, layout=meta.layout, stamp=stamp)
-            drive(core._router.on_replicas(meta.key, shard, msg, [new], length=SHARD, update=True))
+            drive(core.router.on_replicas(meta.key, shard, msg, [new], length=SHARD, update=True))
         for transport in ("shm", "tcp"):
             with Client(cluster.config_path, transport=transport) as r:
                 assert np.array_equal(r.read("atomic/half"), old)
-                assert r._client.reads_reconciled == 1
+                assert r.async_client.reads_reconciled == 1
         # The rest of the write arrives: the new write, whole.
         c.write("atomic/half", np.full(N, -1, np.float32))
         assert uniform(c.read("atomic/half"))

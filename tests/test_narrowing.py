@@ -85,7 +85,7 @@ def test_sums_are_kept_wide_on_the_daemon(any_client: Client, wire: str) -> None
     for _ in range(4):
         c.accumulate(name, np.ones(n, np.float32), wire=wire)
     assert np.array_equal(c.read(name), np.full(n, big + 4, np.float32))
-    conns = list(c._client.session.conns.values())
+    conns = list(c.async_client.session.conns.values())
     if {k.transport for k in conns} == {"shm"}:
         # Five narrowed pushes of three 128 KiB shard payloads, through staging memory.
         assert sum(k.bulk.staged_bytes for k in conns) >= 5 * 3 * (128 << 10)

@@ -147,14 +147,14 @@ def test_calls_run_in_the_calling_thread_with_no_loop_thread(
     x = np.arange(N, dtype=np.float32)
     before = {t.ident for t in threading.enumerate()}
     with Client(cluster.config_path, transport=transport) as c:
-        assert isinstance(c._client.session.shell, BlockingShell)
+        assert isinstance(c.async_client.session.shell, BlockingShell)
         c.write(f"shell/{transport}", x)
         c.accumulate(f"shell/{transport}", x, alpha=0.5)
         assert np.array_equal(c.read(f"shell/{transport}"), x * 1.5)
         small = c.read_bytes(f"shell/{transport}", 8, 16)
         assert np.array_equal(np.frombuffer(small, np.float32), x[2:6] * 1.5)
         during = {t.ident for t in threading.enumerate()}
-        conns = list(c._client.session.conns.values())
+        conns = list(c.async_client.session.conns.values())
     # No thread was started to serve the calls: they ran in this one.
     assert during == before
     assert conns and all(isinstance(k, BlockingConnection) for k in conns)
@@ -172,7 +172,7 @@ def test_each_thread_gets_its_own_connections_and_sums_stay_exact(cluster: Clust
             try:
                 for _ in range(10):
                     c.accumulate("shell/threads", np.full(N, k + 1, np.int64))
-                conns[k] = [id(v) for v in c._client.session.conns.values()]
+                conns[k] = [id(v) for v in c.async_client.session.conns.values()]
             except BaseException as exc:
                 errors.append(exc)
 
@@ -226,14 +226,14 @@ def test_the_shards_of_one_call_use_the_threads_own_connections(cluster: Cluster
         c.write("shell/loan", x)
         for node in cluster.config.nodes:  # one connection per daemon, made by small calls
             c.hello(node)
-        before = dict(c._client.session.conns)
+        before = dict(c.async_client.session.conns)
         sockets = {name: conn.stream.sock.fileno() for name, conn in before.items()}
         for _ in range(3):
             assert np.array_equal(c.read("shell/loan"), x)  # 15 shards over 3 daemons
             c.accumulate("shell/loan", x)
             c.accumulate("shell/loan", -x)
         assert c.read_bytes("shell/loan", 0, 8) == x[:2].tobytes()
-        after = dict(c._client.session.conns)
+        after = dict(c.async_client.session.conns)
         assert after == before
         assert not any(conn.broken for conn in after.values())
         assert {name: conn.stream.sock.fileno() for name, conn in after.items()} == sockets
@@ -248,7 +248,7 @@ def test_a_calls_shards_are_in_flight_on_several_daemons_at_once(
     x = np.arange(N, dtype=np.float32)
     with Client(cluster.config_path, transport=transport) as c:
         c.write(f"shell/inflight-{transport}", x)  # connections made, layout known
-        conns = list(c._client.session.conns.values())
+        conns = list(c.async_client.session.conns.values())
         seen: list[list[bool]] = []
         for conn in conns:
             send = conn.stream.send_all
@@ -328,7 +328,7 @@ def test_the_other_daemons_answers_are_read_while_one_daemon_is_paused(
         assert len(want) == 3 and all(k >= 2 for k in want.values()), want
         answers: list[str] = []
         resumed: list[int] = []
-        for node_name, conn in client._client.session.conns.items():
+        for node_name, conn in client.async_client.session.conns.items():
             exchange = conn.exchange
 
             async def counted(*args, node_name=node_name, exchange=exchange):  # type: ignore[no-untyped-def]
@@ -378,7 +378,7 @@ def test_requests_that_wait_for_one_connect_share_it_when_the_daemon_is_killed(
     victim = "n2"
     with Client(c.config_path, transport="tcp") as client:
         client.write(name, x)
-        shell = client._client.session.shell
+        shell = client.async_client.session.shell
         assert isinstance(shell, BlockingShell)
         asked: Counter[str] = Counter()
         opening: Counter[str] = Counter()  # connects under way, by daemon
@@ -406,10 +406,10 @@ def test_requests_that_wait_for_one_connect_share_it_when_the_daemon_is_killed(
 
         shell.connection = counted  # type: ignore[method-assign]
         shell._open = delayed  # type: ignore[method-assign]
-        for conn in client._client.session.conns.values():
+        for conn in client.async_client.session.conns.values():
             conn.close()  # as if each daemon had dropped it
         got = client.read(name)
-        conns = dict(client._client.session.conns)
+        conns = dict(client.async_client.session.conns)
         live = [k for k in shell._all if not k.broken]
     assert np.array_equal(got, x)
     assert killed and killed[0] >= 2  # a second shard asked while the connect waited

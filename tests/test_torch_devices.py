@@ -109,8 +109,8 @@ def test_non_contiguous_tensors_are_staged_and_landed(client: Client) -> None:
 
 
 def test_staged_bytes_go_through_the_clients_shared_region(shared_client: Client) -> None:
-    transfers = shared_client._client.transfers
-    region = shared_client._client.shared
+    transfers = shared_client.async_client.transfers
+    region = shared_client.async_client.shared
     t = sample(torch.bfloat16, (128, 32), seed=2).t()
     host = transfers.source(t)
     assert region.offset_of(host) is not None
@@ -125,8 +125,8 @@ def test_staged_bytes_go_through_the_clients_shared_region(shared_client: Client
 def test_a_full_shared_region_falls_back_to_host_memory(cluster: Cluster) -> None:
     with Client(cluster.config_path, transport="shm", shared_memory="64KiB") as c:
         t = sample(torch.float32, (256, 256), seed=3).t()  # 256 KiB: no room for it
-        host = c._client.transfers.source(t)
-        assert c._client.shared.offset_of(host) is None
+        host = c.async_client.transfers.source(t)
+        assert c.async_client.shared.offset_of(host) is None
         name = uniq("full")
         c.write(name, t)
         assert np.array_equal(c.read(name), t.contiguous().numpy())

@@ -164,7 +164,7 @@ def test_rdma_address_without_a_device_falls_back_to_tcp_with_one_warning(
     ):
         c.write("fallback/x", x, replace=True)
         assert np.array_equal(c.read("fallback/x"), x)
-        transports = {c._client.transport_of(n) for n in c.config.nodes}
+        transports = {c.async_client.transport_of(n) for n in c.config.nodes}
     # rdma:// means "not shm": same-host clients take TCP when RDMA cannot be had.
     assert transports <= {"tcp", None} and "tcp" in transports
     warnings = [r.getMessage() for r in caplog.records if "RDMA not used" in r.getMessage()]

@@ -34,7 +34,7 @@ cluster = test_transport_shm.cluster
 
 
 def shm_memories(client: Client | AsyncClient) -> list[SharedMemory]:
-    inner = client if isinstance(client, AsyncClient) else client._client
+    inner = client if isinstance(client, AsyncClient) else client.async_client
     return [c.bulk for c in inner.session.conns.values() if isinstance(c.bulk, SharedMemory)]
 
 

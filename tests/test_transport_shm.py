@@ -60,7 +60,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def kinds(client: Client | AsyncClient) -> set[str]:
-    inner = client if isinstance(client, AsyncClient) else client._client
+    inner = client if isinstance(client, AsyncClient) else client.async_client
     return {conn.transport for conn in inner.session.conns.values()}
 
 
@@ -83,7 +83,7 @@ def test_read_write_accumulate_round_trip(cluster: Cluster, transport: str, nbyt
         want[start : start + len(part)] = 7.0
         assert np.array_equal(c.read(name), want)
         used = kinds(c)
-        conns = list(c._client.session.conns.values())
+        conns = list(c.async_client.session.conns.values())
         # Read out of the arena: MAPPED answers, or one-sided with no answer at all.
         mapped = sum(
             getattr(k.bulk, "mapped_bytes", 0) + getattr(k.bulk, "direct_bytes", 0) for k in conns
@@ -217,7 +217,7 @@ def run_as_nobody(config: Path, transport: str) -> dict:
         "try:\n"
         "    with Client(sys.argv[1], transport=sys.argv[2]) as c:\n"
         "        c.read('auth/x')\n"
-        "        kinds = sorted({k.transport for k in c._client.session.conns.values()})\n"
+        "        kinds = sorted({k.transport for k in c.async_client.session.conns.values()})\n"
         "        print(json.dumps({'ok': True, 'kinds': kinds}))\n"
         "except Exception as exc:\n"
         "    print(json.dumps({'ok': False, 'error': f'{type(exc).__name__}: {exc}'}))\n"

@@ -51,19 +51,19 @@ def replicated(tmp_path: Path) -> Iterator[Cluster]:
 
 def held_back(client: AsyncClient, shard: int, until: trio.Event) -> None:
     """The client's first piece of a whole write to ``shard`` waits for ``until``."""
-    real = client._router.on_replicas
+    real = client.router.on_replicas
 
     async def on_replicas(key: int, index: int, msg: object, *args: object, **kw: object):
         if isinstance(msg, Update) and msg.stamp and index == shard:
             await until.wait()
         return await real(key, index, msg, *args, **kw)
 
-    client._router.on_replicas = on_replicas  # type: ignore[method-assign]
+    client.router.on_replicas = on_replicas  # type: ignore[method-assign]
 
 
 def reported(client: AsyncClient, shard: int, done: trio.Event) -> None:
     """``done`` is set once the client's whole-write piece of ``shard`` was answered."""
-    real = client._router.on_replicas
+    real = client.router.on_replicas
 
     async def on_replicas(key: int, index: int, msg: object, *args: object, **kw: object):
         try:
@@ -72,7 +72,7 @@ def reported(client: AsyncClient, shard: int, done: trio.Event) -> None:
             if isinstance(msg, Update) and msg.stamp and index == shard:
                 done.set()
 
-    client._router.on_replicas = on_replicas  # type: ignore[method-assign]
+    client.router.on_replicas = on_replicas  # type: ignore[method-assign]
 
 
 async def opposite_orders(config: Path) -> tuple[int, int]:
@@ -173,7 +173,7 @@ def test_a_write_from_a_clock_behind_is_refused_then_wins(replicated: Cluster) -
                 # The second, older, is refused with the stamp of the one held.
                 assert (reply.status, reply.stamp) == (Status.STALE_STAMP, ahead), text
         c.write(NAME, np.full(N, 3, np.float32))
-        assert c._client.writes_restamped == 1
+        assert c.async_client.writes_restamped == 1
         assert np.unique(c.read(NAME)).tolist() == [3.0]
     for shard in range(2):
         for node in cluster.config.replicas_for(KEY, shard):

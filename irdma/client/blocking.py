@@ -134,6 +134,13 @@ class Client:
         self.close()
 
     @property
+    def async_client(self) -> AsyncClient:
+        """The ``AsyncClient`` this client runs (its counters, connections and routing,
+        for tools and tests that look inside; calling it directly bypasses this
+        client's loop)."""
+        return self._client
+
+    @property
     def transfers(self) -> Transfers:
         """How this client stages tensors through its host memory (``irdma.devices``)."""
         return self._client.transfers

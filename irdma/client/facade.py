@@ -141,6 +141,11 @@ class AsyncClient:
         self.session.close_blocking()
 
     @property
+    def router(self) -> Router:
+        """Replica choice and failover (for tools and tests that look inside)."""
+        return self._router
+
+    @property
     def closed(self) -> bool:
         return self.session.closed
 

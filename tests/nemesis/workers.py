@@ -78,7 +78,7 @@ class Recorder:
     """Wraps a client's router so every attempt of every request is seen."""
 
     def __init__(self, client: Client) -> None:
-        router = client._client._router
+        router = client.async_client.router
         # The router's requests go through this (its ``routing.Requests``).
         self._inner = router.requests
         router.requests = self

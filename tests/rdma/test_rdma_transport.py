@@ -38,7 +38,7 @@ CASES = [
 
 
 def connections(client: Client | AsyncClient) -> list:
-    inner = client._client if isinstance(client, Client) else client
+    inner = client.async_client if isinstance(client, Client) else client
     return list(inner.session.conns.values())
 
 
