@@ -213,9 +213,11 @@ def start_cluster(tmp: Path):
 
 
 def start_mount(config: Path, where: Path) -> subprocess.Popen:
-    from fuse import mount  # bench/fuse.py
+    """``irdma mount`` of the cluster at ``where`` (made here), once it is mounted."""
+    from fuse import start_mount as run_mount  # bench/fuse.py
 
-    return mount(config, where)
+    command = [sys.executable, "-m", "irdma", "--config", str(config), "mount", str(where)]
+    return run_mount([*command, "--foreground"], where, "irdma mount")
 
 
 def stop(proc: subprocess.Popen | None) -> None:
@@ -343,7 +345,6 @@ def main() -> int:
         mount = Path(args.mount) if args.mount else None
         if needs_mount and mount is None:
             mount = tmp / "mnt"
-            mount.mkdir()
             mount_proc = start_mount(config, mount)
         rows = []
         cells = (

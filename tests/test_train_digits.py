@@ -21,9 +21,9 @@ PROGRAM = Path(__file__).resolve().parent.parent / "bench" / "train_digits.py"
 LEARNED = 0.90
 
 
-def train(config: Path, *args: str, timeout: float) -> dict:
+def train(config: Path, *args: str, timeout: float, via: str = "client") -> dict:
     """Run the benchmark on a cluster; its JSON result."""
-    argv = [sys.executable, str(PROGRAM), "--config", str(config), "--via", "client", "--json"]
+    argv = [sys.executable, str(PROGRAM), "--config", str(config), "--via", via, "--json"]
     run = subprocess.run([*argv, *args], capture_output=True, text=True, timeout=timeout)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
@@ -61,3 +61,15 @@ def test_demo_four_sync_workers_learn_digits(demo_cluster: Cluster) -> None:
     assert result["tensor_mode"] == "sync"
     assert result["test_accuracy"] >= LEARNED, result
     assert result["train_accuracy"] >= LEARNED, result
+
+
+@pytest.mark.timeout(300)
+def test_sync_through_its_own_mount_learns_as_through_the_client(cluster: Cluster) -> None:
+    """--via mount without --mount: the benchmark mounts the cluster itself, and sync
+    (deterministic) trains the same model through files as through the client."""
+    run = ("--workers", "2", "--mode", "sync", "--epochs", "6")
+    files = train(cluster.config_path, *run, via="mount", timeout=280)
+    assert files["via"] == "mount" and files["tensor_mode"] == "sync"
+    client = train(cluster.config_path, *run, timeout=100)
+    assert files["test_accuracy"] == client["test_accuracy"], (files, client)
+    assert files["test_accuracy"] >= 0.6, files  # 6 epochs: well above chance, not yet 0.9
