@@ -245,3 +245,22 @@ def test_each_role_is_a_subpackage_holding_its_modules() -> None:
             m for m in modules if files.get(f"{top}.{m}", Path("__init__.py")).name != "__init__.py"
         )
         assert not beside, f"still at the top of {top}: {beside}"
+
+
+def test_the_daemon_and_the_mount_are_imported_by_their_distribution_names() -> None:
+    """``psd/`` is the package ``irdma_psd`` and ``fuse/`` is ``irdma_fuse``
+    (pyproject.toml maps them: ``fuse`` is another project's module name on PyPI, and
+    the top-level folders are the layout users read). Importing a folder by its own
+    name would load a second copy of every module, with classes unequal to the
+    first's: nothing does. (A script importing a module beside it, such as
+    bench/fuse.py, is not the folder.)"""
+    wrong = sorted(
+        (f"{package}/{file}", name)
+        for package in ("irdma", "psd", "fuse", "tests", "bench", "examples")
+        if (ROOT / package).is_dir()
+        for file, names in imports_of(package).items()
+        for name in names
+        if name.split(".")[0] in ("psd", "fuse")
+        and not (ROOT / package / Path(file).parent / f"{name.split('.')[0]}.py").exists()
+    )
+    assert not wrong, f"imported by folder name, not as irdma_psd / irdma_fuse: {wrong}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from irdma.cli.local import write_config
 from irdma.cluster import ClusterConfig, load_config
 from irdma.protocol import tensor_key
-from psd.membership import Membership, MembershipListener
+from irdma_psd.membership import Membership, MembershipListener
 
 
 class Record(MembershipListener):
