@@ -28,7 +28,7 @@ from irdma.protocol import DTYPE_CODES
 from irdma.torch import pull_state_dict, push_state_dict
 from irdma.torch.arrays import from_numpy, to_numpy
 
-from .conftest import Cluster
+from .helpers.cluster import Cluster
 from .test_cli import irdma
 
 # What every format carries (safetensors has no complex128: it goes by .npz and .npy).

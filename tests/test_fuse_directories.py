@@ -13,8 +13,8 @@ from irdma_fuse.paths import RAW_OPTION
 
 from irdma import DIR_MARKER
 
-from .conftest import Cluster
-from .fuse_roles import roles
+from .helpers.cluster import Cluster
+from .helpers.fuse_roles import roles
 
 
 async def test_a_listing_shows_tensors_files_and_directories_not_the_reserved(

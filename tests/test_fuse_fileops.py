@@ -16,8 +16,8 @@ from irdma_fuse.errors import FsError
 
 from irdma.errors import TensorNotFound
 
-from .conftest import Cluster
-from .fuse_roles import release, roles
+from .helpers.cluster import Cluster
+from .helpers.fuse_roles import release, roles
 
 
 def npy(array: np.ndarray) -> bytes:

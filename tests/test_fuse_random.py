@@ -30,7 +30,8 @@ from numpy.lib import format as npformat
 
 from irdma import Client
 
-from .conftest import Cluster, start_mount
+from .helpers.cluster import Cluster
+from .helpers.mounts import start_mount
 
 SEED = int(os.environ.get("IRDMA_FUSE_SEED", "20261121"))
 SHARD = 64 << 10  # the cluster fixture's shard size

@@ -16,8 +16,8 @@ from irdma_fuse.errors import FsError
 
 from irdma.errors import TensorNotFound
 
-from .conftest import Cluster
-from .fuse_roles import release, roles
+from .helpers.cluster import Cluster
+from .helpers.fuse_roles import release, roles
 
 
 async def test_a_renamed_file_keeps_its_number_mode_and_open_readers(cluster: Cluster) -> None:

@@ -12,8 +12,8 @@ from irdma_fuse.paths import RAW_OPTION, Kind, Target
 
 from irdma.errors import TensorNotFound
 
-from .conftest import Cluster
-from .fuse_roles import roles
+from .helpers.cluster import Cluster
+from .helpers.fuse_roles import roles
 
 
 async def test_names_resolve_to_typed_tensors_raw_files_and_directories(

@@ -20,7 +20,8 @@ from numpy.lib import format as npformat
 
 from irdma import AsyncClient, Client, TensorNotFound
 
-from .conftest import Cluster, make_cluster, start_mount
+from .helpers.cluster import Cluster, make_cluster
+from .helpers.mounts import start_mount
 
 pytestmark = pytest.mark.timeout(120)
 

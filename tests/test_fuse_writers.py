@@ -15,8 +15,8 @@ from numpy.lib import format as npformat
 import irdma
 from irdma import Client
 
-from .conftest import Cluster
-from .whole_reads import WholeReads
+from .helpers.cluster import Cluster
+from .helpers.whole_reads import WholeReads
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,8 +10,8 @@ import pytest
 from irdma_fuse.errors import ENOATTR, FsError
 from irdma_fuse.xattrs import XATTR_PREFIX
 
-from .conftest import Cluster
-from .fuse_roles import roles
+from .helpers.cluster import Cluster
+from .helpers.fuse_roles import roles
 
 
 async def test_a_tensor_and_its_shards_show_layout_and_placement(cluster: Cluster) -> None:

@@ -36,7 +36,8 @@ from irdma.protocol import (
     unpack_header,
 )
 
-from .conftest import Cluster, hello, recv_exactly
+from .helpers.cluster import Cluster
+from .helpers.wire import hello, recv_exactly
 
 CANARY = "canary/w"
 VICTIM = "fuzz/victim"  # random frames may change this one; never the canary

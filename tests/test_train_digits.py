@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Cluster
+from .helpers.cluster import Cluster
 
 pytest.importorskip("torch", reason="torch is not installed (deploy/setup.sh installs it)")
 pytest.importorskip("sklearn", reason="scikit-learn is not installed (the 'train' extra)")

@@ -25,7 +25,7 @@ from irdma.transport.shm import SharedMemory, make_staging
 from irdma.transport.tcp import FramedConnection
 
 from . import test_transport_shm
-from .conftest import Cluster
+from .helpers.cluster import Cluster
 from .test_transport_shm import SHARD, raw_unix, read_reply
 
 MIB = 1 << 20

@@ -45,7 +45,8 @@ from irdma.transport.shm import SharedMemory, make_staging
 from irdma.transport.tcp import FramedConnection
 from irdma.transport.unix import short_address, socket_path
 
-from .conftest import Cluster, make_cluster, recv_exactly
+from .helpers.cluster import Cluster, make_cluster
+from .helpers.wire import recv_exactly
 
 SHARD = 1 << 20
 

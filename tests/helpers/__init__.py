@@ -1,0 +1,15 @@
+"""What the tests share, by role (docs/testing.md): fixtures live in conftest.py and
+import from here; a test imports helpers from here, never from conftest.py.
+
+- ``cluster``: daemons started from a generated config (``make_cluster``).
+- ``processes``: stopping and finding processes.
+- ``wire``: raw frames over a blocking socket (HELLO, AUTH, whole frames).
+- ``mounts``: ``irdma mount`` processes and their mount points.
+- ``netns``: an emulated network of hosts (network namespaces).
+- ``etcd``: a real etcd server.
+- ``vm``: whether a qemu guest can be booted here (the RDMA and systemd suites).
+- ``rdma``: whether this host has a verbs device, and clusters on it.
+- ``fuse_roles``, ``fuzz_harness``, ``whole_reads``: one job each, see their docstrings.
+
+Nothing is imported here, so that each test loads only the helpers it uses.
+"""
