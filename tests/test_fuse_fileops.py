@@ -18,12 +18,7 @@ from irdma.errors import TensorNotFound
 
 from .helpers.cluster import Cluster
 from .helpers.fuse_roles import release, roles
-
-
-def npy(array: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    np.save(out, array)
-    return out.getvalue()
+from .helpers.payloads import npy_bytes
 
 
 async def test_a_created_file_is_stored_at_flush_and_read_back(cluster: Cluster) -> None:
@@ -32,7 +27,7 @@ async def test_a_created_file_is_stored_at_flush_and_read_back(cluster: Cluster)
         await r.dirs.make("fo", 0o755)
         opened, attrs = await r.fileops.create("fo/x.npy", 0o640, os.O_WRONLY)
         assert attrs.st_size == 0 and opened.direct_io
-        data = npy(x)
+        data = npy_bytes(x)
         assert await r.fileops.write(opened.fh, 0, data) == len(data)
         assert (await r.resolver.resolve("fo/x.npy")).info is None  # not stored yet
         await r.fileops.flush(opened.fh)

@@ -1,13 +1,18 @@
 """Raw frames over a blocking socket, with no client machinery: HELLO, the AUTH
-handshake, whole frames."""
+handshake, whole frames; a raw connection to a daemon's same-host socket."""
 
 from __future__ import annotations
 
 import socket
+from typing import TYPE_CHECKING
 
 from irdma.auth import ClientHandshake, cluster_secret
 from irdma.cluster import ClusterConfig
 from irdma.protocol import HEADER_SIZE, Header, Op, decode_json, unpack_header
+from irdma.transport.unix import short_address, socket_path
+
+if TYPE_CHECKING:  # cluster.py imports this module (hello)
+    from .cluster import Cluster
 
 
 def hello(config: ClusterConfig, name: str) -> dict:
@@ -48,3 +53,12 @@ def recv_exactly(s: socket.socket, n: int) -> bytes:
             raise ConnectionError("daemon closed the connection")
         buf += chunk
     return bytes(buf)
+
+
+def raw_unix(cluster: Cluster, node: str = "n1") -> socket.socket:
+    """A blocking connection to ``node``'s same-host (unix) socket, 5 s timeout."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    with short_address(socket_path(cluster.config.node(node).data_dir)) as address:
+        s.connect(address)
+    return s
