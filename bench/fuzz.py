@@ -4,7 +4,7 @@
     nice -n 19 python bench/fuzz.py --engine random --runs 1000000
 
 Every input is served in-process by the real ``Server`` on a socketpair
-(``tests/fuzz_harness.py``); bit 4 of an input's first byte picks the
+(``tests/helpers/fuzz_harness.py``); bit 4 of an input's first byte picks the
 cluster: one copy per shard, or two (where n1 also takes forwarded updates
 and shard copies from a peer). The harness checks after each input: no hang, no
 exception escaping a handler, well-formed replies, no tensor changed without
@@ -353,7 +353,7 @@ def run_atheris(args: argparse.Namespace) -> int:
     import atheris
 
     with atheris.instrument_imports(include=["irdma", "irdma_psd"]):
-        from tests.fuzz_harness import Harness
+        from tests.helpers.fuzz_harness import Harness
 
     harness = Harnesses(Harness, args)
     campaign = Campaign(args, "atheris (libFuzzer, coverage-guided)")
@@ -460,7 +460,7 @@ def mutate(rng: random.Random, data: bytes, corpus: list[bytes]) -> bytes:
 
 
 def run_random(args: argparse.Namespace) -> int:
-    from tests.fuzz_harness import Harness
+    from tests.helpers.fuzz_harness import Harness
 
     harness = Harnesses(Harness, args)
     campaign = Campaign(args, "random mutation of seeds (no coverage feedback)")
@@ -496,7 +496,7 @@ def run_random(args: argparse.Namespace) -> int:
 def run_replay(args: argparse.Namespace) -> int:
     """Serve saved inputs (a finding, say) once each; print the problems and tracebacks."""
     from irdma.protocol import Status
-    from tests.fuzz_harness import Harness
+    from tests.helpers.fuzz_harness import Harness
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.ERROR)  # an escaped exception, with its traceback

@@ -29,9 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.helpers.netns import netns_problem, remove_stale  # noqa: E402
 from tests.nemesis.faults import ASYMMETRIC, SYMMETRIC  # noqa: E402
 from tests.nemesis.run import RunConfig, run  # noqa: E402
-from tests.netns import netns_problem, remove_stale  # noqa: E402
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Replication's costs and scaling, with each daemon on a namespace host of its own.
 
-Three measurements, all in one run (as root; hosts from ``tests/netns.py``):
+Three measurements, all in one run (as root; hosts from ``tests/helpers/netns.py``):
 
 1. **Read scaling.** 1, 2 and 4 daemons, each on a host whose link is
    shaped to ``--rate`` (tbf, both directions); one client on an unshaped
@@ -47,8 +47,8 @@ sys.path.insert(0, str(ROOT))
 
 from irdma.cluster import load_config, parse_size, render_config  # noqa: E402
 from irdma.protocol import tensor_key  # noqa: E402
+from tests.helpers.netns import Network  # noqa: E402
 from tests.nemesis.run import ETCD_HOST, start_etcd  # noqa: E402
-from tests.netns import Network  # noqa: E402
 
 PORT = 7400
 ME = str(Path(__file__).resolve())

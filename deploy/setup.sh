@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 # systemd: systemd-analyze and systemd-sysusers for tests/test_deploy.py; fio: the
 # mount's verify test (tests/test_fuse_writers.py) and bench/fuse.py; etcd-server:
-# the membership tests start their own etcd (tests/etcd_server.py).
+# the membership tests start their own etcd (tests/helpers/etcd.py).
 APT_PACKAGES=(python3 python3-venv python3-dev gcc pkg-config iperf3 procps iproute2
               fuse3 libfuse3-dev attr rsync systemd fio etcd-server)
 had_etcd=$(dpkg-query -W -f='${Status}' etcd-server 2>/dev/null || true)

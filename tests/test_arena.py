@@ -14,6 +14,8 @@ from irdma_psd.arena import PAGE, Allocator, Arena, ArenaFullError, Block, round
 
 from irdma.protocol.directory import directory_bytes, slots_for
 
+from .helpers.stores import open_arena
+
 # -- round_up ----------------------------------------------------------------
 
 
@@ -216,9 +218,8 @@ def test_allocator_against_model(seq: list[tuple[str, int]]) -> None:
 
 @pytest.fixture
 def arena() -> Iterator[Arena]:
-    a = Arena(1 << 20)
-    yield a
-    a.close()
+    with open_arena() as a:
+        yield a
 
 
 def test_arena_capacity_rounding() -> None:

@@ -44,14 +44,8 @@ from irdma.protocol import (
     unpack_header,
 )
 
-from .conftest import (
-    Cluster,
-    hello,
-    make_cluster,
-    raw_authenticate,
-    recv_frame,
-    write_secret,
-)
+from .helpers.cluster import Cluster, make_cluster, write_secret
+from .helpers.wire import hello, raw_authenticate, recv_frame
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -17,7 +17,8 @@ import pytest
 from irdma import Client
 from irdma import __version__ as irdma_version
 
-from .conftest import Cluster, make_cluster, processes_with
+from .helpers.cluster import Cluster, make_cluster
+from .helpers.processes import processes_with
 
 
 def irdma(

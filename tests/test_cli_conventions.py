@@ -14,7 +14,7 @@ import pytest
 
 from irdma import __version__
 
-from .conftest import Cluster, make_cluster
+from .helpers.cluster import Cluster, make_cluster
 from .test_cli import irdma
 
 

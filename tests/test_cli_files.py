@@ -15,7 +15,7 @@ import pytest
 from irdma import Client
 from irdma.names import DIR_MARKER
 
-from .conftest import Cluster, make_cluster
+from .helpers.cluster import Cluster, make_cluster
 from .test_cli import irdma
 
 

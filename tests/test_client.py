@@ -14,7 +14,8 @@ import irdma
 from irdma import AsyncClient, Client
 from irdma.protocol import HEADER_SIZE, Header, Op, Status, decode_json, tensor_key, unpack_header
 
-from .conftest import Cluster, make_cluster, name_on, recv_exactly
+from .helpers.cluster import Cluster, make_cluster, name_on
+from .helpers.wire import recv_exactly
 
 DTYPES = [
     np.bool_,

@@ -14,7 +14,7 @@ from irdma.client.routing import Router
 from irdma.narrowing import wire_code
 from irdma.protocol import Op
 
-from .conftest import Cluster
+from .helpers.cluster import Cluster
 
 N = 100_000  # float32: 7 shards of 64 KiB
 

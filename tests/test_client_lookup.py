@@ -15,7 +15,7 @@ from irdma.client.onesided import OneSidedReader
 from irdma.client.routing import Router
 from irdma.protocol import TensorMeta, tensor_key
 
-from .conftest import Cluster
+from .helpers.cluster import Cluster
 
 
 def lookup_of(c: AsyncClient) -> Lookup:

@@ -14,7 +14,7 @@ from irdma.client.namespace import Namespace
 from irdma.client.routing import Router
 from irdma.protocol import tensor_key
 
-from .conftest import Cluster
+from .helpers.cluster import Cluster
 
 
 def namespace_of(c: AsyncClient) -> Namespace:

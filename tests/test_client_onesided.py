@@ -12,7 +12,7 @@ from irdma.client.ranges import shard_pieces
 from irdma.protocol import NO_WORKER, TensorMeta
 from irdma.training.modes import Mode
 
-from .conftest import Cluster
+from .helpers.cluster import Cluster
 
 
 async def test_a_read_over_shared_memory_copies_without_asking(cluster: Cluster) -> None:

@@ -9,8 +9,8 @@ import pytest
 from irdma import Client, DaemonUnavailable, TensorExists, TensorNotFound
 from irdma.protocol import tensor_key
 
-from .conftest import Cluster, name_on
-from .whole_reads import WholeReads
+from .helpers.cluster import Cluster, name_on
+from .helpers.whole_reads import WholeReads
 
 TRANSPORTS = ["tcp", "shm"]
 N = 300_000  # float32: 19 shards of 64 KiB over the three daemons

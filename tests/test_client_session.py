@@ -12,7 +12,7 @@ from irdma.client import AsyncClient
 from irdma.protocol import Status, tensor_key
 from irdma.protocol.messages import Hello, Stat
 
-from .conftest import Cluster
+from .helpers.cluster import Cluster
 
 
 async def test_a_request_is_answered_and_the_connection_kept(cluster: Cluster) -> None:

@@ -12,7 +12,7 @@ from irdma import Client
 from irdma.sizes import PARALLEL_COPY_MIN
 from irdma.training.collectives import Group
 
-from .conftest import Cluster
+from .helpers.cluster import Cluster
 
 
 def test_close_tolerates_rank_0_deleting_before_a_member_reads_the_last_barrier(

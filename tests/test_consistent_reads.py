@@ -26,7 +26,8 @@ from irdma.protocol.directory import SERVING_WORD
 from irdma.protocol.messages import Update
 from irdma.transport.direct import DirectReader
 
-from .conftest import Cluster, make_cluster, name_on, start_mount
+from .helpers.cluster import Cluster, make_cluster, name_on
+from .helpers.mounts import start_mount
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from irdma_psd.arena import Arena, ArenaFullError
+from irdma_psd.arena import ArenaFullError
 from irdma_psd.directory import Directory
 from irdma_psd.store import Store, StoreError, copies
 
@@ -28,16 +28,16 @@ from irdma.protocol.directory import (
 from irdma.protocol.messages import UNSTAMPED
 from irdma.transport.direct import TRIES, DirectReader
 
+from .helpers.stores import open_store
+
 SHARD = 8192
 
 
 @pytest.fixture
 def store() -> Iterator[Store]:
-    arena = Arena(1 << 20)
-    store = Store(arena, lambda key, shard: True)
-    store.directory.set_serving(True)  # what a serving daemon says (psd/server.py)
-    yield store
-    arena.close()
+    with open_store() as store:
+        store.directory.set_serving(True)  # what a serving daemon says (psd/server.py)
+        yield store
 
 
 def meta(name: str = "d/x", n: int = 3 * SHARD // 4, dtype: str = "float32") -> TensorMeta:

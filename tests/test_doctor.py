@@ -27,7 +27,7 @@ from irdma.cli.doctor import (
 from irdma.cli.local import write_config
 from irdma.cluster import load_config, parse_config
 
-from .conftest import Cluster
+from .helpers.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(60)
 

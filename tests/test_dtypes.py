@@ -28,7 +28,8 @@ from irdma.protocol import DTYPE_CODES
 from irdma.torch import pull_state_dict, push_state_dict
 from irdma.torch.arrays import from_numpy, to_numpy
 
-from .conftest import Cluster
+from .helpers.cluster import Cluster
+from .helpers.payloads import same_array
 from .test_cli import irdma
 
 # What every format carries (safetensors has no complex128: it goes by .npz and .npy).
@@ -45,11 +46,6 @@ def arbitrary(dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
     if dt == np.bool_:
         raw %= 2
     return raw.view(dt).reshape(shape)
-
-
-def same(a: np.ndarray, b: np.ndarray) -> bool:
-    """The same dtype, shape and bytes (NaNs compared by their bits)."""
-    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 def unique(prefix: str) -> str:
@@ -117,24 +113,24 @@ def test_every_dtype_and_shape_round_trips_through_put_get_client_and_mount(
             irdma(cluster, "put", prefix, source)
             # The client reads what put stored.
             for k, v in want.items():
-                assert same(c.read(f"{prefix}/{k}"), v), (suffix, k)
+                assert same_array(c.read(f"{prefix}/{k}"), v), (suffix, k)
             # get writes the same format back.
             out = f"{tmp}/out{next(_counter)}{suffix}"  # suffix "/": a directory
             irdma(cluster, "get", prefix, "-o", out)
             got = read_back(out)
             assert set(got) == set(want), suffix
             for k, v in want.items():
-                assert same(got[k], v), (suffix, k, got[k].dtype, got[k].shape)
+                assert same_array(got[k], v), (suffix, k, got[k].dtype, got[k].shape)
             # The mount serves each as a .npy that np.load reads (ml_dtypes imported).
             for k, v in want.items():
-                assert same(np.load(mount / prefix / f"{k}.npy"), v), ("mount", k)
+                assert same_array(np.load(mount / prefix / f"{k}.npy"), v), ("mount", k)
         # And a .npy copied into the mount is stored as it is.
         prefix = unique("cp")
         (mount / prefix).mkdir(parents=True)
         for k in arrays:
             shutil.copyfile(Path(sources["/"]) / f"{k}.npy", mount / prefix / f"{k}.npy")
         for k, v in arrays.items():
-            assert same(c.read(f"{prefix}/{k}"), v), ("into the mount", k)
+            assert same_array(c.read(f"{prefix}/{k}"), v), ("into the mount", k)
 
 
 @pytest.mark.parametrize("dtype", NARROW)
@@ -144,14 +140,14 @@ def test_client_write_read_accumulate_and_batches_keep_narrow_floats(
     x = arbitrary(dtype, (3, 5), 1)
     name = unique(dtype)
     client.write(name, x)
-    assert same(client.read(name), x)
+    assert same_array(client.read(name), x)
     assert client.stat(name).dtype == dtype
     # Batched calls, and a 0-d tensor.
     scalar = np.array(1.5, dtype)
     client.write_many({f"{name}s": scalar, f"{name}e": np.zeros((0, 2), dtype)})
     got = client.read_many([name, f"{name}s", f"{name}e"])
-    assert same(got[name], x) and same(got[f"{name}s"], scalar)
-    assert same(got[f"{name}e"], np.zeros((0, 2), dtype))
+    assert same_array(got[name], x) and same_array(got[f"{name}s"], scalar)
+    assert same_array(got[f"{name}e"], np.zeros((0, 2), dtype))
     # Accumulates are summed in float32 and rounded back once.
     base = np.array([1.0, 2.0, -3.0, 0.5], dtype)
     delta = np.array([0.1, 0.3, 0.7, -0.2], dtype)
@@ -159,8 +155,8 @@ def test_client_write_read_accumulate_and_batches_keep_narrow_floats(
     client.accumulate(f"{name}a", delta, alpha=0.3)
     client.accumulate_many({f"{name}s": np.array(0.25, dtype)})
     want = (base.astype(np.float32) + delta.astype(np.float32) * np.float32(0.3)).astype(dtype)
-    assert same(client.read(f"{name}a"), want)
-    assert same(client.read(f"{name}s"), np.array(1.75, dtype))
+    assert same_array(client.read(f"{name}a"), want)
+    assert same_array(client.read(f"{name}s"), np.array(1.75, dtype))
 
 
 def test_an_unsupported_dtype_is_named_with_the_supported_ones(client: Client) -> None:

@@ -2,7 +2,7 @@
 killed for good, while clients accumulate and read; nothing acknowledged is lost.
 
 Real daemons and a real etcd server (Debian's), on network-namespace hosts (each
-daemon, etcd and the clients on hosts of their own, ``tests/netns.py``) and on this
+daemon, etcd and the clients on hosts of their own, ``tests/helpers/netns.py``) and on this
 machine's loopback (where clients reach daemons over shared memory, one-sided
 reads included). The clients run in processes of their own
 (``tests/elastic_workers.py``); ``irdma drain`` is run as an operator would. The
@@ -29,10 +29,10 @@ from irdma.cli.local import free_ports, psd_command
 from irdma.cluster import render_config
 
 from . import elastic_workers as workers
-from .conftest import stop_process
-from .etcd_server import etcd_server
+from .helpers.etcd import etcd_server
+from .helpers.netns import Network, netns_problem, remove_stale
+from .helpers.processes import stop_process
 from .nemesis.run import ETCD_HOST, start_etcd
-from .netns import Network, netns_problem, remove_stale
 
 pytestmark = pytest.mark.timeout(300)
 

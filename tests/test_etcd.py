@@ -1,4 +1,4 @@
-"""irdma.cluster.etcd against a real etcd server (tests/etcd_server.py)."""
+"""irdma.cluster.etcd against a real etcd server (tests/helpers/etcd.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from irdma.cluster.etcd import (
     prefix_end,
 )
 
-from .etcd_server import EtcdServer, etcd_server, free_port
+from .helpers.etcd import EtcdServer, etcd_server, free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -28,8 +28,9 @@ from irdma.cluster.etcd import Etcd
 from irdma.cluster.registry import Registry
 from irdma.protocol import tensor_key
 
-from .conftest import Cluster, hello, make_cluster
-from .etcd_server import EtcdServer, etcd_server
+from .helpers.cluster import Cluster, make_cluster
+from .helpers.etcd import EtcdServer, etcd_server
+from .helpers.wire import hello
 
 pytestmark = pytest.mark.timeout(180)
 

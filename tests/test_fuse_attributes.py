@@ -27,17 +27,11 @@ from irdma_fuse.resolve import Resolved
 from irdma import TensorInfo
 from irdma.errors import DaemonUnavailable
 
+from .helpers.clock import Clock
+
 W = Target(Kind.TENSOR, "m/w", typed=False)
 INFO = TensorInfo("m/w", "uint8", (1000,), 1000, 4096, 1, 3, 5.0, 1.0, {"raw": True})
 START_NS = 7_000_000_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Daemons:
@@ -56,7 +50,7 @@ class Daemons:
 
 
 def table() -> tuple[AttributeTable, OpenFiles[object], InodeTable, Clock]:
-    clock, inodes, files = Clock(), InodeTable(), OpenFiles[object]()
+    clock, inodes, files = Clock(100.0), InodeTable(), OpenFiles[object]()
     attrs = AttributeTable(inodes, files, uid=1000, gid=100, clock=clock, wall_ns=lambda: START_NS)
     return attrs, files, inodes, clock
 

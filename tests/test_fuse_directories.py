@@ -13,14 +13,14 @@ from irdma_fuse.paths import RAW_OPTION
 
 from irdma import DIR_MARKER
 
-from .conftest import Cluster
-from .fuse_roles import roles
+from .helpers.cluster import Cluster
+from .helpers.fuse_roles import mount_roles
 
 
 async def test_a_listing_shows_tensors_files_and_directories_not_the_reserved(
     cluster: Cluster,
 ) -> None:
-    async with roles(cluster.config_path) as r:
+    async with mount_roles(cluster.config_path) as r:
         c = r.backend.c
         made = await r.dirs.make("ls", 0o700)
         assert stat.S_ISDIR(made.st_mode) and stat.S_IMODE(made.st_mode) == 0o700
@@ -41,7 +41,7 @@ async def test_a_listing_shows_tensors_files_and_directories_not_the_reserved(
 
 
 async def test_mkdir_and_rmdir_answer_as_the_spec_says(cluster: Cluster) -> None:
-    async with roles(cluster.config_path) as r:
+    async with mount_roles(cluster.config_path) as r:
         c = r.backend.c
         await r.dirs.make("rm", 0o755)
         await c.write("rm/w", np.zeros(3, np.float32), replace=True)

@@ -16,23 +16,18 @@ from irdma_fuse.errors import FsError
 
 from irdma.errors import TensorNotFound
 
-from .conftest import Cluster
-from .fuse_roles import release, roles
-
-
-def npy(array: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    np.save(out, array)
-    return out.getvalue()
+from .helpers.cluster import Cluster
+from .helpers.fuse_roles import mount_roles, release
+from .helpers.payloads import npy_bytes
 
 
 async def test_a_created_file_is_stored_at_flush_and_read_back(cluster: Cluster) -> None:
     x = np.arange(40_000, dtype=np.float32)  # spans shards on every daemon
-    async with roles(cluster.config_path) as r:
+    async with mount_roles(cluster.config_path) as r:
         await r.dirs.make("fo", 0o755)
         opened, attrs = await r.fileops.create("fo/x.npy", 0o640, os.O_WRONLY)
         assert attrs.st_size == 0 and opened.direct_io
-        data = npy(x)
+        data = npy_bytes(x)
         assert await r.fileops.write(opened.fh, 0, data) == len(data)
         assert (await r.resolver.resolve("fo/x.npy")).info is None  # not stored yet
         await r.fileops.flush(opened.fh)
@@ -45,7 +40,7 @@ async def test_a_created_file_is_stored_at_flush_and_read_back(cluster: Cluster)
 
 
 async def test_a_bad_npy_header_is_refused_at_the_write(cluster: Cluster) -> None:
-    async with roles(cluster.config_path) as r:
+    async with mount_roles(cluster.config_path) as r:
         await r.dirs.make("hdr", 0o755)
         opened, _ = await r.fileops.create("hdr/bad.npy", 0o644, os.O_WRONLY)
         with pytest.raises(ValueError, match=r"hdr/bad\.npy"):  # BadNpy: EINVAL
@@ -53,7 +48,7 @@ async def test_a_bad_npy_header_is_refused_at_the_write(cluster: Cluster) -> Non
 
 
 async def test_truncate_and_unlink_change_the_stored_file(cluster: Cluster) -> None:
-    async with roles(cluster.config_path) as r:
+    async with mount_roles(cluster.config_path) as r:
         c = r.backend.c
         await c.write("fo/raw", np.frombuffer(b"0123456789", np.uint8), options={"raw": True})
         attrs = await r.fileops.setattr("fo/raw", None, Changes(size=4))
@@ -74,7 +69,7 @@ async def test_a_change_here_waits_for_a_snapshot_of_the_old_content_streaming_i
     cluster: Cluster,
 ) -> None:
     x = np.arange(1 << 16, dtype=np.float32)  # 256 KiB: several chunks of 64 KiB shards
-    async with roles(cluster.config_path) as r:
+    async with mount_roles(cluster.config_path) as r:
         c = r.backend.c
         await c.write("qu/w", x, replace=True)
         # The reader's stream is held at its first chunk until the test lets it go.

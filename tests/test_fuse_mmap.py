@@ -12,7 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 from irdma import Client
 
-from .conftest import Cluster
+from .helpers.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(120)
 

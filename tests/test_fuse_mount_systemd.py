@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import Cluster, is_mounted, mount_command
+from .helpers.cluster import Cluster
+from .helpers.mounts import is_mounted, mount_command
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -22,6 +22,8 @@ from numpy.lib import format as npformat
 
 from irdma.protocol import DTYPE_CODES
 
+from .helpers.payloads import npy_bytes, same_array
+
 # The dtypes numpy.save itself records (bfloat16 and float8 need irdma's headers).
 DTYPES = [name for name in DTYPE_CODES if not name.startswith(("bfloat", "float8"))]
 SHAPES = [
@@ -38,12 +40,6 @@ SHAPES = [
     (65536,),
     (1000, 10),
 ]
-
-
-def saved(arr: np.ndarray, **kwargs) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, arr, **kwargs)
-    return buf.getvalue()
 
 
 class _HeaderOnly:
@@ -81,17 +77,13 @@ def random_array(dtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarra
     return np.frombuffer(rng.bytes(n), dtype=dtype).reshape(shape).copy()
 
 
-def same_array(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-
-
 # -- header_for ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_header_for_equals_np_save(dtype: str, shape: tuple[int, ...]) -> None:
-    data = saved(random_array(dtype, shape))
+    data = npy_bytes(random_array(dtype, shape))
     header = header_for(dtype, shape)
     assert data[: len(header)] == header
     assert len(data) == len(header) + np.dtype(dtype).itemsize * int(np.prod(shape))
@@ -159,7 +151,7 @@ def test_header_for_matches_np_save_and_parses_back(dtype: str, shape: tuple[int
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_parse_npy_round_trip(dtype: str, shape: tuple[int, ...]) -> None:
     arr = random_array(dtype, shape, seed=len(shape))
-    data = saved(arr)
+    data = npy_bytes(arr)
     layout = parse_header(data)
     assert layout.dtype == arr.dtype
     assert layout.shape == shape
@@ -171,7 +163,7 @@ def test_parse_npy_round_trip(dtype: str, shape: tuple[int, ...]) -> None:
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if np.dtype(d).itemsize > 1])
 def test_parse_npy_big_endian(dtype: str) -> None:
     arr = random_array(dtype, (4, 3), seed=3).astype(np.dtype(dtype).newbyteorder(">"))
-    data = saved(arr)
+    data = npy_bytes(arr)
     assert b"'>" in data[:128]
     layout = parse_header(data)
     assert layout.dtype == arr.dtype
@@ -186,7 +178,7 @@ def test_parse_npy_from_a_c_order_copy_of_a_view() -> None:
     """np.save of a non-contiguous view writes C order: accepted."""
     base = np.arange(60, dtype=np.int32).reshape(6, 10)
     view = base[::2, 1::3]
-    assert same_array(parse_npy(saved(view)), np.ascontiguousarray(view))
+    assert same_array(parse_npy(npy_bytes(view)), np.ascontiguousarray(view))
 
 
 def test_parse_npy_fortran_order_1d_is_accepted() -> None:
@@ -212,7 +204,7 @@ def test_parse_npy_every_format_version(version: tuple[int, int]) -> None:
 
 def test_parse_npy_is_a_view_of_a_writable_buffer() -> None:
     arr = np.arange(6, dtype=np.int16)
-    data = bytearray(saved(arr))
+    data = bytearray(npy_bytes(arr))
     out = parse_npy(data)
     header_len = parse_header(data).header_len
     data[header_len] = 0x7F
@@ -221,7 +213,7 @@ def test_parse_npy_is_a_view_of_a_writable_buffer() -> None:
 
 def test_parse_header_accepts_header_without_data() -> None:
     """parse_header reads the header only; the data length is parse_npy's check."""
-    data = saved(np.zeros((100, 3), dtype=np.float64))
+    data = npy_bytes(np.zeros((100, 3), dtype=np.float64))
     header = header_for("float64", (100, 3))
     layout = parse_header(header)
     assert layout == NpyLayout(np.dtype("float64"), (100, 3), len(header))
@@ -254,7 +246,7 @@ def test_parse_rejects_garbage(data: bytes) -> None:
 
 @pytest.mark.parametrize("cut", [1, 7, 8, 9, 10, 20, 50, 127])
 def test_parse_rejects_truncated_header(cut: int) -> None:
-    data = saved(np.zeros(3, dtype=np.float32))
+    data = npy_bytes(np.zeros(3, dtype=np.float32))
     assert len(header_for("float32", (3,))) == 128
     with pytest.raises(BadNpy):
         parse_header(data[:cut])
@@ -298,7 +290,7 @@ def test_parse_rejects_negative_dimension(shape: tuple[int, ...]) -> None:
 @pytest.mark.parametrize("shape", [(10,), (0,), (), (4, 5)], ids=str)
 def test_parse_npy_rejects_wrong_data_length(delta: int, shape: tuple[int, ...]) -> None:
     arr = random_array("float32", shape, seed=1)
-    data = saved(arr)
+    data = npy_bytes(arr)
     if delta < 0 and -delta > arr.nbytes:
         delta = -arr.nbytes if arr.nbytes else 1
     wrong = data[: len(data) + delta] if delta < 0 else data + bytes(delta)
@@ -309,7 +301,7 @@ def test_parse_npy_rejects_wrong_data_length(delta: int, shape: tuple[int, ...])
 
 
 def test_parse_npy_rejects_missing_data() -> None:
-    data = saved(np.ones((8, 8), dtype=np.float32))
+    data = npy_bytes(np.ones((8, 8), dtype=np.float32))
     with pytest.raises(BadNpy):
         parse_npy(data[: len(header_for("float32", (8, 8)))])
 
@@ -317,7 +309,7 @@ def test_parse_npy_rejects_missing_data() -> None:
 @pytest.mark.parametrize("shape", [(3, 4), (2, 3, 4), (5, 2)], ids=str)
 def test_parse_rejects_fortran_order(shape: tuple[int, ...]) -> None:
     arr = np.asfortranarray(random_array("float64", shape, seed=2))
-    data = saved(arr)
+    data = npy_bytes(arr)
     assert b"'fortran_order': True" in data[:128]
     with pytest.raises(BadNpy, match="Fortran"):
         parse_header(data)
@@ -326,7 +318,7 @@ def test_parse_rejects_fortran_order(shape: tuple[int, ...]) -> None:
 
 
 def test_parse_rejects_object_dtype() -> None:
-    data = saved(np.array([1, "a", None], dtype=object), allow_pickle=True)
+    data = npy_bytes(np.array([1, "a", None], dtype=object), allow_pickle=True)
     with pytest.raises(BadNpy):
         parse_header(data)
     with pytest.raises(BadNpy):
@@ -345,7 +337,7 @@ def test_parse_rejects_object_dtype() -> None:
 )
 def test_parse_rejects_structured_dtype(dtype) -> None:
     arr = np.zeros(4, dtype=dtype)
-    data = saved(arr, allow_pickle=True)
+    data = npy_bytes(arr, allow_pickle=True)
     with pytest.raises(BadNpy):
         parse_header(data)
     with pytest.raises(BadNpy):

@@ -21,7 +21,8 @@ import pytest
 from irdma import Client
 from irdma.training.modes import Mode
 
-from .conftest import Cluster, Mount, mount_command, start_mount
+from .helpers.cluster import Cluster
+from .helpers.mounts import Mount, mount_command, start_mount
 
 
 def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -165,7 +166,7 @@ def test_stat_right_after_a_stat_sees_another_clients_change(cluster: Cluster, m
 def lone_daemon_mount(tmp_path: Path, **cluster: Any) -> Iterator[tuple[Cluster, Mount]]:
     """A mount of a one-daemon cluster of its own (``make_cluster`` options), for
     tests that stop the daemon or fill its arena."""
-    from .conftest import make_cluster
+    from .helpers.cluster import make_cluster
 
     c = make_cluster(tmp_path / "c", nodes=1, **cluster)
     try:

@@ -30,7 +30,9 @@ from numpy.lib import format as npformat
 
 from irdma import Client
 
-from .conftest import Cluster, start_mount
+from .helpers.cluster import Cluster
+from .helpers.mounts import start_mount
+from .helpers.payloads import npy_bytes
 
 SEED = int(os.environ.get("IRDMA_FUSE_SEED", "20261121"))
 SHARD = 64 << 10  # the cluster fixture's shard size
@@ -47,12 +49,6 @@ def npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
         buf,
         {"descr": npformat.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape},
     )
-    return buf.getvalue()
-
-
-def npy_bytes(arr: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, arr)
     return buf.getvalue()
 
 

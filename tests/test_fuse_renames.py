@@ -16,13 +16,13 @@ from irdma_fuse.errors import FsError
 
 from irdma.errors import TensorNotFound
 
-from .conftest import Cluster
-from .fuse_roles import release, roles
+from .helpers.cluster import Cluster
+from .helpers.fuse_roles import mount_roles, release
 
 
 async def test_a_renamed_file_keeps_its_number_mode_and_open_readers(cluster: Cluster) -> None:
     x = np.arange(1000, dtype=np.int32)
-    async with roles(cluster.config_path) as r:
+    async with mount_roles(cluster.config_path) as r:
         c = r.backend.c
         await c.write("rn/a", x, replace=True)
         ino = r.attrs.of(await r.resolver.resolve("rn/a.npy")).st_ino
@@ -40,7 +40,7 @@ async def test_a_renamed_file_keeps_its_number_mode_and_open_readers(cluster: Cl
 
 async def test_a_file_replaced_while_open_is_kept_for_its_reader(cluster: Cluster) -> None:
     old, new = np.zeros(500, np.float64), np.ones(300, np.float64)
-    async with roles(cluster.config_path) as r:
+    async with mount_roles(cluster.config_path) as r:
         c = r.backend.c
         await c.write("rn/target", old, replace=True)
         await c.write("rn/source", new, replace=True)
@@ -59,7 +59,7 @@ async def test_a_file_replaced_while_open_is_kept_for_its_reader(cluster: Cluste
 
 
 async def test_refused_renames_answer_their_errno(cluster: Cluster) -> None:
-    async with roles(cluster.config_path) as r:
+    async with mount_roles(cluster.config_path) as r:
         c = r.backend.c
         await c.write("rn/p", np.zeros(4, np.uint8), replace=True)
         await c.write("rn/q", np.zeros(4, np.uint8), replace=True)
@@ -77,7 +77,7 @@ async def test_refused_renames_answer_their_errno(cluster: Cluster) -> None:
 
 
 async def test_lookups_of_either_name_wait_until_a_rename_is_done(cluster: Cluster) -> None:
-    async with roles(cluster.config_path) as r:
+    async with mount_roles(cluster.config_path) as r:
         c = r.backend.c
         await c.write("rn/slow", np.zeros(4, np.uint8), replace=True)
         # The daemons' rename is held until the test lets it go.

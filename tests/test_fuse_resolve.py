@@ -12,14 +12,14 @@ from irdma_fuse.paths import RAW_OPTION, Kind, Target
 
 from irdma.errors import TensorNotFound
 
-from .conftest import Cluster
-from .fuse_roles import roles
+from .helpers.cluster import Cluster
+from .helpers.fuse_roles import mount_roles
 
 
 async def test_names_resolve_to_typed_tensors_raw_files_and_directories(
     cluster: Cluster,
 ) -> None:
-    async with roles(cluster.config_path) as r:
+    async with mount_roles(cluster.config_path) as r:
         c = r.backend.c
         await c.write("res/w", np.arange(10, dtype=np.float32), replace=True)
         await c.write("res/notes.txt", np.frombuffer(b"hi", np.uint8), options={RAW_OPTION: True})
@@ -42,7 +42,7 @@ async def test_names_resolve_to_typed_tensors_raw_files_and_directories(
 async def test_a_file_being_created_here_is_answered_without_the_daemons(
     cluster: Cluster,
 ) -> None:
-    async with roles(cluster.config_path) as r:
+    async with mount_roles(cluster.config_path) as r:
         target = Target(Kind.TENSOR, "res/new", typed=True)
         r.files.add_pending(Handle("res/new.npy", target, True, buf=FileBuffer()))
         found = await r.resolver.resolve("res/new.npy")

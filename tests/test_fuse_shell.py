@@ -18,7 +18,8 @@ import pytest
 
 from irdma import Client
 
-from .conftest import Cluster, make_cluster, mount_command, start_mount
+from .helpers.cluster import Cluster, make_cluster
+from .helpers.mounts import mount_command, start_mount
 from .test_cli import irdma
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import io
 import os
 import subprocess
 import sys
@@ -20,19 +19,15 @@ from numpy.lib import format as npformat
 
 from irdma import AsyncClient, Client, TensorNotFound
 
-from .conftest import Cluster, make_cluster, start_mount
+from .helpers.cluster import Cluster, make_cluster
+from .helpers.mounts import start_mount
+from .helpers.payloads import npy_bytes
 
 pytestmark = pytest.mark.timeout(120)
 
 MIB = 1 << 20
 # Several of the mount's 4 MiB chunks (the test cluster's shards are 64 KiB).
 N = 10 * MIB // 4
-
-
-def npy_bytes(arr: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, arr)
-    return buf.getvalue()
 
 
 def test_large_file_reads_every_way(cluster: Cluster, mount: Path, tmp_path: Path) -> None:

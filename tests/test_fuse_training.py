@@ -13,7 +13,7 @@ import pytest
 
 from irdma.training.modes import Mode
 
-from .conftest import Cluster
+from .helpers.cluster import Cluster
 
 
 def model_name() -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import io
 import os
 import subprocess
 from pathlib import Path
@@ -15,18 +14,13 @@ from numpy.lib import format as npformat
 import irdma
 from irdma import Client
 
-from .conftest import Cluster
-from .whole_reads import WholeReads
+from .helpers.cluster import Cluster
+from .helpers.payloads import npy_bytes
+from .helpers.whole_reads import WholeReads
 
 pytestmark = pytest.mark.timeout(120)
 
 SIZES = [0, 10, 300_000, 3 << 20]  # empty, one shard, several, several MiB
-
-
-def npy_bytes(arr: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, arr)
-    return buf.getvalue()
 
 
 def atomic_save(target: Path, payload: bytes) -> None:

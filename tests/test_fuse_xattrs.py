@@ -10,12 +10,12 @@ import pytest
 from irdma_fuse.errors import ENOATTR, FsError
 from irdma_fuse.xattrs import XATTR_PREFIX
 
-from .conftest import Cluster
-from .fuse_roles import roles
+from .helpers.cluster import Cluster
+from .helpers.fuse_roles import mount_roles
 
 
 async def test_a_tensor_and_its_shards_show_layout_and_placement(cluster: Cluster) -> None:
-    async with roles(cluster.config_path) as r:
+    async with mount_roles(cluster.config_path) as r:
         c = r.backend.c
         await c.write("xa/w", np.zeros((100, 200), np.float32), replace=True)
         ino = r.inodes.ino("xa/w.npy")
@@ -32,7 +32,7 @@ async def test_a_tensor_and_its_shards_show_layout_and_placement(cluster: Cluste
 
 
 async def test_other_names_are_absent_and_none_can_be_set(cluster: Cluster) -> None:
-    async with roles(cluster.config_path) as r:
+    async with mount_roles(cluster.config_path) as r:
         await r.backend.c.write("xa/v", np.zeros(3, np.int8), replace=True)
         ino = r.inodes.ino("xa/v.npy")
         for name in ("security.capability", XATTR_PREFIX + "nothing"):
@@ -51,7 +51,7 @@ async def test_other_names_are_absent_and_none_can_be_set(cluster: Cluster) -> N
 
 
 async def test_usage_adds_up_every_daemons_arena(cluster: Cluster) -> None:
-    async with roles(cluster.config_path) as r:
+    async with mount_roles(cluster.config_path) as r:
         usage = await r.xattrs.usage()
         assert usage.total == 3 * (64 << 20)  # conftest's three 64 MiB arenas
         assert 0 <= usage.used <= usage.total

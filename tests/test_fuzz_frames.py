@@ -4,7 +4,7 @@ Three layers, each with hypothesis-made input:
 
 - the sans-IO parsers in ``irdma.protocol`` (and the option and metadata
   checks behind them), in-process: only the documented exceptions escape;
-- the daemon's real request handlers, in-process (``tests/fuzz_harness.py``:
+- the daemon's real request handlers, in-process (``tests/helpers/fuzz_harness.py``:
   a ``Server`` on a socketpair, in a one-copy and a two-copy cluster), with
   structure-aware frames and raw bytes: no hang, no escaped exception, well-
   formed replies, no tensor changed without an accepted update, nothing
@@ -56,8 +56,8 @@ from irdma.training.modes import Mode
 from irdma.transport.shm import make_staging
 from irdma.transport.unix import recv_fds_frame, send_fds_frame, short_address, socket_path
 
-from .conftest import Cluster
-from .fuzz_harness import OTHER, Harness, Outcome, check_replies
+from .helpers.cluster import Cluster
+from .helpers.fuzz_harness import OTHER, Harness, Outcome, check_replies
 
 SETTINGS = settings(
     max_examples=100,

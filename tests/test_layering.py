@@ -264,3 +264,69 @@ def test_the_daemon_and_the_mount_are_imported_by_their_distribution_names() -> 
         and not (ROOT / package / Path(file).parent / f"{name.split('.')[0]}.py").exists()
     )
     assert not wrong, f"imported by folder name, not as irdma_psd / irdma_fuse: {wrong}"
+
+
+# -- the tests' own layout (docs/testing.md) ----------------------------------------
+
+TESTS = ROOT / "tests"
+HELPERS = TESTS / "helpers"
+
+
+def top_level_defs(path: Path) -> list[ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]:
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return [n for n in ast.parse(path.read_text(), str(path)).body if isinstance(n, defs)]
+
+
+def helper_names(helpers: Path) -> dict[str, list[str]]:
+    """Each public function or class of ``helpers`` by name: the modules defining it."""
+    out: dict[str, list[str]] = {}
+    for path in sorted(helpers.glob("*.py")):
+        for node in top_level_defs(path):
+            if not node.name.startswith("_"):
+                out.setdefault(node.name, []).append(path.name)
+    return out
+
+
+def test_a_helper_is_defined_once_in_tests_helpers_and_nowhere_else() -> None:
+    """A helper the tests share is written once, in tests/helpers; a test module that
+    needs one imports it (a same name with another meaning takes another name)."""
+    helpers = helper_names(HELPERS)
+    assert "make_cluster" in helpers, "the check reads the wrong folder"
+    twice = {name: modules for name, modules in helpers.items() if len(modules) > 1}
+    assert not twice, f"defined in several helpers modules: {twice}"
+    again = sorted(
+        (str(path.relative_to(TESTS)), node.name)
+        for path in TESTS.rglob("*.py")
+        if HELPERS not in path.parents
+        for node in top_level_defs(path)
+        if node.name in helpers
+    )
+    assert not again, f"defined again beside tests/helpers (import it instead): {again}"
+
+
+def is_fixture(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> bool:
+    """Decorated ``@pytest.fixture`` or ``@pytest.fixture(...)``."""
+    for decorator in node.decorator_list:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        if ast.unparse(target) == "pytest.fixture":
+            return True
+    return False
+
+
+def test_conftest_files_hold_fixtures_and_nothing_imports_from_them() -> None:
+    conftests = sorted(TESTS.rglob("conftest.py"))
+    assert TESTS / "conftest.py" in conftests, "the check reads the wrong folder"
+    not_fixtures = sorted(
+        (str(path.relative_to(TESTS)), node.name)
+        for path in conftests
+        for node in top_level_defs(path)
+        if not is_fixture(node)
+    )
+    assert not not_fixtures, f"helpers in a conftest.py (they go in tests/helpers): {not_fixtures}"
+    importers = sorted(
+        str(path.relative_to(ROOT))
+        for path in [*TESTS.rglob("*.py"), *(ROOT / "bench").rglob("*.py")]
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "conftest"
+    )
+    assert not importers, f"import from a conftest.py (import tests/helpers instead): {importers}"

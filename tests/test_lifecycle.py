@@ -28,7 +28,7 @@ from irdma.cluster import load_config, parse_config
 from irdma.errors import ConfigError
 from irdma.sdnotify import Notifier
 
-from .conftest import stop_process
+from .helpers.processes import stop_process
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -27,7 +27,7 @@ from irdma.cli.local import LOG_FILE
 from irdma.errors import AuthFailed, DaemonUnavailable
 from irdma.protocol import tensor_key
 
-from .conftest import processes_with
+from .helpers.processes import processes_with
 from .test_cli import daemons_using, irdma
 
 ARGS = ("--arena", "16MiB", "--shard-size", "64KiB")

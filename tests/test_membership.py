@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from irdma_psd.membership import Membership, MembershipListener
+
 from irdma.cli.local import write_config
 from irdma.cluster import ClusterConfig, load_config
 from irdma.protocol import tensor_key
-from irdma_psd.membership import Membership, MembershipListener
+
+from .helpers.clock import Clock
 
 
 class Record(MembershipListener):
@@ -26,14 +29,6 @@ class Record(MembershipListener):
 
     def peers_changed(self) -> None:
         self.changes.append(self._seen())
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def config(tmp_path, nodes: int = 3, replicas: int = 2) -> ClusterConfig:

@@ -20,7 +20,8 @@ from irdma.cluster import load_config, parse_config
 from irdma.errors import ConfigError
 from irdma.protocol import HEADER_SIZE, Header, Op, Status, tensor_key, unpack_header
 
-from .conftest import Cluster, recv_exactly
+from .helpers.cluster import Cluster
+from .helpers.wire import recv_exactly
 
 pytestmark = pytest.mark.timeout(60)
 

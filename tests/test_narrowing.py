@@ -13,7 +13,7 @@ from irdma import narrowing as nw
 from irdma.errors import DtypeMismatch
 from irdma.protocol import DTYPE_CODES, WIRE_BFLOAT16, tensor_key
 
-from .conftest import Cluster, make_cluster
+from .helpers.cluster import Cluster, make_cluster
 
 FP16 = DTYPE_CODES["float16"]
 

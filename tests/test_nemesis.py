@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from .helpers.netns import netns_problem, remove_stale
 from .nemesis.faults import ASYMMETRIC, ELASTIC, SYMMETRIC
 from .nemesis.run import RunConfig, run
-from .netns import netns_problem, remove_stale
 
 if (_problem := netns_problem()) is not None:
     pytest.skip(f"network namespaces unavailable: {_problem}", allow_module_level=True)

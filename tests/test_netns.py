@@ -1,4 +1,5 @@
-"""The emulated multi-host network (tests/netns.py), checked with real traffic between hosts."""
+"""The emulated multi-host network (tests/helpers/netns.py), checked with real traffic
+between hosts."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .netns import NetnsUnavailable, Network, netns_problem, remove_stale, shaper_problem
+from .helpers.netns import NetnsUnavailable, Network, netns_problem, remove_stale, shaper_problem
 
 if (_problem := netns_problem()) is not None:
     pytest.skip(f"network namespaces unavailable: {_problem}", allow_module_level=True)

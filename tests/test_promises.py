@@ -28,7 +28,8 @@ from irdma.protocol import HEADER_SIZE, Header, Op, Status, tensor_key, unpack_h
 from irdma.protocol.messages import Read, Update
 from irdma.training.modes import Mode
 
-from .conftest import Cluster, hello, make_cluster, recv_exactly
+from .helpers.cluster import Cluster, make_cluster
+from .helpers.wire import hello, recv_exactly
 
 TENSOR = "promises/w"
 N = 1024  # float32 elements: 4 KiB, one shard

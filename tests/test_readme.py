@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .conftest import make_cluster
+from .helpers.cluster import make_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

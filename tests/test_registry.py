@@ -12,7 +12,7 @@ from irdma.cluster.epochs import Epoch
 from irdma.cluster.etcd import Etcd, EtcdError
 from irdma.cluster.registry import MemberRecord, Registry
 
-from .etcd_server import EtcdServer, etcd_server
+from .helpers.etcd import EtcdServer, etcd_server
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -22,7 +22,8 @@ from irdma.errors import TensorNotFound
 from irdma.protocol import decode_json, tensor_key
 from irdma.protocol.messages import ListTensors, Read
 
-from .conftest import Cluster, hello, make_cluster
+from .helpers.cluster import Cluster, make_cluster
+from .helpers.wire import hello
 from .test_promises import Raw
 
 N = 4096  # float32: 16 KiB, one shard

@@ -1,6 +1,6 @@
 """Replication, failover, rejoin and snapshots with each daemon on a host of its own.
 
-Every host is a network namespace (``tests/netns.py``): four daemons with
+Every host is a network namespace (``tests/helpers/netns.py``): four daemons with
 two copies of each shard, and the clients on a fifth host. Faults are real:
 ``kill -9``, SIGSTOP, a host cut off from the switch, shaped lossy links,
 a corrupt snapshot file. Every scenario checks exact data: sums of the
@@ -29,7 +29,7 @@ from irdma.cli.local import psd_command
 from irdma.cluster import ClusterConfig, load_config, render_config
 from irdma.protocol import tensor_key
 
-from .netns import NetnsUnavailable, Network, netns_problem
+from .helpers.netns import NetnsUnavailable, Network, netns_problem
 
 if (_problem := netns_problem()) is not None:
     pytest.skip(f"network namespaces unavailable: {_problem}", allow_module_level=True)

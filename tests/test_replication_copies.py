@@ -28,7 +28,8 @@ from irdma.protocol import (
     unpack_header,
 )
 
-from .conftest import Cluster, make_cluster, recv_exactly
+from .helpers.cluster import Cluster, make_cluster
+from .helpers.wire import recv_exactly
 
 TENSOR = "copies/w"
 VALUE = np.arange(4096, dtype=np.float32)  # 16 KiB: one shard

@@ -6,18 +6,18 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import trio
 import trio.testing
 from irdma_psd.errors import Refusal
 from irdma_psd.main import build_store
 from irdma_psd.replication import Item, Replicator
-from irdma_psd.store import Commit
 
 from irdma.cli.local import write_config
 from irdma.cluster import load_config
-from irdma.protocol import Op
+
+from .helpers.clock import Clock
+from .helpers.stores import commit
 
 
 def test_an_update_queued_before_a_loss_of_readiness_is_never_acknowledged(
@@ -58,11 +58,6 @@ def test_an_update_queued_before_a_loss_of_readiness_is_never_acknowledged(
         trio.run(main)
     finally:
         store.arena.close()
-
-
-def commit(key: int, shard: int, version: int) -> Commit:
-    """An update applied here as the shard's primary (4 bytes written at offset 0)."""
-    return Commit(key, shard, Op.WRITE, 0, 1.0, 0, 0, np.zeros(4, np.uint8), 0, version)
 
 
 def test_forwards_are_queued_in_order_for_the_backups_that_are_up(tmp_path: Path) -> None:
@@ -110,14 +105,6 @@ def test_forwards_are_queued_in_order_for_the_backups_that_are_up(tmp_path: Path
         trio.run(main)
     finally:
         store.arena.close()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_forward_in_flight_when_its_backup_went_down_owes_it_a_resync(tmp_path: Path) -> None:

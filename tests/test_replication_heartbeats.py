@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 import trio
 import trio.testing
@@ -14,11 +13,13 @@ from irdma_psd.errors import Refusal
 from irdma_psd.main import build_store
 from irdma_psd.replication import Replicator
 from irdma_psd.replication.bodies import Heartbeat
-from irdma_psd.store import Commit
 
 from irdma.cli.local import write_config
 from irdma.cluster import ClusterConfig, load_config
 from irdma.protocol import Header, Op, Status, decode_json
+
+from .helpers.clock import Clock
+from .helpers.stores import commit
 
 
 @pytest.fixture
@@ -95,14 +96,6 @@ async def test_a_heartbeat_not_from_a_peer_is_refused(
 # -- a resync owed: the primary went on without a backup that stayed ready -------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def placed(config: ClusterConfig, first: str, second: str) -> tuple[int, int]:
     """A shard whose replicas are ``first`` then ``second``."""
     key = next(k for k in range(1, 1000) if names(config, k) == [first, second])
@@ -111,11 +104,6 @@ def placed(config: ClusterConfig, first: str, second: str) -> tuple[int, int]:
 
 def names(config: ClusterConfig, key: int) -> list[str]:
     return [n.name for n in config.replicas_for(key, 0)]
-
-
-def commit(key: int, shard: int, version: int) -> Commit:
-    """An update applied here as the shard's primary (4 bytes written at offset 0)."""
-    return Commit(key, shard, Op.WRITE, 0, 1.0, 0, 0, np.zeros(4, np.uint8), 0, version)
 
 
 def declare_n2_down(replicator: Replicator, clock: Clock) -> None:

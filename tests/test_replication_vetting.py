@@ -23,13 +23,7 @@ from irdma.cli.local import write_config
 from irdma.cluster import ClusterConfig, load_config
 from irdma.protocol import Status
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from .helpers.clock import Clock
 
 
 def config(tmp_path: Path, replicas: int = 2, etcd: bool = False) -> ClusterConfig:

@@ -33,10 +33,10 @@ from irdma.protocol import (
     pack_entries,
     tensor_key,
     unpack_entries,
-    unpack_header,
 )
 
-from .conftest import Cluster, hello, recv_exactly
+from .helpers.cluster import Cluster
+from .helpers.wire import hello, recv_frame
 
 CANARY = "canary/w"
 VICTIM = "fuzz/victim"  # random frames may change this one; never the canary
@@ -79,11 +79,6 @@ def connect(cluster: Cluster, node: str) -> socket.socket:
     return s
 
 
-def reply(s: socket.socket) -> tuple[Header, bytes]:
-    h = unpack_header(recv_exactly(s, HEADER_SIZE))
-    return h, recv_exactly(s, h.length)
-
-
 def closed_by_peer(s: socket.socket) -> bool:
     try:
         return s.recv(1) == b""
@@ -107,7 +102,7 @@ def test_garbage_closes_the_connection_only(cluster: Cluster, canary: np.ndarray
 def test_wrong_protocol_version(cluster: Cluster, canary: np.ndarray) -> None:
     s = connect(cluster, "n1")
     s.sendall(Header(op=Op.HELLO, proto=PROTOCOL_VERSION + 7).pack())
-    h, msg = reply(s)
+    h, msg = recv_frame(s)
     assert h.status == Status.BAD_VERSION and b"protocol version" in msg
     assert closed_by_peer(s)
     assert_intact(cluster, canary)
@@ -116,10 +111,10 @@ def test_wrong_protocol_version(cluster: Cluster, canary: np.ndarray) -> None:
 def test_unknown_op_keeps_the_connection(cluster: Cluster, canary: np.ndarray) -> None:
     s = connect(cluster, "n1")
     s.sendall(Header(op=200, request_id=5, length=10).pack() + b"x" * 10)
-    h, msg = reply(s)
+    h, msg = recv_frame(s)
     assert (h.status, h.request_id) == (Status.BAD_OP, 5) and b"unknown op" in msg
     s.sendall(Header(op=Op.HELLO, request_id=6).pack())
-    h, _ = reply(s)
+    h, _ = recv_frame(s)
     assert (h.status, h.request_id) == (Status.OK, 6)
     assert_intact(cluster, canary)
 
@@ -127,7 +122,7 @@ def test_unknown_op_keeps_the_connection(cluster: Cluster, canary: np.ndarray) -
 def test_oversized_payload(cluster: Cluster, canary: np.ndarray) -> None:
     s = connect(cluster, "n1")
     s.sendall(Header(op=Op.WRITE, length=1 << 62, size=1 << 62).pack())
-    h, _ = reply(s)
+    h, _ = recv_frame(s)
     assert h.status == Status.TOO_LARGE
     assert closed_by_peer(s)
     assert_intact(cluster, canary)
@@ -136,7 +131,7 @@ def test_oversized_payload(cluster: Cluster, canary: np.ndarray) -> None:
 def test_response_flag_in_a_request(cluster: Cluster, canary: np.ndarray) -> None:
     s = connect(cluster, "n1")
     s.sendall(Header(op=Op.HELLO, flags=Flag.RESPONSE).pack())
-    h, _ = reply(s)
+    h, _ = recv_frame(s)
     assert h.status == Status.BAD_FRAME
     assert_intact(cluster, canary)
 
@@ -158,10 +153,10 @@ def test_bad_read_fields(cluster: Cluster, canary: np.ndarray, change, status) -
     s = connect(cluster, node)
     fields = {"op": Op.READ, "key": key, "shard": 0, "offset": 0, "size": 16} | change
     s.sendall(Header(**fields).pack())
-    h, msg = reply(s)
+    h, msg = recv_frame(s)
     assert h.status == status, msg
     s.sendall(Header(op=Op.READ, key=key, shard=0, size=16).pack())  # still serving us
-    h, data = reply(s)
+    h, data = recv_frame(s)
     assert h.status == Status.OK and data == canary[:4].tobytes()
     assert_intact(cluster, canary)
 
@@ -185,10 +180,10 @@ def test_bad_updates_change_nothing(cluster: Cluster, canary: np.ndarray, op, ch
     payload = b"\xff" * 16
     fields = {"op": op, "key": key, "size": 16, "length": 16} | change
     s.sendall(Header(**fields).pack() + payload)
-    h, msg = reply(s)
+    h, msg = recv_frame(s)
     assert h.status == status, msg
     s.sendall(Header(op=Op.HELLO, request_id=9).pack())
-    assert reply(s)[0].request_id == 9  # the refused payload was drained
+    assert recv_frame(s)[0].request_id == 9  # the refused payload was drained
     assert_intact(cluster, canary)
 
 
@@ -234,10 +229,10 @@ def test_batch_lengths_that_do_not_add_up(cluster: Cluster, canary: np.ndarray) 
     s.sendall(
         Header(op=Op.WRITE_BATCH, shard=1, length=len(entries) + 8).pack() + entries + b"\0" * 8
     )
-    h, msg = reply(s)
+    h, msg = recv_frame(s)
     assert h.status == Status.BAD_FRAME, msg
     s.sendall(Header(op=Op.READ_BATCH, shard=1000, length=ENTRY_SIZE).pack() + entries)
-    h, msg = reply(s)
+    h, msg = recv_frame(s)
     assert h.status == Status.BAD_FRAME, msg
     assert_intact(cluster, canary)
 
@@ -249,7 +244,7 @@ def test_batch_reports_each_entry(cluster: Cluster, canary: np.ndarray) -> None:
     s.sendall(
         Header(op=Op.READ_BATCH, shard=3, length=3 * ENTRY_SIZE).pack() + pack_entries(entries)
     )
-    h, data = reply(s)
+    h, data = recv_frame(s)
     assert h.status == Status.OK
     answers = unpack_entries(data, 3)
     assert [a.status for a in answers] == [Status.OK, Status.NOT_FOUND, Status.OUT_OF_RANGE]
@@ -268,19 +263,19 @@ def test_bad_create_metadata(cluster: Cluster, canary: np.ndarray) -> None:
     ]
     for body in cases:
         s.sendall(Header(op=Op.CREATE, key=tensor_key("x"), length=len(body)).pack() + body)
-        h, msg = reply(s)
+        h, msg = recv_frame(s)
         assert h.status == Status.BAD_ARGUMENT, (body, msg)
     meta = TensorMeta("y", "float32", (4,), 4096)
     body = encode_json(meta.to_dict())
     s.sendall(Header(op=Op.CREATE, key=tensor_key("other"), length=len(body)).pack() + body)
-    assert reply(s)[0].status == Status.BAD_ARGUMENT  # key does not match the name
+    assert recv_frame(s)[0].status == Status.BAD_ARGUMENT  # key does not match the name
     assert_intact(cluster, canary)
 
 
 def test_list_prefix_must_be_utf8(cluster: Cluster, canary: np.ndarray) -> None:
     s = connect(cluster, "n1")
     s.sendall(Header(op=Op.LIST, length=2).pack() + b"\xff\xfe")
-    assert reply(s)[0].status == Status.BAD_ARGUMENT
+    assert recv_frame(s)[0].status == Status.BAD_ARGUMENT
     assert_intact(cluster, canary)
 
 
@@ -365,13 +360,13 @@ def test_release_of_unknown_id_is_harmless(cluster: Cluster, canary: np.ndarray)
     s = connect(cluster, "n1")
     s.sendall(b"".join(Header(op=Op.RELEASE, request_id=i).pack() for i in range(100)))
     s.sendall(Header(op=Op.HELLO, request_id=1).pack())
-    assert reply(s)[0].status == Status.OK
+    assert recv_frame(s)[0].status == Status.OK
     assert_intact(cluster, canary)
 
 
 def test_header_struct_is_what_the_daemon_parses(cluster: Cluster) -> None:
     s = connect(cluster, "n2")
     s.sendall(Header(op=Op.HELLO, request_id=0xDEADBEEF).pack())
-    h, data = reply(s)
+    h, data = recv_frame(s)
     assert h.request_id == 0xDEADBEEF and h.is_response and b'"node":"n2"' in data
     assert struct.calcsize("<4sBBHHHIQQQQQQdQIIQQQ") == HEADER_SIZE

@@ -28,7 +28,7 @@ from irdma.transport.blocking import BlockingConnection, BlockingWaits, Busy, Na
 from irdma.transport.select import may_use_rdma
 from irdma.transport.tcp import FramedSocket
 
-from .conftest import Cluster, make_cluster
+from .helpers.cluster import Cluster, make_cluster
 
 N = 250_000  # float32: ~1 MB, 15 shards of 64 KiB
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -15,7 +16,6 @@ import numpy as np
 import pytest
 import trio
 from irdma_psd import snapshot
-from irdma_psd.arena import Arena
 from irdma_psd.snapshot import (
     SNAPSHOT_FILE,
     SnapshotError,
@@ -29,30 +29,21 @@ from irdma_psd.store import Store
 from irdma.protocol import Op, TensorMeta, tensor_key
 from irdma.training.modes import Mode
 
+from .helpers.payloads import rand_bytes
+from .helpers.stores import even, everything, open_store, shard_bytes
+
 # -- helpers -----------------------------------------------------------------
-
-
-def everything(key: int, shard: int) -> bool:
-    return True
-
-
-def even(key: int, shard: int) -> bool:
-    return shard % 2 == 0
 
 
 @pytest.fixture
 def stores() -> Iterator[Callable[..., Store]]:
     """Make stores over fresh arenas; every arena is closed afterwards."""
-    arenas: list[Arena] = []
+    with contextlib.ExitStack() as stack:
 
-    def make(owns: Callable[[int, int], bool] = everything, capacity: int = 1 << 20) -> Store:
-        arena = Arena(capacity)
-        arenas.append(arena)
-        return Store(arena, owns)
+        def make(owns: Callable[[int, int], bool] = everything, capacity: int = 1 << 20) -> Store:
+            return stack.enter_context(open_store(capacity, owns))
 
-    yield make
-    for a in arenas:
-        a.close()
+        yield make
 
 
 def write(store: Store, key: int, index: int, offset: int, data: bytes) -> int:
@@ -66,15 +57,6 @@ def accumulate(store: Store, key: int, index: int, delta: np.ndarray) -> int:
     u = store.begin_update(Op.ACCUMULATE, key, index, 0, raw.nbytes)
     u.buffer[:] = raw
     return store.commit(u)
-
-
-def rand_bytes(n: int, seed: int) -> bytes:
-    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
-
-
-def shard_bytes(store: Store, key: int, index: int) -> bytes:
-    shard = store.tensors[key].shards[index]
-    return store.arena.view(shard.block, 0, shard.nbytes).tobytes()
 
 
 def all_bytes(store: Store) -> dict[tuple[str, int], bytes]:

@@ -18,22 +18,16 @@ from irdma_psd.store.rules import accumulate_copy, accumulate_from, accumulate_i
 from irdma.protocol import DTYPE_CODES, Op, Status, TensorMeta, tensor_key
 from irdma.sizes import ACCUMULATE_PIECE
 
+from .helpers.payloads import rand_bytes
+from .helpers.stores import even, everything, open_arena, shard_bytes
+
 # -- helpers -----------------------------------------------------------------
 
 
 @pytest.fixture
 def arena() -> Iterator[Arena]:
-    a = Arena(1 << 20)
-    yield a
-    a.close()
-
-
-def everything(key: int, shard: int) -> bool:
-    return True
-
-
-def even(key: int, shard: int) -> bool:
-    return shard % 2 == 0
+    with open_arena() as a:
+        yield a
 
 
 def fill(arena: Arena, leave: int = 0) -> list[Block]:
@@ -44,11 +38,6 @@ def fill(arena: Arena, leave: int = 0) -> list[Block]:
         blocks.append(arena.alloc(n))
     assert arena.allocator.free_bytes == leave
     return blocks
-
-
-def shard_bytes(store: Store, key: int, index: int) -> bytes:
-    shard = store.tensors[key].shards[index]
-    return store.arena.view(shard.block, 0, shard.nbytes).tobytes()
 
 
 def all_bytes(store: Store) -> dict[tuple[int, int], bytes]:
@@ -93,10 +82,6 @@ def accumulate(
     else:
         u.buffer[:] = raw
     return store.commit(u)
-
-
-def rand_bytes(n: int, seed: int = 0) -> bytes:
-    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
 
 
 # -- StoreError --------------------------------------------------------------

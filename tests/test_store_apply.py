@@ -8,21 +8,19 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from irdma_psd.arena import Arena
 from irdma_psd.store import PendingUpdate, Store, StoreError
 
 from irdma.protocol import Op, Status, TensorMeta
+
+from .helpers.stores import open_store
 
 SHARD = 4096
 
 
 @pytest.fixture
 def store() -> Iterator[Store]:
-    arena = Arena(16 * SHARD)
-    try:
-        yield Store(arena, lambda key, shard: True)
-    finally:
-        arena.close()
+    with open_store(16 * SHARD) as s:
+        yield s
 
 
 def staged(store: Store, meta: TensorMeta, op: Op, values: list[float], **kw) -> PendingUpdate:

@@ -13,14 +13,15 @@ from irdma_psd.store.blocks import Blocks
 
 from irdma.protocol import Op, Status, TensorMeta
 
+from .helpers.stores import open_arena
+
 SHARD = 4096
 
 
 @pytest.fixture
 def arena() -> Iterator[Arena]:
-    a = Arena(16 * SHARD)
-    yield a
-    a.close()
+    with open_arena(16 * SHARD) as a:
+        yield a
 
 
 def test_a_retired_block_is_freed_when_its_last_pin_goes(arena: Arena) -> None:

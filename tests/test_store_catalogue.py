@@ -14,14 +14,15 @@ from irdma_psd.store.catalogue import Catalogue
 from irdma.protocol import DTYPE_CODES, Status, TensorMeta
 from irdma.training.modes import Mode
 
+from .helpers.stores import open_arena
+
 SHARD = 4096
 
 
 @pytest.fixture
 def arena() -> Iterator[Arena]:
-    a = Arena(16 * SHARD)
-    yield a
-    a.close()
+    with open_arena(16 * SHARD) as a:
+        yield a
 
 
 def test_a_replace_hands_back_the_tensor_it_dropped(arena: Arena) -> None:

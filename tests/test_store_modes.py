@@ -12,27 +12,19 @@ from irdma_psd.store import Store, StoreError
 from irdma.protocol import NO_WORKER, Op, Status, TensorMeta
 from irdma.training.modes import Mode
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from .helpers.clock import Clock
+from .helpers.stores import open_store
 
 
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(1000.0)
 
 
 @pytest.fixture
 def store(clock: Clock) -> Iterator[Store]:
-    arena = Arena(4 << 20)
-    try:
-        yield Store(arena, lambda key, shard: True, clock)
-    finally:
-        arena.close()
+    with open_store(4 << 20, clock=clock) as s:
+        yield s
 
 
 def make(store: Store, mode: Mode, n: int = 1000, dtype: str = "float32") -> TensorMeta:

@@ -12,12 +12,13 @@ from irdma_psd.store import Store
 from irdma.protocol import Op, TensorMeta
 from irdma.training.modes import Mode
 
+from .helpers.stores import open_arena
+
 
 @pytest.fixture
 def arena() -> Iterator[Arena]:
-    a = Arena(1 << 20)
-    yield a
-    a.close()
+    with open_arena() as a:
+        yield a
 
 
 def test_an_update_goes_to_the_backups_as_received(arena: Arena) -> None:

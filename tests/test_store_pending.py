@@ -7,21 +7,19 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from irdma_psd.arena import Arena
 from irdma_psd.store import Store
 from irdma_psd.store.pending import stage
 
 from irdma import narrowing
 from irdma.protocol import Op, TensorMeta
 
+from .helpers.stores import open_store
+
 
 @pytest.fixture
 def store() -> Iterator[Store]:
-    arena = Arena(1 << 20)
-    try:
-        yield Store(arena, lambda key, shard: True)
-    finally:
-        arena.close()
+    with open_store() as s:
+        yield s
 
 
 def test_staging_is_in_the_arena_and_given_back_once(store: Store) -> None:

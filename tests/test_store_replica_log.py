@@ -6,21 +6,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from irdma_psd.arena import Arena, Block
+from irdma_psd.arena import Block
 from irdma_psd.store import Shard, Store, StoreError
 from irdma_psd.store.replica_log import RECENT_TXNS, applied, check_on_top, remember
 
 from irdma.protocol import NO_WORKER, Op, Status, TensorMeta
 from irdma.training.modes import Mode
 
+from .helpers.stores import open_store
+
 
 @pytest.fixture
 def store() -> Iterator[Store]:
-    arena = Arena(1 << 20)
-    try:
-        yield Store(arena, lambda key, shard: True)
-    finally:
-        arena.close()
+    with open_store() as s:
+        yield s
 
 
 def test_the_log_keeps_the_last_txns_only() -> None:

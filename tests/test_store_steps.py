@@ -8,22 +8,20 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from irdma_psd.arena import Arena
 from irdma_psd.store import Store
 
 from irdma.protocol import NO_WORKER, Op, TensorMeta
 from irdma.training.modes import Mode
+
+from .helpers.stores import open_store
 
 SHARD = 4096
 
 
 @pytest.fixture
 def store() -> Iterator[Store]:
-    arena = Arena(16 * SHARD)
-    try:
-        yield Store(arena, lambda key, shard: True, lambda: 100.0)
-    finally:
-        arena.close()
+    with open_store(16 * SHARD, clock=lambda: 100.0) as s:
+        yield s
 
 
 def pushed(store: Store, meta: TensorMeta, worker: int, step: int) -> tuple[int, bool]:

@@ -41,7 +41,7 @@ from irdma.torch.compression import (  # noqa: E402
 )
 from irdma.torch.optimizer import compression_for  # noqa: E402
 
-from .conftest import Cluster  # noqa: E402
+from .helpers.cluster import Cluster  # noqa: E402
 from .torch_workers import (  # noqa: E402
     DIGITS,
     LOSS,

@@ -36,7 +36,7 @@ from irdma.torch import (  # noqa: E402
 from irdma.torch.arrays import numpy_dtype, to_numpy  # noqa: E402
 from irdma.training.collectives import Group  # noqa: E402
 
-from .conftest import Cluster  # noqa: E402
+from .helpers.cluster import Cluster  # noqa: E402
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.uint8]
 if hasattr(torch, "float8_e4m3fn"):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Cluster, make_cluster
+from .helpers.cluster import Cluster, make_cluster
 
 pytest.importorskip("torch", reason="torch is not installed (deploy/setup.sh installs it)")
 pytest.importorskip("sklearn", reason="scikit-learn is not installed (the 'train' extra)")

@@ -15,7 +15,7 @@ import pytest
 
 from irdma.training.modes import Mode
 
-from .conftest import Cluster, make_cluster
+from .helpers.cluster import Cluster, make_cluster
 from .training_workers import COLLECTIVE_CASES, LR, SHAPES, case_array, gradient, initial
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,7 +21,7 @@ from irdma import Client
 from irdma.protocol import tensor_key
 from irdma.training.modes import Mode
 
-from .conftest import Cluster, make_cluster
+from .helpers.cluster import Cluster, make_cluster
 
 N = 4096  # float32: 16 KiB, one shard
 STEPS = 6

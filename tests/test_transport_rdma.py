@@ -29,7 +29,8 @@ from irdma.transport.verbs import (
     roce_gid,
 )
 
-from .conftest import Cluster, make_cluster, recv_exactly
+from .helpers.cluster import Cluster, make_cluster
+from .helpers.wire import recv_exactly
 
 GID1 = "0000:0000:0000:0000:0000:ffff:c612:0001"  # 198.18.0.1
 

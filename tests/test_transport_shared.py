@@ -25,8 +25,9 @@ from irdma.transport.shm import SharedMemory, make_staging
 from irdma.transport.tcp import FramedConnection
 
 from . import test_transport_shm
-from .conftest import Cluster
-from .test_transport_shm import SHARD, raw_unix, read_reply
+from .helpers.cluster import Cluster
+from .helpers.wire import raw_unix, recv_frame
+from .test_transport_shm import SHARD
 
 MIB = 1 << 20
 # The same cluster fixture as the shm tests (3 daemons, 1 MiB shards), one per module.
@@ -153,7 +154,7 @@ def test_a_region_the_daemon_cannot_map_safely_is_not_used(cluster: Cluster) -> 
         for region_fd, taken in ((unsealed, False), (sealed, True)):
             with raw_unix(cluster) as s:
                 socket.send_fds(s, [frame], [staging, region_fd])
-                h, msg = read_reply(s)
+                h, msg = recv_frame(s)
                 assert h.status == Status.OK, msg
                 assert ("shared" in decode_json(msg)) == taken
     finally:

@@ -29,7 +29,6 @@ from irdma.client import AsyncClient
 from irdma.cluster import load_config
 from irdma.errors import ConfigError, DaemonUnavailable, IrdmaError
 from irdma.protocol import (
-    HEADER_SIZE,
     LOCATION,
     Flag,
     Header,
@@ -37,15 +36,15 @@ from irdma.protocol import (
     Status,
     encode_json,
     tensor_key,
-    unpack_header,
 )
 from irdma.transport import select
 from irdma.transport.base import StreamBroken
 from irdma.transport.shm import SharedMemory, make_staging
 from irdma.transport.tcp import FramedConnection
-from irdma.transport.unix import short_address, socket_path
+from irdma.transport.unix import socket_path
 
-from .conftest import Cluster, make_cluster, recv_exactly
+from .helpers.cluster import Cluster, make_cluster
+from .helpers.wire import raw_unix, recv_frame
 
 SHARD = 1 << 20
 
@@ -246,19 +245,6 @@ def test_another_user_gets_no_mapping(cluster: Cluster, public_config: Path) -> 
     assert auto == {"ok": True, "kinds": ["tcp"]}, auto
 
 
-def raw_unix(cluster: Cluster, node: str = "n1") -> socket.socket:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(5)
-    with short_address(socket_path(cluster.config.node(node).data_dir)) as address:
-        s.connect(address)
-    return s
-
-
-def read_reply(s: socket.socket) -> tuple[Header, bytes]:
-    h = unpack_header(recv_exactly(s, HEADER_SIZE))
-    return h, recv_exactly(s, h.length)
-
-
 def test_staging_memory_that_could_shrink_is_refused(cluster: Cluster) -> None:
     """Cut shorter under the daemon's mapping, it would crash the daemon (SIGBUS)."""
     unsealed = os.memfd_create("unsealed")
@@ -269,11 +255,11 @@ def test_staging_memory_that_could_shrink_is_refused(cluster: Cluster) -> None:
         frame = Header(op=Op.ATTACH, length=len(body)).pack() + body
         with raw_unix(cluster) as s:
             socket.send_fds(s, [frame], [unsealed])
-            h, msg = read_reply(s)
+            h, msg = recv_frame(s)
             assert h.status == Status.BAD_ARGUMENT and b"sealed against shrinking" in msg
         with raw_unix(cluster) as s:
             socket.send_fds(s, [frame], [sealed])
-            h, msg = read_reply(s)
+            h, msg = recv_frame(s)
             assert h.status == Status.OK, msg
         with pytest.raises(OSError):
             os.ftruncate(sealed, 4096)  # the seal holds for the client too
@@ -288,11 +274,11 @@ def test_attach_without_a_staging_descriptor_is_refused(cluster: Cluster) -> Non
     with raw_unix(cluster) as s:
         body = encode_json({"staging": 1 << 20})
         s.sendall(Header(op=Op.ATTACH, length=len(body)).pack() + body)
-        h, msg = read_reply(s)
+        h, msg = recv_frame(s)
         assert h.status == Status.BAD_ARGUMENT and b"no staging descriptor" in msg
     with raw_unix(cluster) as s:
         s.sendall(Header(op=Op.HELLO).pack())
-        h, msg = read_reply(s)
+        h, msg = recv_frame(s)
         assert h.status == Status.BAD_ARGUMENT and b"expected ATTACH first" in msg
     with raw_unix(cluster) as s:
         s.sendall(b"garbage" * 40)

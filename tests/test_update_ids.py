@@ -23,7 +23,7 @@ from irdma import Client
 from irdma.client.routing import new_txn
 from irdma.client.stamps import StampClock
 
-from .conftest import Cluster, make_cluster
+from .helpers.cluster import Cluster, make_cluster
 
 # Each rank seeds random as a training script does, then makes N updates.
 RANK = textwrap.dedent(

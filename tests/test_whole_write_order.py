@@ -30,7 +30,8 @@ from irdma.client.stamps import StampClock
 from irdma.protocol import HEADER_SIZE, Op, Status, tensor_key, unpack_header
 from irdma.protocol.messages import Read, Update, served_stamps
 
-from .conftest import Cluster, make_cluster, recv_exactly
+from .helpers.cluster import Cluster, make_cluster
+from .helpers.wire import recv_exactly
 
 pytestmark = pytest.mark.timeout(120)
 

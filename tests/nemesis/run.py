@@ -1,6 +1,6 @@
 """One nemesis run end to end, for ``tests/test_nemesis.py`` and ``bench/nemesis.py``.
 
-Daemons on hosts ``d1..dN`` (network namespaces, ``tests/netns.py``), two copies of
+Daemons on hosts ``d1..dN`` (network namespaces, ``tests/helpers/netns.py``), two copies of
 every shard; client processes and a monitor on host ``client``. The clients run for
 ``seconds`` while the nemesis applies its schedule; then everything is healed, the
 cluster given time to become ready, every replica's copy read, and the histories
@@ -27,7 +27,7 @@ from typing import Any
 from irdma.cli.local import psd_command
 from irdma.cluster import render_config
 
-from ..netns import Network
+from ..helpers.netns import Network
 from . import history
 from .checker import Report, check
 from .faults import SYMMETRIC, Fault, Nemesis, schedule

@@ -21,7 +21,7 @@ import random
 import sys
 import time
 import traceback
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,10 @@ class Attempt:
     shard: int
     status: str  # "ok", a status name, "lost" (no answer) or "error"
     version: int = 0
+    # A whole-tensor write's stamp (0: none). A write refused somewhere for a later
+    # one is stamped again and sent to every shard again: two answers with two
+    # stamps are that rewrite, not one update applied twice.
+    stamp: int = 0
 
 
 class Recorder:
@@ -91,7 +95,7 @@ class Recorder:
         await self._inner.sleep(seconds)
 
     async def request(self, node: Any, header: Header, payload: Any = (), sink: Any = None) -> Any:
-        attempt = Attempt(node.name, header.key, header.shard, "error")
+        attempt = Attempt(node.name, header.key, header.shard, "error", stamp=header.stamp)
         self.attempts.append(attempt)
         try:
             reply = await self._inner.request(node, header, payload, sink)
@@ -118,8 +122,13 @@ def shard_outcomes(attempts: list[Attempt], key: int, shards: int) -> dict[int, 
         oks = [a for a in tries if a.status == "ok"]
         if oks:
             rec: dict[str, Any] = {"outcome": "ok", "version": oks[-1].version}
-            if len(oks) > 1:  # sent again as a new update (a fresh txn): applied twice?
-                rec["applied"] = len(oks)
+            # Sent again as a new update (a fresh txn) under the same stamp: applied
+            # twice? (Under a new stamp it is the write's rewrite, see ``Attempt``.)
+            applied = max(Counter(a.stamp for a in oks).values())
+            if applied > 1:
+                rec["applied"] = applied
+            if len({a.stamp for a in oks}) > 1:
+                rec["restamped"] = len({a.stamp for a in oks}) - 1
         elif all(a.status in {s.name for s in REFUSED_BEFORE_APPLYING} for a in tries):
             rec = {"outcome": "fail"}  # refused everywhere, or never sent
         else:

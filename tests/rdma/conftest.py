@@ -12,28 +12,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from irdma.transport.verbs import NoDevice, find_gid
-from irdma.transport.verbs_compat import VerbsUnavailable, load
-
-from ..conftest import Cluster, make_cluster
-
-RDMA_IP = os.environ.get("IRDMA_RDMA_IP", "198.18.0.1")
-SHARD = 1 << 20
-
-
-def rdma_problem() -> str | None:
-    """Why this host cannot run the RDMA suite, or None when it can."""
-    try:
-        load()
-        find_gid(RDMA_IP)
-    except (VerbsUnavailable, NoDevice) as exc:
-        return str(exc)
-    return None
-
+from ..helpers.cluster import Cluster, make_cluster
+from ..helpers.rdma import RDMA_IP, SHARD, rdma_problem
 
 IN_GUEST = os.environ.get("IRDMA_RDMA_GUEST") == "1"
 
@@ -68,7 +51,3 @@ def rdma_cluster(rdma_device: str, tmp_path_factory: pytest.TempPathFactory) -> 
         yield cluster
     finally:
         cluster.close()
-
-
-def fresh(path: Path, rdma_device: str, **kwargs: object) -> Cluster:
-    return make_cluster(path, host=rdma_device, scheme="rdma", **kwargs)  # type: ignore[arg-type]

@@ -9,18 +9,15 @@ JUnit report: every test must have run (none skipped) and passed.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-from .conftest import rdma_problem
+from ..helpers.rdma import rdma_problem
+from ..helpers.vm import VM_SH, vm_problem
 
-VM_SH = Path(__file__).with_name("vm.sh")
-REPO = Path(__file__).resolve().parents[2]
 # IRDMA_RDMA_GUEST: collect the device suite even if the device were missing (then it
 # fails, where a host without one does not collect it).
 GUEST_COMMAND = """\
@@ -30,20 +27,13 @@ exec python3 -m pytest -p no:cacheprovider tests/rdma -ra -v -o timeout=600 \\
 """
 
 
-def vm_problem() -> str | None:
-    """Why no guest can be booted here, or None."""
-    if rdma_problem() is None:
-        return "this host has an RDMA device itself: the suite ran directly"
-    if not (REPO / ".venv/bin/python").exists() and not os.environ.get("PY"):
-        return "no .venv here (deploy/setup.sh makes it; the guest's packages are pinned to it)"
-    if shutil.which("qemu-system-x86_64") is None and os.geteuid() != 0:
-        return "qemu is not installed, and installing it (tests/rdma/vm.sh) needs root"
-    return None
-
-
 @pytest.mark.timeout(2400)
 def test_rdma_suite_in_a_soft_roce_guest(tmp_path: Path) -> None:
-    problem = vm_problem()
+    problem = (
+        "this host has an RDMA device itself: the suite ran directly"
+        if rdma_problem() is None
+        else vm_problem()
+    )
     if problem is not None:
         pytest.skip(problem)
     results = tmp_path / "guest"

@@ -24,8 +24,8 @@ from irdma.sizes import RDMA_BATCH_BYTES
 from irdma.transport.base import StreamBroken
 from irdma.transport.rdma import RdmaPath
 
-from ..conftest import Cluster
-from .conftest import SHARD, fresh
+from ..helpers.cluster import Cluster
+from ..helpers.rdma import SHARD, fresh
 
 pytestmark = pytest.mark.usefixtures("rdma_device")
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -32,8 +31,8 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-VM_SH = REPO / "tests/rdma/vm.sh"
+from ..helpers.vm import VM_SH, vm_problem
+
 # The guest's own budget (vm.sh kills qemu after it), the wait for another
 # guest, and the image build.
 QEMU_TIMEOUT = 900
@@ -56,15 +55,6 @@ CHECKS = {
     "next start loads",
     "mount_stops_cleanly": "systemctl stop irdma-mount unmounts /mnt/params",
 }
-
-
-def vm_problem() -> str | None:
-    """Why no guest can be booted here, or None."""
-    if not (REPO / ".venv/bin/python").exists() and not os.environ.get("PY"):
-        return "no .venv here (deploy/setup.sh makes it; the guest's packages are pinned to it)"
-    if shutil.which("qemu-system-x86_64") is None and os.geteuid() != 0:
-        return "qemu is not installed, and installing it (tests/rdma/vm.sh) needs root"
-    return None
 
 
 def kill_guest(vm: subprocess.Popen[str], results: Path) -> None:

@@ -36,7 +36,7 @@ class Roles:
 
 
 @asynccontextmanager
-async def roles(config_path: Path) -> AsyncIterator[Roles]:
+async def mount_roles(config_path: Path) -> AsyncIterator[Roles]:
     """The roles as the mount composes them, over a client of the cluster."""
     async with AsyncClient(config_path) as client, trio.open_nursery() as nursery:
         backend = Backend(client=client, nursery=nursery)

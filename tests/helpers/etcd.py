@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from .conftest import stop_process
+from .processes import stop_process
 
 START_TIMEOUT = 30.0
 
