@@ -11,8 +11,9 @@ complete (``OpenFiles.quiesce``), so they never mix into one. A
 whole-tensor write from elsewhere while a file streams in does not mix in
 either: the first chunk is read alone, and every later chunk is read from
 the same write (``AsyncClient.read_range``; the daemons keep each shard's
-previous copy). Rewritten twice before the stream ends, that write is gone:
-the open's reads fail (EIO) rather than mix. Accumulates and partial writes
+previous copy, and one older for a few seconds). Rewritten three times before
+the stream ends, that write is gone: the open's reads fail (EIO) rather than
+mix (tests/test_fuse_fileops.py); a pin on the write would serve them. Accumulates and partial writes
 from elsewhere are per shard, as for any reader; a version that moved is
 logged when the stream is complete (close-to-open promises the next open
 the new version, which it gets).

@@ -12,9 +12,9 @@ import pytest
 import trio
 import trio.testing
 from irdma_fuse.attributes import Changes
-from irdma_fuse.errors import FsError
+from irdma_fuse.errors import FsError, errno_for
 
-from irdma.errors import TensorNotFound
+from irdma.errors import TensorNotFound, TornRead
 
 from .helpers.cluster import Cluster
 from .helpers.fuse_roles import mount_roles, release
@@ -109,4 +109,48 @@ async def test_a_change_here_waits_for_a_snapshot_of_the_old_content_streaming_i
         np.testing.assert_array_equal(np.load(io.BytesIO(got)), x)  # the reader kept it
         with pytest.raises(TensorNotFound):
             await stat("qu/w")
+        await release(r, reading.fh)
+
+
+async def test_an_open_whose_write_is_rewritten_thrice_fails_rather_than_mix(
+    cluster: Cluster,
+) -> None:
+    """The mount streams a file in chunks, the first alone and the rest from the same
+    whole write (fuse/snapshot.py). Rewritten three times before the rest is read,
+    that write is gone from the daemons (each shard keeps its previous copy and one
+    older): the open's reads of the rest fail (EIO), never a mix of two writes. This is the failure
+    `test_consistent_reads.py::test_the_mount_serves_one_write_whole` meets under
+    load (3 runs in 30 under two busy loops), made to happen every time: an open
+    that meets two rewrites is not served whole (a pin on the write it started from
+    would serve it; not built)."""
+    n = 3 << 20  # float32: 12 MiB, three of the mount's 4 MiB chunks
+    x = np.zeros(n, dtype=np.float32)
+    async with mount_roles(cluster.config_path) as r:
+        c = r.backend.c
+        await c.write("qu/rewritten", x, replace=True)
+        # Every chunk after the first is held until the tensor was rewritten twice.
+        first, go = trio.Event(), trio.Event()
+        read_range = c.read_range
+
+        async def held(name, offset, out, at=0):  # type: ignore[no-untyped-def]
+            if offset == 0:
+                got = await read_range(name, offset, out, at)
+                first.set()
+                return got
+            await go.wait()
+            return await read_range(name, offset, out, at)
+
+        c.read_range = held  # type: ignore[method-assign]
+        reading = await r.fileops.open("qu/rewritten.npy", os.O_RDONLY)
+        await first.wait()
+        head = bytes(await r.fileops.read(reading.fh, 0, 4096))  # the first chunk: served
+        assert np.load(io.BytesIO(head + bytes(n * 4 + 128 - len(head)))).size == n
+        # Each shard keeps its previous copy and one older (psd/store/copies.py): the
+        # write the open started from is gone after three more.
+        for value in (1.0, 2.0, 3.0):
+            await c.write("qu/rewritten", np.full(n, value, np.float32))
+        go.set()
+        with pytest.raises(TornRead) as caught:
+            await r.fileops.read(reading.fh, 8 << 20, 4096)
+        assert errno_for(caught.value) == errno.EIO  # what the facade answers the kernel
         await release(r, reading.fh)
