@@ -82,6 +82,11 @@ def connected_to(pid: int, port: int) -> bool:
     return False
 
 
+def default_sigint() -> None:
+    """In the child before exec: Ctrl-C's default disposition."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("command", [["status"], ["stat", "x"], ["ls"]])
 def test_ctrl_c_while_a_daemon_hangs_exits_130_without_traceback(
     tmp_path: Path, command: list[str]
@@ -97,6 +102,10 @@ def test_ctrl_c_while_a_daemon_hangs_exits_130_without_traceback(
             stderr=subprocess.PIPE,
             text=True,
             env=env,
+            # As in a terminal: a suite started in the background by a script
+            # (`tests/run.sh &`) has SIGINT ignored, which its children inherit
+            # and Python then keeps (no KeyboardInterrupt, by convention).
+            preexec_fn=default_sigint,
         )
         try:
             # The command waits for the hung daemon once it has connected to it.
