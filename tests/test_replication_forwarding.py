@@ -12,9 +12,10 @@ import trio.testing
 from irdma_psd.errors import Refusal
 from irdma_psd.main import build_store
 from irdma_psd.replication import Item, Replicator
+from irdma_psd.store import Store
 
 from irdma.cli.local import write_config
-from irdma.cluster import load_config
+from irdma.cluster import ClusterConfig, load_config
 
 from .helpers.clock import Clock
 from .helpers.stores import commit
@@ -107,25 +108,34 @@ def test_forwards_are_queued_in_order_for_the_backups_that_are_up(tmp_path: Path
         store.arena.close()
 
 
+def ready_primary_of_a_shard_on_n2(
+    config: ClusterConfig, store: Store
+) -> tuple[Replicator, Clock, int]:
+    """n1's replicator, ready, hearing n2 and n3 on a fake clock, and a key whose shard 0
+    is placed on n1 then n2."""
+    replicator = Replicator(config, config.node("n1"), store)
+    m = replicator.membership
+    clock = Clock()
+    m.clock = clock
+    m.heard("n2", True)
+    m.heard("n3", True)
+    m.became_ready()
+    key = next(
+        k for k in range(1, 1000) if [n.name for n in config.replicas_for(k, 0)] == ["n1", "n2"]
+    )
+    return replicator, clock, key
+
+
 def test_a_forward_in_flight_when_its_backup_went_down_owes_it_a_resync(tmp_path: Path) -> None:
     """The forward being sent when its backup is declared down fails and is given up
     (acknowledged without it) before the tick lets go of the rest of the queue, which
     is then empty: the sending task itself notes the resync owed. (n2's address has no
     daemon: its link fails as a silent one's does, at once.)"""
     config = load_config(write_config(tmp_path, 3, replicas=2, arena_size=1 << 20))
-    node = config.node("n1")
-    store = build_store(config, node)
+    store = build_store(config, config.node("n1"))
     try:
-        replicator = Replicator(config, node, store)
+        replicator, clock, key = ready_primary_of_a_shard_on_n2(config, store)
         m, forwarding = replicator.membership, replicator.forwarding
-        clock = Clock()
-        m.clock = clock
-        m.heard("n2", True)
-        m.heard("n3", True)
-        m.became_ready()
-        key = next(
-            k for k in range(1, 1000) if [n.name for n in config.replicas_for(k, 0)] == ["n1", "n2"]
-        )
         (item,) = forwarding.forward([commit(key, 0, 1)])  # for n2
         # n2 silent past the failure timeout, n3 heard all along (the tick not run yet).
         while clock.now <= config.failure_timeout:
@@ -157,19 +167,10 @@ def test_a_primary_resumed_after_a_pause_owes_nothing_to_the_peers_it_stopped_he
     the primary's shards over meanwhile, gave up being ready. A daemon that has no
     majority is not acknowledging anything: it gives up being ready and owes nothing."""
     config = load_config(write_config(tmp_path, 3, replicas=2, arena_size=1 << 20))
-    node = config.node("n1")
-    store = build_store(config, node)
+    store = build_store(config, config.node("n1"))
     try:
-        replicator = Replicator(config, node, store)
+        replicator, clock, key = ready_primary_of_a_shard_on_n2(config, store)
         m, forwarding = replicator.membership, replicator.forwarding
-        clock = Clock()
-        m.clock = clock
-        m.heard("n2", True)
-        m.heard("n3", True)
-        m.became_ready()
-        key = next(
-            k for k in range(1, 1000) if [n.name for n in config.replicas_for(k, 0)] == ["n1", "n2"]
-        )
         (item,) = forwarding.forward([commit(key, 0, 1)])
         clock.now += config.failure_timeout + 0.01  # paused: it heard nobody since
         forwarding.let_go_of_down_peers()  # the tick, first thing after the pause
