@@ -13,10 +13,10 @@ either: the first chunk is read alone, and every later chunk is read from
 the same write (``AsyncClient.read_range``; the daemons keep each shard's
 previous copy, and one older for a few seconds). Rewritten three times before
 the stream ends, that write is gone: the open's reads fail (EIO) rather than
-mix (tests/test_fuse_fileops.py); a pin on the write would serve them. Accumulates and partial writes
-from elsewhere are per shard, as for any reader; a version that moved is
-logged when the stream is complete (close-to-open promises the next open
-the new version, which it gets).
+mix (tests/test_fuse_fileops.py); a pin on the write would serve them.
+Accumulates and partial writes from elsewhere are per shard, as for any
+reader; a version that moved is logged when the stream is complete
+(close-to-open promises the next open the new version, which it gets).
 """
 
 from __future__ import annotations
