@@ -147,6 +147,22 @@ def test_put_a_text_file_named_npy_names_file_and_cause(cluster: Cluster, tmp_pa
     assert f"{pickled}: holds Python objects" in proc.stderr and "allow_pickle" not in proc.stderr
 
 
+def test_put_of_a_file_holding_no_tensors_says_so(cluster: Cluster, tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    empty_npz, empty_st = tmp_path / "empty.npz", tmp_path / "empty.safetensors"
+    np.savez(empty_npz)  # a zip archive of no files: its end record alone
+    save_file({}, str(empty_st))
+    for source in (empty_npz, empty_st):
+        proc = irdma(cluster, "put", "x/none", str(source), check=False)
+        assert proc.returncode == 1
+        assert f"{source} holds no tensors; nothing was put" in proc.stderr
+    (tmp_path / "nothing").mkdir()
+    proc = irdma(cluster, "put", "x/none", f"{tmp_path / 'nothing'}/", check=False)
+    assert proc.returncode == 1 and "nothing: no .npy files in this directory" in proc.stderr
+    assert irdma(cluster, "ls", "x/", check=False).stdout.count("x/none") == 0
+
+
 def test_put_with_swapped_arguments_says_so(cluster: Cluster, tmp_path: Path) -> None:
     w = saved(tmp_path / "w.npy", np.zeros(3))
     proc = irdma(cluster, "put", w, "resnet/fc.weight", check=False)

@@ -188,6 +188,9 @@ def planned_uploads(items: Sequence[str]) -> list[Upload]:
     uploads: list[Upload] = []
     for name, source in put_pairs(items):
         arrays = tensorfiles.read_arrays(source)
+        if not arrays:
+            # An empty .npz, .safetensors or directory: say so rather than put nothing quietly.
+            raise IrdmaError(f"{source} holds no tensors; nothing was put")
         one = list(arrays) == [""]
         target = tensor_name(name, one)
         for key, arr in arrays.items():

@@ -34,6 +34,8 @@ from ..protocol import dtype_code
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
+# An archive of no files (numpy.savez with no arrays) is only its end record.
+EMPTY_ZIP_MAGIC = b"PK\x05\x06"
 SUPPORTED = (
     ".npy (one tensor), .npz, .safetensors, a directory (DIR/, one .npy per tensor) "
     "or - (stdin/stdout, one .npy)"
@@ -169,7 +171,7 @@ def _npy_problem(where: str, exc: ValueError) -> str:
 def _read_npz(path: str) -> dict[str, np.ndarray]:
     with open(path, "rb") as f:
         head = f.read(len(ZIP_MAGIC))
-    if head != ZIP_MAGIC:
+    if head not in (ZIP_MAGIC, EMPTY_ZIP_MAGIC):
         raise FileProblem(
             f"{path}: not a .npz file (it starts with {head!r}, not a zip archive's "
             f"{ZIP_MAGIC!r}); write one with numpy.savez"
