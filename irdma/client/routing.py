@@ -18,7 +18,7 @@ from typing import Protocol
 
 from ..cluster import ClusterConfig, Node
 from ..errors import FAILOVER_STATUSES, DaemonError, DaemonUnavailable
-from ..protocol import NO_WORKER, Header, Status
+from ..protocol import NO_WORKER, Header
 from ..protocol.messages import Read, Stat, Update
 from ..transport.base import Buffer, Reply, Sink
 from .retry import failover_pause, patience
@@ -142,6 +142,10 @@ class Router:
         """The tensor was recreated or deleted: what was seen of it says nothing now."""
         self.seen_versions = {k: v for k, v in self.seen_versions.items() if k[0] != key}
 
+    def _epoch_number(self) -> int:
+        """The epoch this client routes by (0: the config file's members, no epoch)."""
+        return self.config.epoch.number if self.config.epoch is not None else 0
+
     def failed(self, node: Node) -> None:
         """``node`` did not answer: prefer the other replicas for a while."""
         self.failed_at[node.name] = self.requests.now()
@@ -202,11 +206,20 @@ class Router:
             node = self.config.primary_for(key, shard)
             return await self.requests.request(node, msg.frame(length), payload, sink)
         worker = NO_WORKER if isinstance(msg, Stat) else msg.worker
-        candidates = candidates or self.candidates(key, shard, asks_primary(update, worker))
+        update_like = asks_primary(update, worker)
+        candidates = candidates or self.candidates(key, shard, update_like)
+        placed_in = self._epoch_number()
         deadline = self.requests.now() + self.patience
         attempt = 0
         last: Exception | None = None
         while True:
+            if self._epoch_number() != placed_in:
+                # The client moved to another epoch meanwhile (this request's refusal,
+                # or another call's): its requests now carry that epoch, so the daemons
+                # judge them by its placement; they must go where it places the shard.
+                candidates = self.candidates(key, shard, update_like)
+                placed_in = self._epoch_number()
+                attempt = 0
             node = candidates[attempt % len(candidates)]
             if track and isinstance(msg, Read):
                 msg = _with_version(msg, self.seen(key, shard))
@@ -220,10 +233,6 @@ class Router:
                 if exc.status not in FAILOVER_STATUSES:
                     raise
                 last = exc
-                if exc.status == Status.STALE_EPOCH:
-                    # The client took the daemon's newer epoch: place the shard again.
-                    update_like = asks_primary(update, worker)
-                    candidates = self.candidates(key, shard, update_like)
             else:
                 if track:
                     self.saw(key, shard, reply.header.version, update)
