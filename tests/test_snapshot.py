@@ -747,11 +747,12 @@ def test_read_snapshot_header_missing(tmp_path: Path) -> None:
 
 
 def test_no_tmpfs_left_mounted(tmp_path: Path) -> None:
-    """The fixture above unmounts; nothing of this test run may stay mounted."""
+    """The fixture above unmounts; no tmpfs of this test run may stay mounted. (This
+    run's own base directory: another pytest on the host may have mounts of its own.)"""
     with open("/proc/mounts") as f:
-        mounted = [line.split()[1] for line in f]
-    base = str(tmp_path.parent.parent)
-    assert [m for m in mounted if m.startswith(base)] == []
+        mounted = [(fields[1], fields[2]) for fields in (line.split() for line in f)]
+    base = f"{tmp_path.parent}/"
+    assert [m for m, kind in mounted if m.startswith(base) and kind == "tmpfs"] == []
 
 
 async def test_small_chunks(
