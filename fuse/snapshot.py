@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import trio
 
-from irdma import AsyncClient, ClientClosed, TensorInfo
+from irdma import AsyncClient, ClientClosed, ReadLease, TensorInfo
 
 from .buffers import BufferPool
 from .content import file_buffer, identity
@@ -120,10 +120,13 @@ class Snapshot:
                 limit.release()
                 self._ready[i].set()
 
-        try:
+        async def chunks(lease: ReadLease | None) -> None:
+            """Every chunk, the first alone; nothing raised but cancellation."""
             if self._ready:
                 await limit.acquire()
                 await one(0)  # alone: the others follow its write
+            if lease is not None and stamp:
+                await lease.keep(stamp)  # that write, no other, from now on
             async with trio.open_nursery() as nursery:
                 for i in range(1, len(self._ready)):
                     await limit.acquire()
@@ -132,6 +135,22 @@ class Snapshot:
                             event.set()
                         break
                     nursery.start_soon(one, i)
+
+        try:
+            # A lease on the tensor while it streams in: the daemons keep the
+            # write the chunks come from, however often it is rewritten meanwhile.
+            async with trio.open_nursery() as renewing:
+                lease = None
+                if len(self._ready) > 1:
+                    try:
+                        lease = await client.lease(target.name, renewing)
+                    except Exception as exc:  # the chunks' reads say what it costs
+                        log.warning("%s streamed without a lease: %s", target.name, exc)
+                try:
+                    await chunks(lease)
+                finally:
+                    if lease is not None:
+                        await lease.release()
             if self._error is None:
                 after = await client.stat(target.name)
                 if identity(after) != identity(info):
