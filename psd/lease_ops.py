@@ -33,8 +33,12 @@ class LeaseOps:
             await self.replies.reply(conn, header, [], version=0)
             return
         granted = self.store.lease(msg.lease_id, msg.key, msg.stamp, msg.ms / 1000)
-        self._granted.set()
+        self.granted()
         await self.replies.reply(conn, header, [], version=math.floor(granted * 1000))
+
+    def granted(self) -> None:
+        """A lease was granted or renewed: ``run`` looks at when the next one ends."""
+        self._granted.set()
 
     async def run(self) -> None:
         """End each lease when it runs out (on the store's clock), for as long as
