@@ -10,13 +10,16 @@ mount's own writes to the tensor wait until snapshots being filled are
 complete (``OpenFiles.quiesce``), so they never mix into one. A
 whole-tensor write from elsewhere while a file streams in does not mix in
 either: the first chunk is read alone, and every later chunk is read from
-the same write (``AsyncClient.read_range``; the daemons keep each shard's
-previous copy, and one older for a few seconds). Rewritten three times before
-the stream ends, that write is gone: the open's reads fail (EIO) rather than
-mix (tests/test_fuse_fileops.py); a pin on the write would serve them.
-Accumulates and partial writes from elsewhere are per shard, as for any
-reader; a version that moved is logged when the stream is complete
-(close-to-open promises the next open the new version, which it gets).
+the same write (``AsyncClient.read_range``), which a lease keeps on the
+daemons however often the tensor is rewritten meanwhile
+(``AsyncClient.lease``: taken before the first chunk, holding every copy,
+narrowed to the first chunk's write, renewed while the file streams in,
+released at its end; tests/test_fuse_fileops.py). Only a write that needs
+the arena room a held copy takes (or a replica that came back empty of older
+copies) makes the open's reads fail (EIO, TornRead), never mix. Accumulates
+and partial writes from elsewhere are per shard, as for any reader; a
+version that moved is logged when the stream is complete (close-to-open
+promises the next open the new version, which it gets).
 """
 
 from __future__ import annotations
