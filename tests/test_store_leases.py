@@ -19,6 +19,7 @@ from irdma_psd.store.leases import LEASE_MAX, LEASES_MAX, Leases
 from irdma.protocol import Op, Status, TensorMeta
 from irdma.protocol.messages import UNSTAMPED
 
+from .helpers.clock import Clock
 from .helpers.stores import open_store
 
 SHARD = 4096
@@ -46,14 +47,6 @@ def gone(store: Store, stamp: int) -> bool:
         assert exc.status == Status.STAMP_GONE
         return True
     return False
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_held_write_outlives_rewrites_and_goes_at_release() -> None:
