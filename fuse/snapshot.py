@@ -10,13 +10,16 @@ mount's own writes to the tensor wait until snapshots being filled are
 complete (``OpenFiles.quiesce``), so they never mix into one. A
 whole-tensor write from elsewhere while a file streams in does not mix in
 either: the first chunk is read alone, and every later chunk is read from
-the same write (``AsyncClient.read_range``; the daemons keep each shard's
-previous copy, and one older for a few seconds). Rewritten three times before
-the stream ends, that write is gone: the open's reads fail (EIO) rather than
-mix (tests/test_fuse_fileops.py); a pin on the write would serve them.
-Accumulates and partial writes from elsewhere are per shard, as for any
-reader; a version that moved is logged when the stream is complete
-(close-to-open promises the next open the new version, which it gets).
+the same write (``AsyncClient.read_range``), which a lease keeps on the
+daemons however often the tensor is rewritten meanwhile
+(``AsyncClient.lease``: taken before the first chunk, holding every copy,
+narrowed to the first chunk's write, renewed while the file streams in,
+released at its end; tests/test_fuse_fileops.py). Only a write that needs
+the arena room a held copy takes (or a replica that came back empty of older
+copies) makes the open's reads fail (EIO, TornRead), never mix. Accumulates
+and partial writes from elsewhere are per shard, as for any reader; a
+version that moved is logged when the stream is complete (close-to-open
+promises the next open the new version, which it gets).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import trio
 
-from irdma import AsyncClient, ClientClosed, TensorInfo
+from irdma import AsyncClient, ClientClosed, ReadLease, TensorInfo
 
 from .buffers import BufferPool
 from .content import file_buffer, identity
@@ -120,10 +123,13 @@ class Snapshot:
                 limit.release()
                 self._ready[i].set()
 
-        try:
+        async def chunks(lease: ReadLease | None) -> None:
+            """Every chunk, the first alone; nothing raised but cancellation."""
             if self._ready:
                 await limit.acquire()
                 await one(0)  # alone: the others follow its write
+            if lease is not None and stamp:
+                await lease.keep(stamp)  # that write, no other, from now on
             async with trio.open_nursery() as nursery:
                 for i in range(1, len(self._ready)):
                     await limit.acquire()
@@ -132,6 +138,22 @@ class Snapshot:
                             event.set()
                         break
                     nursery.start_soon(one, i)
+
+        try:
+            # A lease on the tensor while it streams in: the daemons keep the
+            # write the chunks come from, however often it is rewritten meanwhile.
+            async with trio.open_nursery() as renewing:
+                lease = None
+                if len(self._ready) > 1:
+                    try:
+                        lease = await client.lease(target.name, renewing)
+                    except Exception as exc:  # the chunks' reads say what it costs
+                        log.warning("%s streamed without a lease: %s", target.name, exc)
+                try:
+                    await chunks(lease)
+                finally:
+                    if lease is not None:
+                        await lease.release()
             if self._error is None:
                 after = await client.stat(target.name)
                 if identity(after) != identity(info):

@@ -5,7 +5,7 @@ create, read, write and accumulate tensors held by ``psd`` daemons.
 """
 
 from . import mounts, spawn
-from .client import AsyncClient, Client, TensorInfo
+from .client import AsyncClient, Client, ReadLease, TensorInfo
 from .cluster import ClusterConfig, load_config, parse_size
 from .dtypes import npy_header
 from .errors import (
@@ -48,6 +48,7 @@ __all__ = [
     "Mode",
     "Notifier",
     "OutOfRange",
+    "ReadLease",
     "ShapeMismatch",
     "SharedMemoryFull",
     "SharedRegion",

@@ -44,6 +44,7 @@ from irdma.protocol.messages import (
     Create,
     Delete,
     Hello,
+    Lease,
     ListTensors,
     Ping,
     RdmaConnect,
@@ -67,6 +68,7 @@ from .auth import admit
 from .conn import Conn, Replies
 from .data_ops import DataOps
 from .errors import Refusal
+from .lease_ops import LeaseOps
 from .membership import MembershipListener
 from .meta_ops import MetaOps
 from .metrics import RequestMetrics
@@ -148,6 +150,7 @@ class Server(MembershipListener, EpochListener):
             secret=self.secret,
         )
         peers = PeerOps(store, self.replicator, replies, data)
+        self.leases = LeaseOps(store, replies)
         # One handler per message kind (irdma.protocol.messages); each role in its module.
         self._handlers: dict[type, Callable[[Conn, Header, Any], Awaitable[None]]] = {
             Auth: meta.auth,
@@ -163,6 +166,7 @@ class Server(MembershipListener, EpochListener):
             ReadBatch: data.read_batch,
             UpdateBatch: data.update_batch,
             Release: data.release,
+            Lease: self.leases.lease,
             ReplicaUpdate: peers.replica_update,
             Ping: peers.ping,
             Catchup: peers.catchup,
@@ -186,6 +190,7 @@ class Server(MembershipListener, EpochListener):
             task_status.started(self.listen_port)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._publish_serving)
+                nursery.start_soon(self.leases.run)
                 while True:
                     try:
                         sock, peer = await listener.accept()

@@ -25,6 +25,7 @@ from irdma.protocol.messages import (
     Create,
     Delete,
     Hello,
+    Lease,
     ListTensors,
     Ping,
     RdmaConnect,
@@ -38,6 +39,7 @@ from irdma.protocol.messages import (
     Update,
     UpdateBatch,
     decode_request,
+    lease_granted,
 )
 
 U16 = st.integers(0, 2**16 - 1)
@@ -104,6 +106,7 @@ MESSAGES = st.one_of(
         **RID,
     ),
     st.builds(Release, request_id=U64),
+    st.builds(Lease, key=U64, lease_id=st.integers(1, 2**64 - 1), stamp=U64, ms=U64, **RID),
     st.builds(Ping, **RID),
     st.builds(Catchup, **RID),
     st.builds(SyncRequest, **RID),
@@ -168,6 +171,8 @@ def test_each_op_decodes_to_its_kind() -> None:
         (Header(Op.WRITE, flags=Flag.REPLICA | Flag.PUSHED), Status.BAD_FRAME),
         (Header(Op.ACCUMULATE, flags=Flag.PUSHED), Status.BAD_FRAME),  # from a client
         (Header(Op.RELEASE, flags=Flag.MAPPED), Status.BAD_FRAME),
+        (Header(Op.LEASE, key=5, size=1000), Status.BAD_ARGUMENT),  # no lease id
+        (Header(Op.LEASE, txn=3, flags=Flag.STAGED), Status.BAD_FRAME),
     ],
 )
 def test_frames_that_are_no_request_are_refused(header: Header, status: Status) -> None:
@@ -222,3 +227,13 @@ def test_any_frame_decodes_to_a_message_or_a_refusal(op: int, flags: int, fields
     else:
         assert msg.op == op
         assert msg.request_id == rid
+
+
+def test_a_lease_names_its_write_its_id_and_its_length_and_its_answer_the_grant() -> None:
+    """LEASE (issue 33): the header's key, txn (lease id), stamp (the write; 0: every
+    copy) and size (ms; 0: release); the answer's version is the grant in ms."""
+    msg = Lease(key=9, lease_id=77, stamp=0x1234, ms=2500, request_id=4)
+    h = msg.frame()
+    assert (h.op, h.key, h.txn, h.stamp, h.size) == (Op.LEASE, 9, 77, 0x1234, 2500)
+    assert decode_request(h) == msg
+    assert lease_granted(Header(Op.LEASE, version=2500, flags=Flag.RESPONSE)) == 2.5

@@ -20,12 +20,14 @@ One role per module:
   batched calls; ``onesided``: reads copied out of a daemon's arena;
   ``ranges``: byte ranges cut at shard boundaries.
 - ``routing``: replica order and failover; ``retry``: every retry's deadline
-  and pause; ``stamps``: whole-write stamps, unique and ordered.
+  and pause; ``stamps``: whole-write stamps, unique and ordered; ``leases``:
+  a reader's lease on one whole-tensor write (the daemons keep it).
 """
 
 from .arrays import as_stored_array
 from .blocking import Client
 from .facade import AsyncClient
+from .leases import ReadLease
 from .lookup import TensorInfo
 
-__all__ = ["AsyncClient", "Client", "TensorInfo", "as_stored_array"]
+__all__ = ["AsyncClient", "Client", "ReadLease", "TensorInfo", "as_stored_array"]

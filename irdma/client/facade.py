@@ -33,6 +33,7 @@ from .arrays import as_stored_array, byte_view, delta_array, shared_array
 from .batching import Batches
 from .cache import MetaCache
 from .datapath import DataPath
+from .leases import ReadLease
 from .lookup import Lookup, TensorInfo
 from .namespace import Namespace
 from .onesided import OneSidedReader
@@ -326,6 +327,17 @@ class AsyncClient:
         """
         read = partial(self._data.read_range, offset=offset, out=out, at=at)
         return await self._lookup.with_fresh_meta(name, read)
+
+    async def lease(self, name: str, nursery: trio.Nursery) -> ReadLease:
+        """A reader's lease on tensor ``name``: the daemons keep every copy of its
+        shards they hold now or replace from now on, until ``ReadLease.keep``
+        narrows it to one whole-tensor write (a stamp ``read_range`` returned)
+        and ``ReadLease.release`` ends it; renewed in ``nursery`` meanwhile, and
+        run out (the config's ``read_lease``) if this client stops renewing. So
+        ranges read with ``at=`` that stamp make up one version however often the
+        tensor is rewritten while they are read (``irdma.client.leases``)."""
+        meta = await self._lookup.meta_for(name)
+        return await ReadLease.take(self.session, meta, nursery)
 
     async def write(
         self,

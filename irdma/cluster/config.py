@@ -24,6 +24,9 @@ DEFAULT_SNAPSHOT_INTERVAL = 60.0
 DEFAULT_ETCD_PREFIX = "/irdma/default"
 DEFAULT_LEASE_TTL = 2
 DEFAULT_REPLACE_AFTER = 30.0
+# Seconds a daemon keeps a whole-tensor write a reader holds a lease on
+# (``psd/store/leases.py``) unless the reader renews it (every third of it).
+DEFAULT_READ_LEASE = 10.0
 # shm: same-host clients must use shared memory; rdma: clients use RDMA
 # verbs where they can. Either way the daemon listens on TCP at that host and
 # port, for its peers, for clients without them, and (rdma) to set up queue pairs.
@@ -90,6 +93,7 @@ class ClusterConfig:
     heartbeat: float = DEFAULT_HEARTBEAT
     failure_timeout: float = DEFAULT_FAILURE_TIMEOUT
     snapshot_interval: float = DEFAULT_SNAPSHOT_INTERVAL
+    read_lease: float = DEFAULT_READ_LEASE
     secret_file: Path | None = None
     log_level: str | None = None
     # RDMA: the GID index to use (default: the RoCE v2 GID of the address)

@@ -8,6 +8,7 @@ Example::
     heartbeat = 0.2          # seconds between daemons' heartbeats (replicas > 1)
     failure_timeout = 1.0    # a daemon silent this long is taken as down
     snapshot_interval = 60   # seconds between snapshots to data_dir (0: only on stop)
+    read_lease = 10.0        # seconds a reader's lease on a write lasts unless renewed
     log_level = "INFO"       # psd's log level (psd --log-level wins; SIGHUP re-reads it)
     secret_file = "/etc/irdma/secret"  # connections prove it (irdma.auth); set in production
     rdma_gid_index = 1       # optional; default: the RoCE v2 GID of each address
@@ -56,6 +57,7 @@ from .config import (
     DEFAULT_FAILURE_TIMEOUT,
     DEFAULT_HEARTBEAT,
     DEFAULT_LEASE_TTL,
+    DEFAULT_READ_LEASE,
     DEFAULT_REPLACE_AFTER,
     DEFAULT_SHARD_SIZE,
     DEFAULT_SNAPSHOT_INTERVAL,
@@ -153,6 +155,7 @@ _TOP_KEYS = {
     "heartbeat",
     "failure_timeout",
     "snapshot_interval",
+    "read_lease",
     "secret_file",
     "log_level",
     "rdma_gid_index",
@@ -243,6 +246,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig
     snapshot_interval = _seconds(
         raw, "snapshot_interval", DEFAULT_SNAPSHOT_INTERVAL, fail, zero_ok=True
     )
+    read_lease = _seconds(raw, "read_lease", DEFAULT_READ_LEASE, fail)
     secret = raw.get("secret_file")
     if secret is not None and not isinstance(secret, str):
         raise fail("secret_file", "must be a path string")
@@ -268,6 +272,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig
         heartbeat=heartbeat,
         failure_timeout=failure_timeout,
         snapshot_interval=snapshot_interval,
+        read_lease=read_lease,
         secret_file=_resolve(Path(secret), path) if secret else None,
         log_level=log_level.upper() if log_level else None,
         rdma_gid_index=gid_index,

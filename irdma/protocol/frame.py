@@ -122,6 +122,13 @@ class Op(enum.IntEnum):
     # placed, the name only how it is found. Answer: this daemon's stat record
     # of it (JSON), or NOT_FOUND if it holds no tensor of that old name there.
     RENAME = 20
+    # Client to daemon: a reader's lease on the copies of one whole-tensor write
+    # of the tensor at ``key`` (``messages.Lease``): kept past the daemon's rules
+    # for older copies until released or run out; the same lease id renews it,
+    # narrows it to one write, or (a lease of 0) releases it. Answer: OK, the
+    # granted lease in ms as ``version``. A daemon from before leases answers
+    # BAD_OP: its reader gets what it got then (TornRead once the write is gone).
+    LEASE = 21
 
 
 # The payload of a MAPPED answer or a STAGED request: one byte offset.

@@ -520,6 +520,44 @@ class Release:
         return cls(h.request_id)
 
 
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A reader's lease ``lease_id`` on tensor ``key``'s copies of whole-tensor write
+    ``stamp`` (as reads name it: ``UNSTAMPED`` for the copy from before any; 0:
+    every copy the daemon holds now or replaces while the lease lasts, for a
+    reader that has not chosen its write yet), for ``ms`` milliseconds from now;
+    ``ms`` 0 releases it. The same ``lease_id`` again renews or narrows it."""
+
+    key: int
+    lease_id: int
+    stamp: int = 0
+    ms: int = 0
+    request_id: int = 0
+    op: ClassVar[Op] = Op.LEASE
+
+    def frame(self, length: int = 0) -> Header:
+        return Header(
+            op=Op.LEASE,
+            request_id=self.request_id,
+            key=self.key,
+            size=self.ms,
+            length=length,
+            txn=self.lease_id,
+            stamp=self.stamp,
+        )
+
+    @classmethod
+    def decode(cls, h: Header) -> Lease:
+        if not h.txn:
+            raise BadRequest(Status.BAD_ARGUMENT, "a lease needs a lease id (0 is none)")
+        return cls(h.key, h.txn, h.stamp, h.size, h.request_id)
+
+
+def lease_granted(answer: Header) -> float:
+    """Seconds a LEASE answer says the daemon keeps the lease (0: released)."""
+    return answer.version / 1000
+
+
 # -- between daemons ---------------------------------------------------------------------
 
 
@@ -622,6 +660,7 @@ Request = (
     | ReadBatch
     | UpdateBatch
     | Release
+    | Lease
     | Ping
     | Catchup
     | SyncRequest
@@ -643,6 +682,7 @@ _DECODERS: dict[Op, Callable[[Header], Request]] = {
     Op.WRITE_BATCH: UpdateBatch.decode,
     Op.ACCUMULATE_BATCH: UpdateBatch.decode,
     Op.RELEASE: Release.decode,
+    Op.LEASE: Lease.decode,
     Op.PING: Ping.decode,
     Op.CATCHUP: Catchup.decode,
     Op.SYNC_REQUEST: SyncRequest.decode,

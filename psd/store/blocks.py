@@ -11,14 +11,16 @@ stamp happens between a ``begin`` and a ``publish`` of its slot, and a block
 replaced meanwhile is freed only once the slot names its successor.
 
 Copies kept for readers of older whole-tensor writes (``copies``) use free
-arena room only: when an allocation finds none, the older copies are freed,
-then the previous ones.
+arena room only: when an allocation finds none, the older copies no reader's
+lease holds (``leases``) are freed, then such previous ones, then held ones
+too (a lease never costs a write).
 """
 
 from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Callable
 
 import numpy as np
 
@@ -28,16 +30,20 @@ from irdma.protocol.messages import wire_stamp
 from ..arena import Arena, ArenaFullError, Block
 from ..errors import StoreError
 from . import copies
+from .leases import Leases
 from .records import Shard
 
 
 class Blocks:
     """The arena's blocks as the store uses them, and the directory naming them."""
 
-    def __init__(self, arena: Arena) -> None:
+    def __init__(self, arena: Arena, clock: Callable[[], float] = time.monotonic) -> None:
         self.arena = arena
         self.directory = arena.directory
-        # Shards holding a previous copy, so the arena can take them back.
+        self._clock = clock
+        # Readers' leases on whole-tensor writes: the copies they hold are kept.
+        self.leases = Leases(clock)
+        # Shards keeping copies of older writes, so the arena can take them back.
         self.prevs: dict[tuple[int, int], Shard] = {}
         # Blocks replaced during the update being applied: freed once the
         # directory names their successors (readers of them then retry).
@@ -78,13 +84,14 @@ class Blocks:
         except ArenaFullError:
             if not self.prevs:
                 raise
-        if any(s.older for s in self.prevs.values()):
-            self.drop_older()
-            try:
-                return self.arena.alloc(nbytes)
-            except ArenaFullError:
-                pass
-        self.drop_prevs()
+        # What no reader holds first, older copies before previous ones.
+        for let_go in (self.drop_older, self._drop_free_prevs):
+            if let_go():
+                try:
+                    return self.arena.alloc(nbytes)
+                except ArenaFullError:
+                    pass
+        self.drop_prevs()  # held ones too: a lease never costs a write
         return self.arena.alloc(nbytes)
 
     def reserve(self, nbytes: int) -> Block | None:
@@ -94,11 +101,42 @@ class Blocks:
         except ArenaFullError:
             return None
 
-    def drop_older(self) -> None:
-        """Free the copies kept beyond each shard's previous one."""
-        for shard in self.prevs.values():
-            for block in copies.let_go_older(shard):
+    def drop_older(self) -> bool:
+        """Free the copies kept beyond each shard's previous one that no lease
+        holds; whether any were."""
+        freed = False
+        for (key, _), shard in list(self.prevs.items()):
+            for block in copies.let_go_older(shard, self.leases.held(key)):
                 self.retire(block)
+                freed = True
+            self._kept(key, shard)
+        return freed
+
+    def _drop_free_prevs(self) -> bool:
+        """Free the previous copies no lease holds; whether any were."""
+        freed = False
+        for (key, _), shard in list(self.prevs.items()):
+            block = copies.let_go_prev(shard, self.leases.held(key))
+            if block is not None:
+                self.retire(block)
+                self.directory.set_prev(shard.slot, 0)  # see ``forget_copies``
+                freed = True
+            self._kept(key, shard)
+        return freed
+
+    def _kept(self, key: int, shard: Shard) -> None:
+        if not copies.keeps_any(shard):
+            self.prevs.pop((key, shard.index), None)
+
+    def trim(self, keys: set[int]) -> None:
+        """Free the older copies of tensors ``keys`` past keeping now that no lease
+        holds them (a lease on them ended)."""
+        now = self._clock()
+        for (key, _), shard in list(self.prevs.items()):
+            if key in keys:
+                for block in copies.trim(shard, now, self.leases.held(key)):
+                    self.retire(block)
+                self._kept(key, shard)
 
     def drop_prevs(self) -> None:
         """Free every copy kept for readers of an older whole-tensor write."""
@@ -119,7 +157,8 @@ class Blocks:
     def keep_previous(self, key: int, shard: Shard, block: Block, stamp: int) -> None:
         """Make ``block`` the shard's copy of whole-tensor write ``stamp``, the
         current one kept for its readers (see ``copies``)."""
-        self._replaced += copies.keep_previous(shard, block, stamp, time.monotonic())
+        held = self.leases.held(key)
+        self._replaced += copies.keep_previous(shard, block, stamp, self._clock(), held)
         self.prevs[(key, shard.index)] = shard
 
     def swap(self, shard: Shard, block: Block) -> None:

@@ -8,7 +8,9 @@ overwriting it, so a reader that got some shards of the previous write can
 still get the rest of that write (``copy_for``). Copies older than that stay
 for ``OLDER_COPIES_KEPT`` seconds, at most ``OLDER_COPIES_MAX`` of them
 (``older``), so a reader streaming a tensor that is rewritten back to back
-(the mount) can finish the version it began.
+can usually finish the version it began. A copy a reader's lease holds
+(``leases``: the mount's streamed reads take one) is kept past both rules,
+until the lease ends or a write needs its arena room.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from irdma.protocol.messages import UNSTAMPED
 
 from ..arena import Block
 from ..errors import StoreError
+from .leases import NOTHING_HELD, Held
 from .records import Shard
 
 # How long a shard keeps copies older than its previous one (while the arena
@@ -34,16 +37,15 @@ OLDER_COPIES_KEPT = 5.0
 OLDER_COPIES_MAX = 1
 
 
-def keep_previous(shard: Shard, block: Block, stamp: int, now: float) -> list[Block]:
+def keep_previous(
+    shard: Shard, block: Block, stamp: int, now: float, held: Held = NOTHING_HELD
+) -> list[Block]:
     """Make ``block`` (whole-tensor write ``stamp``) the shard's copy, keeping the
-    current one as ``prev``; return the older copies now past keeping."""
-    gone: list[Block] = []
+    current one as ``prev``; return the older copies now past keeping (those
+    ``held`` by readers' leases are kept)."""
     if shard.prev is not None:
         shard.older.append((shard.prev_stamp, shard.prev, shard.prev_version, now))
-    while shard.older and (
-        now - shard.older[0][3] > OLDER_COPIES_KEPT or len(shard.older) > OLDER_COPIES_MAX
-    ):
-        gone.append(shard.older.pop(0)[1])
+    gone = trim(shard, now, held)
     shard.prev, shard.prev_stamp, shard.prev_version = shard.block, shard.stamp, shard.version
     shard.stamps_seen.append(stamp)
     shard.block = block
@@ -57,11 +59,37 @@ def stamped_in_place(shard: Shard, stamp: int) -> None:
     shard.stamps_seen.append(stamp)
 
 
-def let_go_older(shard: Shard) -> list[Block]:
-    """Forget the copies kept beyond the shard's previous one; return their blocks."""
-    gone = [block for _, block, _, _ in shard.older]
-    shard.older.clear()
+def trim(shard: Shard, now: float, held: Held = NOTHING_HELD) -> list[Block]:
+    """Forget the older copies past keeping (more than OLDER_COPIES_MAX, or older
+    than OLDER_COPIES_KEPT) that no lease holds; return their blocks."""
+    free = [copy for copy in shard.older if copy[0] not in held]
+    young = free[max(0, len(free) - OLDER_COPIES_MAX) :]
+    kept = {id(copy) for copy in young if now - copy[3] <= OLDER_COPIES_KEPT}
+    gone = [copy[1] for copy in free if id(copy) not in kept]
+    shard.older = [copy for copy in shard.older if copy[0] in held or id(copy) in kept]
     return gone
+
+
+def let_go_older(shard: Shard, held: Held = NOTHING_HELD) -> list[Block]:
+    """Forget the copies kept beyond the shard's previous one that no lease holds;
+    return their blocks."""
+    gone = [block for stamp, block, _, _ in shard.older if stamp not in held]
+    shard.older = [copy for copy in shard.older if copy[0] in held]
+    return gone
+
+
+def let_go_prev(shard: Shard, held: Held = NOTHING_HELD) -> Block | None:
+    """Forget the shard's previous copy unless a lease holds it; return its block."""
+    if shard.prev is None or shard.prev_stamp in held:
+        return None
+    block = shard.prev
+    shard.prev, shard.prev_stamp, shard.prev_version = None, 0, 0
+    return block
+
+
+def keeps_any(shard: Shard) -> bool:
+    """Whether the shard keeps any copy of an older write."""
+    return shard.prev is not None or bool(shard.older)
 
 
 def let_go_all(shard: Shard) -> list[Block]:

@@ -7,7 +7,8 @@ with plain numpy. The parts, each of one role:
 - ``records``: Shard, Tensor, and PendingUpdate (an update staged, then
   committed or released);
 - ``blocks``: the arena's blocks, pins, copy-on-write, the directory's slots,
-  and (with ``copies``) the copies kept for readers of older whole-tensor writes;
+  and (with ``copies``) the copies kept for readers of older whole-tensor writes,
+  past their rules where a reader's lease holds them (``leases``);
 - ``catalogue``: the tensors by key and name, created, renamed, deleted, found;
 - ``rules``: how a write or accumulate is applied, and the dtype rules;
 - ``pending``: staging an update (room for its payload);
@@ -72,7 +73,8 @@ class Store:
         replicated: bool = False,
     ) -> None:
         self.arena = arena
-        self.blocks = Blocks(arena)
+        self.clock = clock
+        self.blocks = Blocks(arena, clock)
         self.directory = self.blocks.directory
         self.catalogue = Catalogue(self.blocks, owns)
         self.outbox = Outbox(replicated)
@@ -161,6 +163,30 @@ class Store:
 
     def pin(self, block: Block) -> Block:
         return self.blocks.pin(block)
+
+    # -- readers' leases on whole-tensor writes (``leases``) -------------------
+
+    def lease(self, lease_id: int, key: int, stamp: int, seconds: float) -> float:
+        """Hold tensor ``key``'s copies of write ``stamp`` (0: every copy) for a
+        reader, for ``seconds`` (capped); renews or changes lease ``lease_id``.
+        Returns the seconds granted; NOT_FOUND if no shard of ``key`` is here."""
+        self.catalogue.get(key)
+        granted, changed = self.blocks.leases.grant(lease_id, key, stamp, seconds)
+        if changed is not None:
+            self.blocks.trim({changed})
+        return granted
+
+    def release_lease(self, lease_id: int) -> None:
+        """End lease ``lease_id`` (none such: nothing to do); what it alone held goes."""
+        key = self.blocks.leases.release(lease_id)
+        if key is not None:
+            self.blocks.trim({key})
+
+    def expire_leases(self) -> None:
+        """End the leases that ran out; what they alone held goes."""
+        keys = self.blocks.leases.expire()
+        if keys:
+            self.blocks.trim(keys)
 
     def unpin(self, block: Block) -> None:
         self.blocks.unpin(block)
