@@ -86,6 +86,7 @@ class OpenFlag(enum.IntFlag):
 
     DIRECT_IO = 1 << 0
     KEEP_CACHE = 1 << 1
+    NOFLUSH = 1 << 5
     PASSTHROUGH = 1 << 7
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -106,6 +107,7 @@ class Adapter:
         fs = self.fs
         match req:
             case rq.Lookup(nodeid=parent, name=name):
+                self._fresh_inode(parent, name)
                 return [replies.entry(await fs.lookup(parent, name))]
             case rq.Getattr(nodeid=ino):
                 return [replies.attr_out(await fs.getattr(ino))]
@@ -129,10 +131,10 @@ class Adapter:
                 await fs.unlink(parent, name)
                 return []
             case rq.Open(nodeid=ino, flags=flags):
-                return [await self._open(ino, await fs.open(ino, flags), flags)]
+                return [await self._open(ino, await fs.open(ino, flags))]
             case rq.Create(nodeid=parent, name=name, flags=flags, mode=mode, umask=umask):
                 opened, attrs = await fs.create(parent, name, mode & ~umask, flags)
-                return [replies.entry(attrs), await self._open(attrs.st_ino, opened, flags)]
+                return [replies.entry(attrs), await self._open(attrs.st_ino, opened)]
             case rq.Read(fh=fh, offset=offset, size=size):
                 return [await fs.read(fh, offset, size)]
             case rq.Write(fh=fh, offset=offset, data=data):
@@ -176,7 +178,20 @@ class Adapter:
                 return []  # default_permissions: the kernel checks modes itself
         raise _errno(errno.ENOSYS)
 
-    async def _open(self, ino: int, opened: Opened, flags: int) -> bytes:
+    def _fresh_inode(self, parent: int, name: bytes) -> None:
+        """A new lookup of a path whose inode has passthrough opens gets a new inode:
+        the kernel allows one backing file per inode and no open beside it that is
+        not passthrough with that file, so a newer version or a writer opens another
+        inode (the old one keeps serving the opens made with it)."""
+        try:
+            path = self.fs.inodes.child(parent, os.fsdecode(name))
+        except FsError:
+            return  # the lookup answers it
+        ino = self.fs.inodes.find(path)
+        if ino is not None and self.modes.busy(ino):
+            self.fs.inodes.renumber(path)
+
+    async def _open(self, ino: int, opened: Opened) -> bytes:
         """``fuse_open_out`` for an open ``fs`` registered: passthrough where the
         handle reads a backing file the kernel may use, else as registered."""
         handle = self.fs.files.get(opened.fh)
@@ -190,9 +205,11 @@ class Adapter:
             if not backing.backing_id:
                 backing.backing_id = self.register(backing.fd)
             self.modes.opened(opened.fh, ino, backing)
-            return replies.open_out(opened.fh, OpenFlag.PASSTHROUGH, backing.backing_id)
+            # A reader's close has nothing to push: no FLUSH round trip per close.
+            passing = OpenFlag.PASSTHROUGH | OpenFlag.NOFLUSH
+            return replies.open_out(opened.fh, passing, backing.backing_id)
         self.modes.opened(opened.fh, ino, None)
-        out = 0
+        out = OpenFlag(0)
         if opened.direct_io or self.modes.busy(ino):
             out |= OpenFlag.DIRECT_IO
         if opened.keep_cache:

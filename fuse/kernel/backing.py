@@ -52,9 +52,7 @@ class Backing:
 
     def close(self) -> None:
         self.snapshot.data = None  # the array viewing the map goes before the map
-        with contextlib.suppress(BufferError):  # a reply still holds a view: unmapped when freed
-            self.memory.close()
-        os.close(self.fd)
+        _discard(self.memory, self.fd)
 
 
 def _key(target: Target, info: TensorInfo) -> tuple:
@@ -143,39 +141,39 @@ class Backings:
         c = self._client()
         for _ in range(LOAD_TRIES):
             header, start, length = extent(target, info)
+            size = len(header) + length
             fd = os.memfd_create(f"irdma:{target.name}", os.MFD_CLOEXEC)
+            memory: mmap.mmap | None = None
+            kept = False
             try:
-                size = len(header) + length
                 os.ftruncate(fd, size)
                 # mmap refuses length 0: an empty file's map is one page, cut to 0.
                 memory = mmap.mmap(fd, max(size, 1))
-            except BaseException:
-                os.close(fd)
-                raise
-            data = np.frombuffer(memory, dtype=np.uint8, count=size)
-            try:
+                data = np.frombuffer(memory, dtype=np.uint8, count=size)
                 data[: len(header)] = np.frombuffer(header, dtype=np.uint8)
                 await c.read_bytes(target.name, start, length, out=data[len(header) :])
                 after = await c.stat(target.name)
+                if (after.ctime, after.dtype, after.shape) == (info.ctime, info.dtype, info.shape):
+                    snap = Snapshot.of(data, info)
+                    kept = True
+                    return Backing(_key(target, info), fd, memory, snap, info, size)
+                # Redefined meanwhile: the header would not describe the bytes.
+                info = after
             except TornRead as exc:
-                # The write the read began with is gone (rewritten twice): the
-                # tensor as it is now, read again.
+                # The write the read began with is gone (rewritten twice meanwhile):
+                # the tensor as it is now, read again.
                 log.info("%s: %s; reading it again", target.name, exc)
-                del data
-                memory.close()
-                os.close(fd)
                 info = await c.stat(target.name)
-                continue
-            except BaseException:
-                del data
-                memory.close()
-                os.close(fd)
-                raise
-            if (after.ctime, after.dtype, after.shape) == (info.ctime, info.dtype, info.shape):
-                snap = Snapshot.of(data, info)
-                return Backing(_key(target, info), fd, memory, snap, info, size)
-            del data  # redefined meanwhile: the header would not describe the bytes
-            memory.close()
-            os.close(fd)
-            info = after
+            finally:
+                if not kept:
+                    _discard(memory, fd)
         raise TornRead(f"{target.name} changed layout {LOAD_TRIES} times while it was read")
+
+
+def _discard(memory: mmap.mmap | None, fd: int) -> None:
+    """Unmap and close a memfd; a view of it still held elsewhere (a reply being
+    written, an exception's frames) keeps the map until it is freed."""
+    if memory is not None:
+        with contextlib.suppress(BufferError):
+            memory.close()
+    os.close(fd)
