@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from irdma_fuse.kernel.backing import Backings
 from irdma_fuse.paths import file_candidates
 
 from irdma import AsyncClient, Client
+from irdma.training.modes import Mode
 
 from .helpers.cluster import Cluster
 from .helpers.mounts import Mount, is_mounted, start_mount
@@ -123,6 +125,53 @@ def test_an_open_keeps_its_version_whole_while_the_tensor_is_rewritten(
                 c.write("own3/t", np.full(n, value, np.float32))
             assert np.array_equal(np.load(f), np.zeros(n, np.float32))
     assert np.array_equal(np.load(path), np.full(n, 4.0, np.float32))
+
+
+OPEN_UNTIL_SIGNALLED = """
+import signal, sys
+class Signalled(Exception):
+    pass
+def stop(signum, frame):
+    raise Signalled
+signal.signal(signal.SIGUSR1, stop)
+try:
+    open(sys.argv[1], "rb")
+    print("opened")
+except Signalled:
+    print("interrupted")
+"""
+
+
+def test_a_signal_interrupts_a_request_waiting_in_the_mount(cluster: Cluster, own: Mount) -> None:
+    """INTERRUPT cancels the request's handler: a pull that waits for a step no
+    other worker reached returns EINTR to a signalled caller (whose handler then
+    runs), and the mount goes on serving; the step's pull works once it may go."""
+    model = "own7"
+    with Client(cluster.config_path) as c:
+        c.create(f"{model}/w", (8,), np.float32, mode=Mode.sync(2))
+        steps = own.path / model / ".worker"
+        np.save(steps / "0" / "0" / "w.npy", np.ones(8, np.float32))  # worker 0's step 0
+        # Worker 0's pull of step 1 waits for worker 1's push of step 0.
+        child = subprocess.Popen(
+            [sys.executable, "-c", OPEN_UNTIL_SIGNALLED, str(steps / "0" / "1" / "w.npy")],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            wchan = Path(f"/proc/{child.pid}/wchan")
+            while wchan.read_text() != "request_wait_answer":  # waiting for the mount
+                assert child.poll() is None, "the pull ended without waiting"
+                time.sleep(0.01)
+            child.send_signal(signal.SIGUSR1)
+            out, _ = child.communicate(timeout=60)  # an uninterrupted pull waits forever
+        finally:
+            child.kill()
+            child.wait()
+        assert out.strip() == "interrupted"
+        assert sorted(os.listdir(own.path / model)) == ["w.npy"]  # still serving
+        np.save(steps / "1" / "0" / "w.npy", np.ones(8, np.float32))  # worker 1's step 0
+        assert np.array_equal(np.load(steps / "0" / "1" / "w.npy"), np.full(8, 2, np.float32))
+    assert "Traceback" not in own.log()
 
 
 def test_unmount_leaves_nothing_behind(cluster: Cluster, tmp_path: Path) -> None:
