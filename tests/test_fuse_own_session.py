@@ -66,13 +66,15 @@ def test_files_are_listed_read_written_renamed_and_removed(cluster: Cluster, own
     with Client(cluster.config_path) as c:
         assert np.array_equal(c.read("own1/y"), y)
     assert (mnt / "own1" / "ckpt.pt").read_bytes() == payload
+    (mnt / "own1" / "empty.cfg").write_bytes(b"")
+    assert (mnt / "own1" / "empty.cfg").read_bytes() == b""  # nothing to map: still opens
     assert 'user.irdma.dtype="float32"' in getfattr(mnt / "own1" / "x.npy")
     assert 'user.irdma.shape="300,500"' in getfattr(mnt / "own1" / "x.npy")
     os.rename(mnt / "own1" / "y.npy", mnt / "own1" / "z.npy")
     with Client(cluster.config_path) as c:
         assert np.array_equal(c.read("own1/z"), y)
     os.unlink(mnt / "own1" / "x.npy")
-    assert sorted(os.listdir(mnt / "own1")) == ["ckpt.pt", "z.npy"]
+    assert sorted(os.listdir(mnt / "own1")) == ["ckpt.pt", "empty.cfg", "z.npy"]
     (mnt / "own1" / "sub").mkdir()
     os.rmdir(mnt / "own1" / "sub")
     assert "passthrough on" in own.log()

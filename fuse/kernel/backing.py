@@ -44,7 +44,7 @@ class Backing:
 
     key: tuple
     fd: int
-    memory: mmap.mmap
+    memory: mmap.mmap | None  # None: an empty file
     snapshot: Snapshot  # refs: the opens holding it
     info: TensorInfo
     size: int
@@ -147,11 +147,14 @@ class Backings:
             kept = False
             try:
                 os.ftruncate(fd, size)
-                # mmap refuses length 0: an empty file's map is one page, cut to 0.
-                memory = mmap.mmap(fd, max(size, 1))
-                data = np.frombuffer(memory, dtype=np.uint8, count=size)
+                if size:
+                    memory = mmap.mmap(fd, size)
+                    data = np.frombuffer(memory, dtype=np.uint8)
+                else:  # mmap refuses length 0: an empty file has nothing to map
+                    data = np.empty(0, dtype=np.uint8)
                 data[: len(header)] = np.frombuffer(header, dtype=np.uint8)
-                await c.read_bytes(target.name, start, length, out=data[len(header) :])
+                if length:  # an empty tensor has no bytes to ask for
+                    await c.read_bytes(target.name, start, length, out=data[len(header) :])
                 after = await c.stat(target.name)
                 if (after.ctime, after.dtype, after.shape) == (info.ctime, info.dtype, info.shape):
                     snap = Snapshot.of(data, info)
