@@ -171,7 +171,9 @@ class Session:
                 try:
                     body = await self.adapter.answer(req)
                 except Exception as exc:
-                    self._reply(replies.message(req.unique, error=answer(type(req).__name__, exc)))
+                    # Logged under the call's name, as pyfuse3's adapter logs it.
+                    code = answer(type(req).__name__.lower(), exc)
+                    self._reply(replies.message(req.unique, error=code))
                     return
                 self._reply(replies.message(req.unique, body))
                 return
