@@ -36,11 +36,11 @@ def file_size(target: Target, info: TensorInfo) -> int:
     """Size of the file a target shows for a tensor."""
     if target.kind == Kind.ACCUMULATE:
         return 0
-    header, _, length = _extent(target, info)
+    header, _, length = extent(target, info)
     return len(header) + length
 
 
-def _extent(target: Target, info: TensorInfo) -> tuple[bytes, int, int]:
+def extent(target: Target, info: TensorInfo) -> tuple[bytes, int, int]:
     """(file header, first tensor byte, number of tensor bytes) the file shows."""
     if target.kind == Kind.SHARD:
         start = target.index * info.shard_size
@@ -54,7 +54,7 @@ def file_buffer(
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Memory for a file's bytes with its header filled in: (whole file, the
     tensor bytes part of it, first tensor byte)."""
-    header, start, length = _extent(target, info)
+    header, start, length = extent(target, info)
     data = take(pool, len(header) + length, shared)
     data[: len(header)] = np.frombuffer(header, dtype=np.uint8)
     return data, data[len(header) :], start

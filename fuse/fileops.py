@@ -14,7 +14,9 @@ import contextlib
 import errno
 import logging
 import os
-from typing import Any
+from typing import Any, Protocol
+
+from irdma import TensorInfo
 
 from . import paths
 from .attributes import Attributes, AttributeTable, Changes
@@ -23,15 +25,29 @@ from .content import file_size
 from .errors import FsError
 from .files import FileBuffer, Handle, load, plan_outflow, push
 from .handles import Opened, OpenFiles
-from .paths import Kind
+from .paths import Kind, Target
 from .resolve import Resolved, Resolver
 from .snapshot import Snapshot
 
 log = logging.getLogger("irdma.fuse")
 
 
+class WholeVersions(Protocol):
+    """Where a session that serves readers from whole loaded versions gets them
+    (``kernel.backing.Backings``)."""
+
+    async def take(
+        self, path: str, target: Target, info: TensorInfo
+    ) -> tuple[TensorInfo, Snapshot]: ...
+
+
 class FileOps:
-    """Files opened, written and pushed through the mount."""
+    """Files opened, written and pushed through the mount.
+
+    ``whole``: set by a session whose readers of a tensor's file get its version
+    whole at open (irdma's own session, for passthrough); otherwise readers
+    share a snapshot streamed in as it is read.
+    """
 
     def __init__(
         self, backend: Backend, files: OpenFiles[Any], attrs: AttributeTable, resolver: Resolver
@@ -40,6 +56,7 @@ class FileOps:
         self._files = files
         self._attrs = attrs
         self._resolver = resolver
+        self.whole: WholeVersions | None = None
 
     def changed(self, path: str) -> None:
         """``path``'s content changed here: what is kept about the old one goes."""
@@ -85,7 +102,10 @@ class FileOps:
                 handle.buf = FileBuffer.holding(data, buffers)  # loaded for this writer alone
             return handle
         info = res.info if res.info is not None else await c.stat(t.name)
-        handle.snapshot = self._files.snapshot_for(path, info)
+        if self.whole is not None and t.kind == Kind.TENSOR:
+            info, handle.snapshot = await self.whole.take(path, t, info)
+        else:
+            handle.snapshot = self._files.snapshot_for(path, info)
         handle.info = info
         return handle
 

@@ -35,6 +35,19 @@ class InodeTable:
             self._paths[ino] = path
         return ino
 
+    def find(self, path: str) -> int | None:
+        """``path``'s number, None if it has none yet."""
+        return self._inos.get(path)
+
+    def renumber(self, path: str) -> int:
+        """Give ``path`` a new number; the old one still names it (for what the
+        kernel holds open under it)."""
+        ino = self._next_ino
+        self._next_ino += 1
+        self._inos[path] = ino
+        self._paths[ino] = path
+        return ino
+
     def path(self, ino: int) -> str:
         """The path inode ``ino`` stands for; ENOENT if none."""
         try:

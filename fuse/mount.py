@@ -15,6 +15,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
@@ -32,6 +34,10 @@ from irdma import (
 from irdma.errors import ConfigError, IrdmaError
 
 from .buffers import SHARED_SIZE
+from .filesystem import Filesystem
+from .kernel.backing import DEFAULT_LIMIT as BACKING_MEMORY
+from .kernel.device import DeviceError
+from .kernel.init import UnsupportedKernel
 from .mover import Mover
 
 log = logging.getLogger("irdma.fuse")
@@ -94,6 +100,45 @@ def raise_read_ahead(mountpoint: Path) -> int | None:
         return None
 
 
+@dataclass
+class Served:
+    """A FUSE session as ``serve`` drives it: mount, serve, stop serving, unmount."""
+
+    fs: Filesystem
+    mount: Callable[[], None]
+    main: Callable[[], Awaitable[None]]
+    terminate: Callable[[], None]
+    close: Callable[[], None]
+
+
+def pyfuse3_session(fs_args: dict, mountpoint: Path, allow_other: bool) -> Served:
+    """The mount served by pyfuse3 (libfuse)."""
+    import pyfuse3
+
+    from .ops import IrdmaOperations
+
+    ops = IrdmaOperations(**fs_args)
+    options = set(pyfuse3.default_options) | {"fsname=irdma", "subtype=irdma"}
+    if allow_other:
+        options.add("allow_other")
+    return Served(
+        ops.fs,
+        lambda: pyfuse3.init(ops, str(mountpoint), options),
+        pyfuse3.main,
+        pyfuse3.terminate,
+        lambda: pyfuse3.close(unmount=True),
+    )
+
+
+def own_session(fs_args: dict, mountpoint: Path, allow_other: bool, backing_memory: int) -> Served:
+    """The mount served by irdma's own session on /dev/fuse (``kernel``)."""
+    from .kernel.session import Session
+
+    fs = Filesystem(**fs_args)
+    session = Session(fs, mountpoint, allow_other=allow_other, backing_limit=backing_memory)
+    return Served(fs, session.mount, session.run, session.stop, session.close)
+
+
 async def serve(
     config: ClusterConfig,
     mountpoint: Path,
@@ -102,40 +147,42 @@ async def serve(
     direct_io: bool,
     timeout: float | None = None,
     shared_memory: int = SHARED_SIZE,
+    session: str = "pyfuse3",
+    backing_memory: int = BACKING_MEMORY,
 ) -> None:
     """Mount, serve until unmounted or signalled, push pending writes, unmount.
 
     ``shared_memory``: the address space of the region the mount's large
     buffers come from (0: none; buffers are then pushed through staging).
+    ``session``: "pyfuse3", or "own" (irdma's own, with passthrough reads;
+    ``backing_memory`` bounds the readers' files it keeps unopened).
     """
-    import pyfuse3
-
-    from .ops import IrdmaOperations
-
     # The mount's large buffers live in memory the same-host daemons map: a
     # writer's bytes are pushed from its buffer without a copy into staging.
     shared = SharedRegion(shared_memory) if shared_memory else None
-    ops = IrdmaOperations(direct_io=direct_io, shared=shared)
-    options = set(pyfuse3.default_options) | {"fsname=irdma", "subtype=irdma"}
-    if allow_other:
-        options.add("allow_other")
+    fs_args = {"direct_io": direct_io, "shared": shared}
+    if session == "own":
+        served = own_session(fs_args, mountpoint, allow_other, backing_memory)
+    else:
+        served = pyfuse3_session(fs_args, mountpoint, allow_other)
+    fs = served.fs
     notifier = Notifier.from_environ()  # under systemd (deploy/irdma-mount.service)
     # Recorded before mounting, so `irdma status` shows it as soon as it is mounted
     # (status shows only records of live mounts).
     record = mounts.publish(mountpoint, config.path)
     try:
         async with AsyncClient(config, timeout=timeout, shared_memory=shared) as client:
-            ops.backend.client = client
-            pyfuse3.init(ops, str(mountpoint), options)
+            fs.backend.client = client
+            served.mount()
             # Mounted: a process that opens a file now is served once main() runs.
             log.info("serving %s; this log goes to %s", mountpoint, mounts.log_destination())
             notifier.ready(f"serving {mountpoint}")
             try:
                 async with trio.open_nursery() as nursery:
-                    ops.backend.nursery = nursery  # readers' snapshots stream in here
+                    fs.backend.nursery = nursery  # readers' snapshots stream in here
                     mover = Mover(config, timeout, shared)
                     await nursery.start(mover.run)
-                    ops.backend.mover = mover
+                    fs.backend.mover = mover
 
                     async def on_signals() -> None:
                         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -145,8 +192,8 @@ async def serve(
                                     signal.Signals(signum).name,
                                 )
                                 notifier.stopping("pushing pending writes, then unmounting")
-                                await ops.flush_all()
-                                pyfuse3.terminate()
+                                await fs.flush_all()
+                                served.terminate()
                                 return
 
                     async def tune() -> None:
@@ -157,19 +204,19 @@ async def serve(
                         # Free buffers unused for a while go back to the system
                         # even when no new file is opened.
                         while True:
-                            await trio.sleep(ops.backend.buffers.idle)
-                            ops.backend.buffers.trim()
+                            await trio.sleep(fs.backend.buffers.idle)
+                            fs.backend.buffers.trim()
 
                     nursery.start_soon(on_signals)
                     nursery.start_soon(tune)
                     nursery.start_soon(trim_buffers)
-                    await pyfuse3.main()
+                    await served.main()
                     nursery.cancel_scope.cancel()
             finally:
-                await ops.flush_all()
+                await fs.flush_all()
                 # Never stat the mountpoint here: nothing serves it any more, so
                 # the call would wait forever. Unmounting twice is harmless.
-                pyfuse3.close(unmount=True)
+                served.close()
                 notifier.close()
     finally:
         mounts.withdraw(record)
@@ -191,7 +238,8 @@ def run(args: argparse.Namespace) -> int:
     )
     mountpoint = Path(args.mountpoint).absolute()
     try:
-        import pyfuse3  # noqa: F401
+        if args.session == "pyfuse3":
+            import pyfuse3  # noqa: F401
     except ImportError:
         print(
             "irdma mount: pyfuse3 is not installed (pip install 'irdma[fuse]'; it needs "
@@ -220,9 +268,13 @@ def run(args: argparse.Namespace) -> int:
                 direct_io=args.direct_io,
                 timeout=args.timeout,
                 shared_memory=args.shared_memory,
+                session=args.session,
+                backing_memory=args.backing_memory,
             )
         )
-    except RuntimeError as exc:  # pyfuse3.init failures (permissions, fusermount)
+    except (RuntimeError, DeviceError, UnsupportedKernel) as exc:
+        # pyfuse3.init failures (permissions, fusermount); the own session's mount(2),
+        # or a kernel it cannot speak to
         print(f"irdma mount: cannot mount {mountpoint}: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -241,6 +293,7 @@ def _background(args: argparse.Namespace, mountpoint: Path) -> int:
     if args.direct_io:
         argv.append("--direct-io")
     argv += ["--shared-memory", str(args.shared_memory)]
+    argv += ["--session", args.session, "--backing-memory", str(args.backing_memory)]
     # The detached child must not hold our caller's stdout/stderr open (a
     # caller reading them would wait for the mount to end); it logs to a file,
     # or under systemd to the journal our own stderr goes to.
@@ -315,6 +368,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="address space for buffers the local daemons read directly (writes skip a "
         "copy; pages are used only as files are written); 0 turns it off "
         f"(default: {SHARED_SIZE >> 30}GiB)",
+    )
+    p.add_argument(
+        "--session",
+        choices=("pyfuse3", "own"),
+        default="pyfuse3",
+        help="who speaks FUSE to the kernel: pyfuse3 (libfuse; the default), or irdma's own "
+        "session (root only; files opened for reading are served by the kernel from memory "
+        "with passthrough where the kernel offers it)",
+    )
+    p.add_argument(
+        "--backing-memory",
+        type=size_argument,
+        default=BACKING_MEMORY,
+        metavar="SIZE",
+        help="--session own: memory for files no open holds, kept for the next open of "
+        f"the same version (default: {BACKING_MEMORY >> 30}GiB)",
     )
     p.add_argument(
         "--log",

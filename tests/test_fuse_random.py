@@ -31,7 +31,7 @@ from numpy.lib import format as npformat
 from irdma import Client
 
 from .helpers.cluster import Cluster
-from .helpers.mounts import start_mount
+from .helpers.mounts import default_session, start_mount
 from .helpers.payloads import npy_bytes
 
 SEED = int(os.environ.get("IRDMA_FUSE_SEED", "20261121"))
@@ -676,7 +676,8 @@ def test_open_before_close_sees_old_fresh_open_sees_new(
     """A reader opened before a writer's close keeps reading the old content (while the
     writer is open and after its close); an open after the close sees the new content,
     also while the old reader is still open."""
-    if change == "shorter" and not direct_io:
+    # The own session's readers read memory of their own (passthrough): not cut.
+    if change == "shorter" and not direct_io and default_session() == "pyfuse3":
         request.applymarker(SHRINK_IN_PAGE_CACHE)
     name = f"snap-{change}-{'dio' if direct_io else 'pc'}/s.bin"
     old = _contents(SEED, OLD_SIZE)

@@ -1,0 +1,182 @@
+"""Readers' files held whole in memfds, for the kernel to read directly (passthrough).
+
+A file opened for reading is loaded once, whole, into a memfd: one version,
+read as a whole-tensor read is (``AsyncClient.read_bytes`` of every byte: all
+shards from one write), again if the daemons no longer hold the write it
+began with (``TornRead``) or the layout changed meanwhile, so an open never
+fails because a writer is fast. The opens of one unchanged version share it
+(``Snapshot.refs`` counts them). The session registers it with the kernel
+(a backing id) while an open holds it and drops the id when none does; the
+memfd itself is kept for the next open of that version, within
+``limit`` bytes, the least recently used going first and never one held.
+Where the kernel does not read it directly, the session answers READ from
+the same memory (``Snapshot.of``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import trio
+
+from irdma import AsyncClient, TensorInfo, TornRead
+
+from ..content import extent, identity
+from ..paths import Target
+from ..snapshot import Snapshot
+
+log = logging.getLogger("irdma.fuse")
+
+LOAD_TRIES = 8  # reads of a file that keeps changing layout before giving up
+DEFAULT_LIMIT = 4 << 30  # bytes of unheld backing files kept for later opens
+
+
+@dataclass(eq=False)
+class Backing:
+    """One version of one file, whole, in a memfd."""
+
+    key: tuple
+    fd: int
+    memory: mmap.mmap | None  # None: an empty file
+    snapshot: Snapshot  # refs: the opens holding it
+    info: TensorInfo
+    size: int
+    backing_id: int = 0  # registered with the kernel (0: not now)
+
+    def close(self) -> None:
+        self.snapshot.data = None  # the array viewing the map goes before the map
+        _discard(self.memory, self.fd)
+
+
+def _key(target: Target, info: TensorInfo) -> tuple:
+    return (target.name, target.typed, identity(info))
+
+
+class Backings:
+    """The memfds of readers' files, by version; ``unregister`` drops a backing id."""
+
+    def __init__(self, client: Callable[[], AsyncClient], limit: int = DEFAULT_LIMIT) -> None:
+        self._client = client
+        self.limit = limit
+        self._entries: OrderedDict[tuple, Backing] = OrderedDict()  # oldest use first
+        self._by_snapshot: dict[int, Backing] = {}
+        self._loading: dict[tuple, trio.Event] = {}
+        self.unregister: Callable[[int], None] | None = None
+
+    @property
+    def used(self) -> int:
+        return sum(b.size for b in self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def take(
+        self, path: str, target: Target, info: TensorInfo
+    ) -> tuple[TensorInfo, Snapshot]:
+        """The whole file ``target`` of ``info``'s version (or, if it changed while
+        loading, the version loaded), held by one more open."""
+        key = _key(target, info)
+        while (b := self._entries.get(key)) is None and key in self._loading:
+            await self._loading[key].wait()  # another open is loading this version
+        if b is None:
+            done = self._loading[key] = trio.Event()
+            try:
+                b = await self._load(target, info)
+            finally:
+                del self._loading[key]
+                done.set()
+            old = self._entries.pop(b.key, None)
+            if old is not None and old.snapshot.refs == 0:
+                self._drop(old)
+            self._entries[b.key] = b
+            self._by_snapshot[id(b.snapshot)] = b
+        self._entries.move_to_end(b.key)
+        b.snapshot.refs += 1
+        self._trim()
+        return b.info, b.snapshot
+
+    def of(self, snapshot: Snapshot | None) -> Backing | None:
+        """The backing file behind ``snapshot`` (None: not one of these)."""
+        return self._by_snapshot.get(id(snapshot)) if snapshot is not None else None
+
+    def released(self, snapshot: Snapshot | None) -> None:
+        """An open of ``snapshot`` was closed (its refs already counted down): a
+        version no open holds loses its backing id, and may go to keep the limit."""
+        b = self.of(snapshot)
+        if b is None or b.snapshot.refs > 0:
+            return
+        if b.backing_id and self.unregister is not None:
+            self.unregister(b.backing_id)
+        b.backing_id = 0
+        if self._entries.get(b.key) is not b:  # replaced by a newer load of its key
+            self._drop(b)
+        self._trim()
+
+    def close(self) -> None:
+        """Drop every backing file (the session is over)."""
+        for b in list(self._entries.values()):
+            self._drop(b)
+        self._entries.clear()
+
+    def _trim(self) -> None:
+        for b in list(self._entries.values()):  # least recently used first
+            if self.used <= self.limit:
+                return
+            if b.snapshot.refs == 0:
+                del self._entries[b.key]
+                self._drop(b)
+
+    def _drop(self, b: Backing) -> None:
+        self._by_snapshot.pop(id(b.snapshot), None)
+        b.close()
+
+    async def _load(self, target: Target, info: TensorInfo) -> Backing:
+        c = self._client()
+        for _ in range(LOAD_TRIES):
+            header, start, length = extent(target, info)
+            size = len(header) + length
+            fd = os.memfd_create(f"irdma:{target.name}", os.MFD_CLOEXEC)
+            memory: mmap.mmap | None = None
+            kept = False
+            try:
+                os.ftruncate(fd, size)
+                if size:
+                    memory = mmap.mmap(fd, size)
+                    data = np.frombuffer(memory, dtype=np.uint8)
+                else:  # mmap refuses length 0: an empty file has nothing to map
+                    data = np.empty(0, dtype=np.uint8)
+                data[: len(header)] = np.frombuffer(header, dtype=np.uint8)
+                if length:  # an empty tensor has no bytes to ask for
+                    await c.read_bytes(target.name, start, length, out=data[len(header) :])
+                after = await c.stat(target.name)
+                if (after.ctime, after.dtype, after.shape) == (info.ctime, info.dtype, info.shape):
+                    snap = Snapshot.of(data, info)
+                    kept = True
+                    return Backing(_key(target, info), fd, memory, snap, info, size)
+                # Redefined meanwhile: the header would not describe the bytes.
+                info = after
+            except TornRead as exc:
+                # The write the read began with is gone (rewritten twice meanwhile):
+                # the tensor as it is now, read again.
+                log.info("%s: %s; reading it again", target.name, exc)
+                info = await c.stat(target.name)
+            finally:
+                if not kept:
+                    _discard(memory, fd)
+        raise TornRead(f"{target.name} changed layout {LOAD_TRIES} times while it was read")
+
+
+def _discard(memory: mmap.mmap | None, fd: int) -> None:
+    """Unmap and close a memfd; a view of it still held elsewhere (a reply being
+    written, an exception's frames) keeps the map until it is freed."""
+    if memory is not None:
+        with contextlib.suppress(BufferError):
+            memory.close()
+    os.close(fd)

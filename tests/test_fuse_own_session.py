@@ -1,0 +1,271 @@
+"""irdma's own FUSE session (``irdma mount --session own``), for real: /dev/fuse,
+mount(2), passthrough reads from memfds, real daemons.
+
+The mount tests of test_fuse_ops.py and others run against this session too
+with IRDMA_TEST_MOUNT_SESSION=own (tests/helpers/mounts.py); these are the
+session's own promises.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+from irdma_fuse.kernel.backing import Backings
+from irdma_fuse.paths import file_candidates
+
+from irdma import AsyncClient, Client
+from irdma.training.modes import Mode
+
+from .helpers.cluster import Cluster
+from .helpers.mounts import Mount, is_mounted, start_mount
+
+
+@pytest.fixture
+def own(cluster: Cluster, tmp_path: Path) -> Iterator[Mount]:
+    """The module's cluster mounted with the own session; always unmounted."""
+    m = start_mount(cluster, tmp_path / "mnt", session="own")
+    try:
+        yield m
+    finally:
+        m.unmount()
+
+
+def getfattr(path: Path) -> str:
+    return subprocess.run(
+        ["getfattr", "-d", str(path)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+
+
+def test_files_are_listed_read_written_renamed_and_removed(cluster: Cluster, own: Mount) -> None:
+    mnt = own.path
+    x = np.random.default_rng(1).standard_normal((300, 500)).astype(np.float32)
+    with Client(cluster.config_path) as c:
+        c.write("own1/x", x)
+    assert sorted(os.listdir(mnt / "own1")) == ["x.npy"]
+    assert os.stat(mnt / "own1" / "x.npy").st_size == 128 + x.nbytes
+    assert np.array_equal(np.load(mnt / "own1" / "x.npy"), x)
+    assert np.array_equal(np.load(mnt / "own1" / "x.npy", mmap_mode="r"), x)
+    buf = io.BytesIO()
+    np.save(buf, x)
+    assert (mnt / "own1" / "x.npy").read_bytes() == buf.getvalue()  # a plain read
+    # Written through the mount, read by the client.
+    y = np.arange(100_000, dtype=np.int64)
+    np.save(mnt / "own1" / "y.npy", y)
+    payload = os.urandom(300_000)
+    (mnt / "own1" / "ckpt.pt").write_bytes(payload)
+    with Client(cluster.config_path) as c:
+        assert np.array_equal(c.read("own1/y"), y)
+    assert (mnt / "own1" / "ckpt.pt").read_bytes() == payload
+    (mnt / "own1" / "empty.cfg").write_bytes(b"")
+    assert (mnt / "own1" / "empty.cfg").read_bytes() == b""  # nothing to map: still opens
+    assert 'user.irdma.dtype="float32"' in getfattr(mnt / "own1" / "x.npy")
+    assert 'user.irdma.shape="300,500"' in getfattr(mnt / "own1" / "x.npy")
+    os.rename(mnt / "own1" / "y.npy", mnt / "own1" / "z.npy")
+    with Client(cluster.config_path) as c:
+        assert np.array_equal(c.read("own1/z"), y)
+    os.unlink(mnt / "own1" / "x.npy")
+    assert sorted(os.listdir(mnt / "own1")) == ["ckpt.pt", "empty.cfg", "z.npy"]
+    (mnt / "own1" / "sub").mkdir()
+    os.rmdir(mnt / "own1" / "sub")
+    assert "passthrough on" in own.log()
+
+
+READ_WITHOUT_THE_MOUNT = """
+import os, sys
+fd = int(sys.argv[1])
+sys.stdout.buffer.write(b"".join(iter(lambda: os.read(fd, 1 << 20), b"")))
+"""
+
+
+def test_reads_and_mmap_of_an_open_file_never_reach_the_mount(cluster: Cluster, own: Mount) -> None:
+    """Passthrough: the kernel reads the memfd itself. With the mount process stopped,
+    a reader of a file opened before reads and maps it whole (through the mount
+    it would wait for the stopped process forever)."""
+    x = np.arange(3 << 20, dtype=np.float32)  # 12 MiB
+    with Client(cluster.config_path) as c:
+        c.write("own2/x", x)
+    path = own.path / "own2" / "x.npy"
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        own.proc.send_signal(signal.SIGSTOP)
+        try:
+            got = subprocess.run(
+                [sys.executable, "-c", READ_WITHOUT_THE_MOUNT, str(fd)],
+                pass_fds=(fd,),
+                capture_output=True,
+                timeout=60,  # a read that reached the stopped mount would never end
+            )
+        finally:
+            own.proc.send_signal(signal.SIGCONT)
+    finally:
+        os.close(fd)
+    assert got.returncode == 0, got.stderr.decode()
+    assert np.array_equal(np.load(io.BytesIO(got.stdout)), x)
+
+
+def test_an_open_keeps_its_version_whole_while_the_tensor_is_rewritten(
+    cluster: Cluster, own: Mount
+) -> None:
+    """Close-to-open: the version an open took is the one it reads whole, however
+    often the tensor is rewritten after; the next open gets the newest."""
+    n = 1 << 20
+    path = own.path / "own3" / "t.npy"
+    with Client(cluster.config_path) as c:
+        c.write("own3/t", np.zeros(n, np.float32))
+        with open(path, "rb") as f:
+            for value in (1.0, 2.0, 3.0, 4.0):
+                c.write("own3/t", np.full(n, value, np.float32))
+            assert np.array_equal(np.load(f), np.zeros(n, np.float32))
+    assert np.array_equal(np.load(path), np.full(n, 4.0, np.float32))
+
+
+OPEN_UNTIL_SIGNALLED = """
+import signal, sys
+class Signalled(Exception):
+    pass
+def stop(signum, frame):
+    raise Signalled
+signal.signal(signal.SIGUSR1, stop)
+try:
+    open(sys.argv[1], "rb")
+    print("opened")
+except Signalled:
+    print("interrupted")
+"""
+
+
+def test_a_signal_interrupts_a_request_waiting_in_the_mount(cluster: Cluster, own: Mount) -> None:
+    """INTERRUPT cancels the request's handler: a pull that waits for a step no
+    other worker reached returns EINTR to a signalled caller (whose handler then
+    runs), and the mount goes on serving; the step's pull works once it may go."""
+    model = "own7"
+    with Client(cluster.config_path) as c:
+        c.create(f"{model}/w", (8,), np.float32, mode=Mode.sync(2))
+        steps = own.path / model / ".worker"
+        np.save(steps / "0" / "0" / "w.npy", np.ones(8, np.float32))  # worker 0's step 0
+        # Worker 0's pull of step 1 waits for worker 1's push of step 0.
+        child = subprocess.Popen(
+            [sys.executable, "-c", OPEN_UNTIL_SIGNALLED, str(steps / "0" / "1" / "w.npy")],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            wchan = Path(f"/proc/{child.pid}/wchan")
+            while wchan.read_text() != "request_wait_answer":  # waiting for the mount
+                assert child.poll() is None, "the pull ended without waiting"
+                time.sleep(0.01)
+            child.send_signal(signal.SIGUSR1)
+            out, _ = child.communicate(timeout=60)  # an uninterrupted pull waits forever
+        finally:
+            child.kill()
+            child.wait()
+        assert out.strip() == "interrupted"
+        assert sorted(os.listdir(own.path / model)) == ["w.npy"]  # still serving
+        np.save(steps / "1" / "0" / "w.npy", np.ones(8, np.float32))  # worker 1's step 0
+        assert np.array_equal(np.load(steps / "0" / "1" / "w.npy"), np.full(8, 2, np.float32))
+    assert "Traceback" not in own.log()
+
+
+def test_unmount_leaves_nothing_behind(cluster: Cluster, tmp_path: Path) -> None:
+    """SIGTERM with a file open: the process ends cleanly, the mount is gone, and
+    the same directory mounts again at once."""
+    with Client(cluster.config_path) as c:
+        c.write("own4/t", np.ones(1000))
+    m = start_mount(cluster, tmp_path / "mnt", session="own")
+    try:
+        f = open(m.path / "own4" / "t.npy", "rb")  # noqa: SIM115 (held over the unmount)
+        assert np.load(f).sum() == 1000
+        m.unmount()
+        f.close()
+        assert m.proc.returncode == 0, m.log()
+        assert not is_mounted(m.path)
+        assert "Traceback" not in m.log() and "ERROR" not in m.log()
+    finally:
+        m.unmount()
+    again = start_mount(cluster, tmp_path / "mnt", session="own")
+    try:
+        assert np.load(again.path / "own4" / "t.npy").sum() == 1000
+    finally:
+        again.unmount()
+
+
+async def test_an_open_during_rewrites_loads_one_version_whole(cluster: Cluster) -> None:
+    """A load that meets three whole rewrites half-way (the daemons no longer hold
+    the write its first half came from: TornRead) reads the tensor again and serves
+    the newest version whole: an open never fails because a writer is fast."""
+    n = 3 << 20  # float32, 12 MiB
+    async with AsyncClient(cluster.config_path) as c:
+        await c.write("own5/rw", np.zeros(n, np.float32), replace=True)
+        read_bytes, calls = c.read_bytes, []
+
+        async def meets_rewrites(name, offset, size, out=None):  # type: ignore[no-untyped-def]
+            calls.append(offset)
+            if len(calls) == 1:  # the first read of the tensor is overtaken half-way
+                half = size // 2
+                stamp = await c.read_range(name, offset, out[:half])
+                for value in (1.0, 2.0, 3.0):
+                    await c.write(name, np.full(n, value, np.float32))
+                await c.read_range(name, offset + half, out[half:], stamp)  # TornRead
+            return await read_bytes(name, offset, size, out)
+
+        c.read_bytes = meets_rewrites  # type: ignore[method-assign]
+        backings = Backings(lambda: c)
+        target = file_candidates("own5/rw.npy")[0]
+        info, snap = await backings.take("own5/rw.npy", target, await c.stat("own5/rw"))
+        assert len(calls) == 2  # read again, once
+        assert snap.data is not None
+        got = np.load(io.BytesIO(snap.data.tobytes()))
+        assert np.array_equal(got, np.full(n, 3.0, np.float32))
+        assert info.version == (await c.stat("own5/rw")).version
+        backings.close()
+
+
+async def test_backing_files_are_shared_by_version_and_bounded(cluster: Cluster) -> None:
+    n = 1 << 18  # float32, 1 MiB files
+    async with AsyncClient(cluster.config_path) as c:
+        for name in ("a", "b", "c"):
+            await c.write(f"own6/{name}", np.zeros(n, np.float32))
+        dropped: list[int] = []
+        backings = Backings(lambda: c, limit=(n * 4 + 128) * 3 // 2)  # room for one and a half
+        backings.unregister = dropped.append
+
+        async def take(name: str):  # type: ignore[no-untyped-def]
+            t = file_candidates(f"own6/{name}.npy")[0]
+            return (await backings.take(t.name, t, await c.stat(f"own6/{name}")))[1]
+
+        def close(snap) -> None:  # type: ignore[no-untyped-def]
+            snap.refs -= 1  # as OpenFiles.close counts it down
+            backings.released(snap)
+
+        a1, a2 = await take("a"), await take("a")
+        assert a1 is a2 and a1.refs == 2  # one version, one backing file
+        backing_a = backings.of(a1)
+        assert backing_a is not None
+        backing_a.backing_id = 7  # as the session registers it for a passthrough open
+        b = await take("b")
+        assert len(backings) == 2  # over the limit, but both are held: none goes
+        close(a1)
+        assert dropped == [] and len(backings) == 2  # still held by the other open
+        close(a2)
+        assert dropped == [7]  # no open holds it: its id goes...
+        assert (
+            len(backings) == 1 and backings.of(b) is not None
+        )  # ...and so does it, over the limit
+        await c.write("own6/b", np.ones(n, np.float32))  # a new version: a file of its own
+        b2 = await take("b")
+        assert b2 is not b and b2.data is not None and b2.data[-4:].view(np.float32)[0] == 1.0
+        close(b)
+        close(b2)
+        await trio.lowlevel.checkpoint()
+        assert backings.used <= backings.limit
+        backings.close()
