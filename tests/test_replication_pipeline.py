@@ -29,6 +29,7 @@ ELEMENTS = SHARD // 4  # float32
 # Large enough that the primary always takes in the next request while forwarding one.
 LARGE = DEFER_MIN
 IN_FLIGHT = 6
+TOTAL = IN_FLIGHT * (IN_FLIGHT + 1) / 2  # of the pushers' deltas 1..6
 # A backup paused this long is still up to its primary: the test's pauses end well before.
 SETTINGS = {"heartbeat": 0.5, "failure_timeout": 30.0}
 
@@ -76,24 +77,28 @@ def copies(cluster: Cluster, name: str, size: int = SHARD) -> dict[str, tuple[in
 
 
 class Pushers:
-    """Clients in threads of their own, each to accumulate ones into a name once told:
-    each looks the tensor up first, so the pushes need only its primary."""
+    """Clients in threads of their own, the i-th to accumulate i + 1 into its name once
+    told (a delta of its own: bytes that went to the wrong update would show); each
+    looks the tensor up first, so the pushes need only the primary."""
 
     def __init__(self, cluster: Cluster, names: list[str]) -> None:
         self.done: list[str] = []
         self._ready = threading.Barrier(len(names) + 1)
         self._go = threading.Event()
-        self._threads = [threading.Thread(target=self._push, args=(cluster, n)) for n in names]
+        self._threads = [
+            threading.Thread(target=self._push, args=(cluster, n, i + 1.0))
+            for i, n in enumerate(names)
+        ]
         for t in self._threads:
             t.start()
         self._ready.wait(60)
 
-    def _push(self, cluster: Cluster, name: str) -> None:
+    def _push(self, cluster: Cluster, name: str, value: float) -> None:
         with Client(cluster.config_path, timeout=60) as c:
             c.stat(name)
             self._ready.wait(60)
             self._go.wait(60)
-            c.accumulate(name, np.ones(ELEMENTS, np.float32))
+            c.accumulate(name, np.full(ELEMENTS, value, np.float32))
         self.done.append(name)
 
     def go(self) -> None:
@@ -109,7 +114,7 @@ class Pushers:
 def test_updates_of_one_shard_go_to_a_paused_backup_together_and_apply_in_order(
     tmp_path: Path,
 ) -> None:
-    """Six accumulates of one shard, from six clients, while its backup is paused: the
+    """Six accumulates of one shard (1 to 6), from six clients, while its backup is paused: the
     primary sends all six before any answer comes, none is acknowledged meanwhile, and
     once the backup resumes it applies each on top of the one before (no whole-shard
     copy was needed), so both copies end equal, with every update once."""
@@ -129,7 +134,7 @@ def test_updates_of_one_shard_go_to_a_paused_backup_together_and_apply_in_order(
             pushers.join()
         assert len(pushers.done) == IN_FLIGHT
         with Client(cluster.config_path) as c:
-            assert np.array_equal(c.read(name), np.full(ELEMENTS, IN_FLIGHT, np.float32))
+            assert np.array_equal(c.read(name), np.full(ELEMENTS, TOTAL, np.float32))
         held = copies(cluster, name)
         assert held["n1"] == held["n2"] and held["n1"][0] == 1 + IN_FLIGHT, held
         assert hello(cluster.config, "n1")["copies"]["sent"] == 0  # each applied on top
@@ -203,7 +208,7 @@ def test_a_backup_killed_with_forwards_in_flight_loses_no_acknowledged_update(
         assert hello(cluster.config, "n1")["replication"]["n2"]["resync"]
         cluster.start("n2")
         wait_for("n2 caught up", lambda: copies(cluster, name)["n2"] == copies(cluster, name)["n1"])
-        expected = np.full(ELEMENTS, IN_FLIGHT, np.float32)
+        expected = np.full(ELEMENTS, TOTAL, np.float32)
         assert copies(cluster, name)["n2"][1] == hashlib.sha256(expected.tobytes()).hexdigest()
     finally:
         cluster.close()

@@ -73,6 +73,7 @@ class Forwarding(MembershipListener):
             backups = self.membership.backups(c.key, c.shard)
             for name in self.membership.down_copies(c.key, c.shard):
                 self._owe(name, "updates are acknowledged without it while it is down")
+            c.hold(len(backups))  # its payload is kept until each backup's forward is over
             items += [self._queue(name, c.key, c.shard, c) for name in backups]
         return items
 

@@ -142,7 +142,15 @@ class Pipeline:
         # Answered after everything already in flight: its budget counts those bytes too.
         allowed = self.delivery.budget(self.in_flight_bytes + nbytes)
         deadline = trio.current_time() + allowed
-        sents = await self.peer.link.post(requests, deadline=deadline, allowed=allowed)
+        for item in to_send:
+            item.sending = True
+        try:
+            sents = await self.peer.link.post(requests, deadline=deadline, allowed=allowed)
+        finally:
+            # Written (or given up): the payloads of items done meanwhile can go.
+            for item in to_send:
+                item.sending = False
+                item.finish()
         for item, sent in zip(to_send, sents, strict=True):
             assert item.commit is not None
             self._add(Flight(item, sent, deadline, allowed, item.commit.payload.nbytes))

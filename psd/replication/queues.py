@@ -31,6 +31,16 @@ class Item:
     queued: float = field(default_factory=time.monotonic)  # for the lag metric
     # How many times this daemon had given up being ready when the item was queued.
     losses: int = 0
+    sending: bool = False  # its bytes are being written to the peer's socket now
+    finished: bool = False  # its hold on the commit's payload is let go
+
+    def finish(self) -> None:
+        """Let go of the commit's payload once the item is done and no send reads it
+        (whoever ends the later of the two calls this)."""
+        if self.done.is_set() and not self.sending and not self.finished:
+            self.finished = True
+            if self.commit is not None:
+                self.commit.let_go()
 
 
 class ForwardQueue:
@@ -91,12 +101,15 @@ class ForwardQueue:
         if self._unsent and self._unsent[0] is item:
             self._unsent.popleft()
         item.done.set()
+        item.finish()
 
     def skip_all(self) -> None:
         """The peer is down: what was queued for it is not waited for (it catches up later)."""
         self._unsent.clear()
         while self._items:
-            self._items.popleft().done.set()
+            item = self._items.popleft()
+            item.done.set()
+            item.finish()
 
     async def drain(self) -> None:
         """Wait until everything queued so far was delivered (or skipped)."""
