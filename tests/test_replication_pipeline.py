@@ -21,8 +21,9 @@ from irdma import Client
 from irdma.client import AsyncClient
 from irdma.client.sinks import IntoSink
 from irdma.protocol import Header, Op, tensor_key
-from tests.helpers.cluster import Cluster, make_cluster
-from tests.helpers.wire import hello
+
+from .helpers.cluster import Cluster, make_cluster
+from .helpers.wire import hello
 
 SHARD = 64 << 10
 ELEMENTS = SHARD // 4  # float32

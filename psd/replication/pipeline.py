@@ -112,7 +112,9 @@ class Pipeline:
             await queue.wait_unsent()
             while len(self.flights) >= WINDOW_ITEMS or self.in_flight_bytes >= WINDOW_BYTES:
                 await self._moved.wait()
-            items = queue.take_unsent(WINDOW_ITEMS - len(self.flights))
+            items = queue.take_unsent(
+                WINDOW_ITEMS - len(self.flights), WINDOW_BYTES - self.in_flight_bytes
+            )
             batch: list[Item] = []
             for item in items:
                 if item.commit is None:

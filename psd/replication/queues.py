@@ -81,10 +81,16 @@ class ForwardQueue:
         while not self._unsent:
             await self._wake.wait()
 
-    def take_unsent(self, most: int) -> list[Item]:
-        """Up to ``most`` of the items not sent yet, oldest first (now counted as sent)."""
+    def take_unsent(self, most: int, room: int) -> list[Item]:
+        """Up to ``most`` of the items not sent yet, oldest first (now counted as sent),
+        their updates' bytes within ``room`` (one at least)."""
         out: list[Item] = []
         while self._unsent and len(out) < most:
+            commit = self._unsent[0].commit
+            nbytes = commit.payload.nbytes if commit is not None else 0
+            if out and nbytes > room:
+                break
+            room -= nbytes
             out.append(self._unsent.popleft())
         return out
 
