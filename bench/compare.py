@@ -28,7 +28,9 @@ slowest member's, each round starting at a barrier. GB/s = size / time per op
 GB/s over the reference named beside it (> 1: irdma is faster): tcp against
 iperf3, shm against the numpy copy, sizes up to 64 KiB against Redis GET (read)
 or SET (write, accumulate), collectives against Gloo and MPI with the same op
-and process count.
+and process count. Every irdma size runs again on a cluster keeping two copies
+(``--replicas``; rows "irdma tcp R=2"), compared first with the same op on one
+copy.
 
 The chart (--png) has one panel per family the run measured (small requests,
 large transfers, each collective) and one fixed colour per system, named in
@@ -600,6 +602,10 @@ def start_cluster(
     # Group.gather keeps two slots of one tensor per member; shards hash unevenly
     # over the daemons, hence the 1.5.
     need = biggest * 2 * max(args.procs) if "group" in args.only else biggest
+    # Each daemon holds its share of every copy, and a replicated update's bytes are
+    # kept until its backups have them.
+    if replicas > 1:
+        need = max(need, biggest * (replicas + 1))
     arena = f"{int(1.5 * need / NODES) // (1 << 20) + 128}MiB"
     directory = tmp / f"cluster-r{replicas}"
     cmd = [sys.executable, "-m", "irdma", "local", "--nodes", str(NODES)]
@@ -819,23 +825,20 @@ def measure_all(args: argparse.Namespace, memory: list[dict[str, Any]]) -> list[
 def measure_replicated(
     stack: contextlib.ExitStack, tmp: Path, args: argparse.Namespace
 ) -> list[Row]:
-    """The small ops again on a cluster with each of ``--replicas`` (above 1):
-    what forwarding every update to the backups costs a round trip."""
+    """Every size again on a cluster with each of ``--replicas`` (above 1): what
+    forwarding every update to the backups costs a round trip (small sizes) and
+    throughput (large ones), each row beside the same op with one copy."""
     rows: list[Row] = []
-    small = argparse.Namespace(**vars(args))
-    small.sizes = [s for s in args.sizes if s <= LATENCY_MAX]
     for replicas in (r for r in args.replicas if r > 1):
-        if not small.sizes:
-            break
         try:
-            config = start_cluster(stack, tmp, small, replicas)
+            config = start_cluster(stack, tmp, args, replicas)
         except (RuntimeError, OSError) as exc:
             rows += failed(f"irdma R={replicas}", exc)
             continue
         for transport in args.transports:
             system = f"irdma {transport} R={replicas}"
-            # Small ops only: their memory says nothing next to the full run's.
-            rows += measure_irdma(config, transport, small, [], system)
+            # Their memory says nothing next to the one-copy run's.
+            rows += measure_irdma(config, transport, args, [], system)
     return rows
 
 
@@ -843,14 +846,17 @@ def measure_replicated(
 
 
 def references(row: Row) -> list[tuple[tuple[str, str, int, int], str]]:
-    """The rows ``row`` is compared with: ((system, op, size, procs), label)."""
+    """The rows ``row`` is compared with: ((system, op, size, procs), label). A row with
+    more copies ("irdma tcp R=2") is compared with the same op with one copy first."""
     if row.system.startswith(("irdma tcp", "irdma shm")):
+        system, _, replicas = row.system.partition(" R=")
+        refs = [((system, row.op, row.size, 1), "R=1")] if replicas else []
         if row.size <= LATENCY_MAX:
             op = "GET" if row.op == "read" else "SET"
-            return [(("redis", op, row.size, 1), f"redis {op}")]
-        if row.system == "irdma tcp":
-            return [(("iperf3", "stream", 0, 1), "iperf3")]
-        refs = [(("numpy", "copy", row.size, 1), "numpy copy")]
+            return [*refs, (("redis", op, row.size, 1), f"redis {op}")]
+        if system == "irdma tcp":
+            return [*refs, (("iperf3", "stream", 0, 1), "iperf3")]
+        refs.append((("numpy", "copy", row.size, 1), "numpy copy"))
         if row.size > SHARD_BYTES:
             refs.append((("numpy", "copy by shard", row.size, 1), "numpy copy by shard"))
         return refs
@@ -1121,8 +1127,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--replicas",
         default="1,2",
-        help="replica counts; small ops (<= 64 KiB) are measured again at each above 1 "
-        "(default 1,2)",
+        help="replica counts; every size is measured again at each above 1, against one "
+        "copy (default 1,2)",
     )
     ap.add_argument("--only", default=",".join(PEERS), help=f"subset of {','.join(PEERS)}")
     ap.add_argument("--iperf-seconds", type=float, default=2.0)
@@ -1198,8 +1204,9 @@ def print_report(rows: list[Row], memory: list[dict[str, Any]], headline: str) -
     print(headline)
     print("GB/s = size / time per op (1e9 B/s); ratio = irdma GB/s / reference GB/s (> 1: faster)")
     print(
-        f"references: tcp -> iperf3, shm -> numpy copy, <= {human_size(LATENCY_MAX)} -> "
-        "Redis GET (read) / SET (write, accumulate), collectives -> Gloo; MPI"
+        f"references: R=2 -> R=1 first, tcp -> iperf3, shm -> numpy copy, "
+        f"<= {human_size(LATENCY_MAX)} -> Redis GET (read) / SET (write, accumulate), "
+        "collectives -> Gloo; MPI"
     )
     print(format_table(rows))
     for m in memory:

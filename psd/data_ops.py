@@ -4,6 +4,7 @@ accumulates, one shard or a batch at a time."""
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
 from time import perf_counter
@@ -43,10 +44,23 @@ from .arena import Block
 from .conn import Conn, Replies, no_payload
 from .errors import Refusal
 from .metrics import RequestMetrics
-from .replication import Forwarding
+from .replication import Forwarding, Item
 from .store import PendingUpdate, Store, copies
 
 log = logging.getLogger("psd")
+
+# An update at least this large is answered by a task of its own once its backups
+# hold it, so the connection takes in the next one meanwhile (smaller ones do this
+# only when the next request is already waiting).
+DEFER_MIN = 256 << 10
+
+
+def _more_waiting(conn: Conn) -> bool:
+    """Whether the client sent more on this connection already (a peek, no wait)."""
+    try:
+        return bool(conn.stream.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:
+        return False  # nothing yet (or a failure its reader finds)
 
 
 class DataOps:
@@ -81,7 +95,7 @@ class DataOps:
         self._changed.set()
         self._changed = trio.Event()
 
-    def forward(self) -> list:
+    def forward(self) -> list[Item]:
         """Queue what was just applied for the backups (call with no await in between)."""
         commits = self.store.take_commits()
         return self.forwarding.forward(commits) if commits else []
@@ -277,10 +291,63 @@ class DataOps:
             self.store.abort(update)
             raise
         version, retried = self._apply_once(update, msg.worker, msg.step)
-        await self.forwarding.wait(self.forward())
+        items = self.forward()
+        retries = [(msg.key, msg.shard)] if retried else []
+        answer = partial(self.replies.reply, conn, header, [], version=version)
+        await self._when_held(conn, header, items, retries, answer, msg.size)
+
+    async def _when_held(
+        self,
+        conn: Conn,
+        header: Header,
+        items: list[Item],
+        retried: list[tuple[int, int]],
+        answer: Callable[[], Awaitable[None]],
+        nbytes: int,
+    ) -> None:
+        """Answer an update once every copy that is up holds it (``Forwarding.wait``,
+        and ``confirm`` for a retry).
+
+        While the backups take it, the connection serves the client's next
+        request, when there is one (a large update, or one already waiting on
+        the socket): receiving the next shard of a write overlaps forwarding this
+        one, and the updates waiting go to the backups together. Otherwise this
+        task waits itself (a task of its own costs a small update's latency).
+        """
+        if not items and not retried:
+            await answer()
+        elif nbytes >= DEFER_MIN or _more_waiting(conn):
+            conn.deferred = True
+            conn.nursery.start_soon(self._answer_when_held, conn, header, items, retried, answer)
+        else:
+            await self._held(items, retried)
+            await answer()
+
+    async def _held(self, items: list[Item], retried: list[tuple[int, int]]) -> None:
+        await self.forwarding.wait(items)
         if retried:
-            await self.forwarding.confirm([(msg.key, msg.shard)])
-        await self.replies.reply(conn, header, [], version=version)
+            await self.forwarding.confirm(retried)
+
+    async def _answer_when_held(
+        self,
+        conn: Conn,
+        header: Header,
+        items: list[Item],
+        retried: list[tuple[int, int]],
+        answer: Callable[[], Awaitable[None]],
+    ) -> None:
+        started = perf_counter()
+        try:
+            try:
+                await self._held(items, retried)
+            except Refusal as exc:
+                await self.replies.error(conn, header, exc.status, exc.message)
+            else:
+                await answer()
+        except (StreamBroken, StreamClosed):
+            pass  # the connection task notices and cleans up
+        finally:
+            self.metrics.series(header.op, conn.transport).observe(perf_counter() - started)
 
     def _abort_all(self, updates: list[PendingUpdate | Refusal]) -> None:
         """Give back the blocks of pending updates that will not be applied."""
@@ -443,7 +510,5 @@ class DataOps:
                 self._abort_all(updates[i:])  # those not applied yet
                 raise
             answers.append(BatchEntry(e.key, e.shard, e.offset, e.length, version))
-        await self.forwarding.wait(self.forward())
-        if retried:
-            await self.forwarding.confirm(retried)
-        await self.replies.reply(conn, header, [pack_entries(answers)])
+        answer = partial(self.replies.reply, conn, header, [pack_entries(answers)])
+        await self._when_held(conn, header, self.forward(), retried, answer, header.length)

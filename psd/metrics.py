@@ -156,7 +156,8 @@ class StateCollector(Collector):
       (``primary``: this daemon is their acting primary; ``backup``).
     - ``irdma_replication_queue_items{peer}``, ``irdma_replication_queue_bytes{peer}``:
       updates and shard copies waiting to be acknowledged by a backup;
-      ``irdma_replication_lag_seconds{peer}``: how long the oldest has waited.
+      ``irdma_replication_lag_seconds{peer}``: how long the oldest has waited;
+      ``irdma_replication_in_flight{peer}``: of those, forwards sent and not answered.
     - ``irdma_snapshot_age_seconds``: seconds of updates in no snapshot
       (since the newest written or loaded, or since start when none);
       ``irdma_snapshot_timestamp_seconds``: unix time of the newest (0: none);
@@ -204,6 +205,11 @@ class StateCollector(Collector):
             "Seconds the oldest item queued for a backup has waited.",
             labels=["peer"],
         )
+        flying = GaugeMetricFamily(
+            "irdma_replication_in_flight",
+            "Forwards sent to a backup whose answers are not in yet.",
+            labels=["peer"],
+        )
         resync = GaugeMetricFamily(
             "irdma_replication_resync_owed",
             "1 while this daemon owes a backup a resync (it acknowledged updates without it).",
@@ -215,8 +221,9 @@ class StateCollector(Collector):
             items.add_metric([p.name], p.queued)
             nbytes.add_metric([p.name], p.queued_bytes)
             lag.add_metric([p.name], p.lag)
+            flying.add_metric([p.name], p.in_flight)
             resync.add_metric([p.name], p.resync)
-        yield from (up, ready, items, nbytes, lag, resync)
+        yield from (up, ready, items, nbytes, lag, flying, resync)
         yield gauge("irdma_arena_capacity_bytes", "Bytes in the arena.", st.arena_capacity)
         yield gauge("irdma_arena_used_bytes", "Arena bytes allocated.", st.arena_used)
         yield gauge("irdma_tensors", "Tensors with metadata or shards here.", st.tensors)

@@ -32,6 +32,7 @@ class PeerReport:
     # This daemon acknowledged updates without the peer and owes it a resync
     # (``replication.debts``): its copies may be stale until it has caught up.
     resync: bool = False
+    in_flight: int = 0  # of those queued, forwards sent and not answered yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,7 @@ class DaemonState:
                     "bytes": p.queued_bytes,
                     "lag": p.lag,
                     "resync": p.resync,
+                    "in_flight": p.in_flight,
                 }
                 for p in self.peers
             },
@@ -123,6 +125,7 @@ class StateReader:
                 view.get(name, "down"),
                 *_queue_figures(r, name, now_mono),
                 resync=r.forwarding.debts.owes(name),
+                in_flight=r.peers[name].in_flight,
             )
             for name in (r.peers if membership.replicated else ())
         )

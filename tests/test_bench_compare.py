@@ -42,6 +42,12 @@ def test_compare_measures_both_transports_and_memory(tmp_path: Path) -> None:
         for op in ("read", "write", "accumulate"):
             row = rows[(system, op, 4096)]
             assert 0 < row["seconds"] <= row["p99"], row
+    # Large ones on two copies too, each against the same op on one.
+    for transport in ("tcp", "shm"):
+        for op in ("write", "accumulate"):
+            row = rows[(f"irdma {transport} R=2", op, 8 << 20)]
+            assert row["gbps"] > 0 and row["refs"][0]["ref"] == "R=1", row
+            assert row["refs"][0]["ratio"] > 0, row
     assert {m["what"].split(",")[0] for m in report["memory"]} >= {"daemon n1"}
     print(run.stdout)
 

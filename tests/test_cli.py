@@ -133,6 +133,8 @@ def test_status_and_bench_json(cluster: Cluster) -> None:
     )
     for key in ("read_GBps", "write_GBps", "accumulate_GBps", "read_4KiB_us_median"):
         assert res[key] > 0
+    assert res["accumulate_4KiB_us_median"] > 0
+    assert res["replicas"] == cluster.config.replicas
     with Client(cluster.config_path) as c:
         assert not c.list("_bench/")  # cleaned up
 

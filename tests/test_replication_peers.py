@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import trio
 import trio.testing
@@ -16,6 +17,8 @@ from irdma_psd.replication.queues import ForwardQueue
 
 from irdma.cli.local import write_config
 from irdma.cluster import Address, load_config
+
+from .helpers.stores import commit
 
 
 def peers(tmp_path: Path) -> Peers:
@@ -102,3 +105,18 @@ def test_cut_off_lets_go_of_every_queue(tmp_path: Path) -> None:
     p.cut_off("n1 lost its majority")
     assert all(i.done.is_set() and not i.delivered for i in items)
     assert list(p) == ["n2", "n3"]  # still peers: only what was queued is gone
+
+
+def test_what_is_taken_to_send_stays_within_the_window_of_bytes() -> None:
+    """Items are taken oldest first while their bytes fit the room left (one at least),
+    and whatever is not done goes again after a failure, in order."""
+    queue = ForwardQueue()
+    items = [
+        queue.put(Item(1, i, replace(commit(1, i, 1), payload=np.zeros(100, np.uint8))))
+        for i in range(4)
+    ]
+    assert queue.take_unsent(10, 250) == items[:2]
+    assert queue.take_unsent(10, 50) == [items[2]]  # one at least, even past the room
+    queue.done(items[0])
+    queue.resend()
+    assert queue.take_unsent(10, 1000) == items[1:]

@@ -3,7 +3,8 @@
 Measured with the async client in this process against the configured
 cluster. Throughput is the median of ``repeat`` runs of one tensor of
 ``size`` bytes (float32); latency is the median and 99th percentile of
-round trips on a 4 KiB tensor.
+round trips on a 4 KiB tensor. The table says how many copies of each shard
+the cluster keeps: with two, every write and accumulate waits for the backup.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ async def run(
         await client.read(small, out=tiny_out)
         read_lat = await _timed(lambda: client.read(small, out=tiny_out), latency_iters)
         write_lat = await _timed(lambda: client.write(small, tiny), latency_iters)
+        acc_lat = await _timed(lambda: client.accumulate(small, tiny, alpha=0.0), latency_iters)
     finally:
         for name in (big, small):
             with contextlib.suppress(Exception):
@@ -66,6 +68,7 @@ async def run(
         "size_bytes": nbytes,
         "repeat": repeat,
         "nodes": len(client.config.nodes),
+        "replicas": client.config.replicas,
         "write_GBps": _median_rate(nbytes, write_t),
         "read_GBps": _median_rate(nbytes, read_t),
         "accumulate_GBps": _median_rate(nbytes, acc_t),
@@ -73,6 +76,8 @@ async def run(
         "read_4KiB_us_p99": float(np.percentile(read_lat, 99)) * 1e6,
         "write_4KiB_us_median": statistics.median(write_lat) * 1e6,
         "write_4KiB_us_p99": float(np.percentile(write_lat, 99)) * 1e6,
+        "accumulate_4KiB_us_median": statistics.median(acc_lat) * 1e6,
+        "accumulate_4KiB_us_p99": float(np.percentile(acc_lat, 99)) * 1e6,
     }
 
 
@@ -92,8 +97,15 @@ def format_table(r: dict[str, Any]) -> str:
             "4 KiB",
             f"{r['write_4KiB_us_median']:.0f} us median, {r['write_4KiB_us_p99']:.0f} us p99",
         ),
+        (
+            "accumulate",
+            "4 KiB",
+            f"{r['accumulate_4KiB_us_median']:.0f} us median, "
+            f"{r['accumulate_4KiB_us_p99']:.0f} us p99",
+        ),
     ]
     lines = [f"{'op':<11} {'size':>9}  result", "-" * 48]
     lines += [f"{op:<11} {size:>9}  {res}" for op, size, res in rows]
-    lines.append(f"({r['nodes']} daemons, median of {r['repeat']} runs)")
+    copies = "1 copy" if r["replicas"] == 1 else f"{r['replicas']} copies"
+    lines.append(f"({r['nodes']} daemons, {copies} of each shard, median of {r['repeat']} runs)")
     return "\n".join(lines)

@@ -298,7 +298,9 @@ async def receive_unsunk(stream: FramedSocket, header: Header) -> Reply:
     return Reply(header, sink.data)
 
 
-class _Pending:
+class Answer:
+    """The answer a request sent on a FramedConnection waits for (``post``, ``outcome``)."""
+
     __slots__ = ("error", "event", "op", "reply", "sink")
 
     def __init__(self, op: int, sink: Sink | None) -> None:
@@ -431,7 +433,7 @@ class FramedConnection(Connection):
         # (or was sent, if nothing was outstanding before it).
         self._last_progress = 0.0
         self._send_lock = trio.Lock()
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[int, Answer] = {}
         self._next_id = 1
         self._releases: list[int] = []
         self._release_wakeup = trio.Event()
@@ -593,39 +595,62 @@ class FramedConnection(Connection):
         self, header: Header, payload: Sequence[Buffer] = (), sink: Sink | None = None
     ) -> Reply:
         """Send one frame and wait for its answer (the framing every bulk path uses)."""
+        (pending,) = await self.post([(header, payload, sink)])
+        return await self.outcome(pending)
+
+    async def post(
+        self, requests: Sequence[tuple[Header, Sequence[Buffer], Sink | None]]
+    ) -> list[Answer]:
+        """Send requests (frame and payload each, written together, in this order) without
+        waiting for their answers: what ``outcome`` then waits for, in any order.
+
+        Cancelled or failed part-way, the connection is abandoned: the stream
+        may hold half a frame.
+        """
         ensure_usable(self._failure, self._closed, self.stream.peer)
-        rid = self._next_id
-        self._next_id += 1
-        frame = request_frame(header, rid)
-        pending = _Pending(header.op, sink)
+        buffers: list[Buffer] = []
+        answers = []
         if not self._pending:
             self._last_progress = trio.current_time()
-        self._pending[rid] = pending
+        for header, payload, sink in requests:
+            rid = self._next_id
+            self._next_id += 1
+            buffers += [request_frame(header, rid), *payload]
+            answer = Answer(header.op, sink)
+            self._pending[rid] = answer
+            answers.append(answer)
         try:
             with trio.CancelScope() as sending:
                 self._sending.add(sending)
                 try:
-                    await self._send([frame, *payload])
+                    await self._send(buffers)
                 finally:
                     self._sending.discard(sending)
             if sending.cancelled_caught:
                 if self._failure is not None:
                     raise for_this_task(self._failure)
                 raise StreamClosed(f"connection to {self.stream.peer} failed")
-            await pending.event.wait()
         except BaseException as exc:
-            # Cancelled or failed part-way: the stream may hold half a frame,
-            # or a reply may be arriving into the caller's buffer. Drop the
-            # connection rather than let it touch memory the caller took back.
             self.abandon(exc)
             raise
-        if pending.error is not None:
-            err = pending.error
+        return answers
+
+    async def outcome(self, answer: Answer) -> Reply:
+        """The answer to a request ``post`` sent, once it came (or the connection failed)."""
+        try:
+            await answer.event.wait()
+        except BaseException as exc:
+            # Cancelled while a reply may be arriving into the caller's buffer:
+            # drop the connection rather than let it touch memory the caller took back.
+            self.abandon(exc)
+            raise
+        if answer.error is not None:
+            err = answer.error
             if isinstance(err, AuthFailed):
                 raise AuthFailed(str(err)) from err
             raise for_this_task(err)
-        assert pending.reply is not None
-        return pending.reply
+        assert answer.reply is not None
+        return answer.reply
 
     async def aclose(self) -> None:
         self._closed = True

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from irdma.protocol import Status
+from irdma.protocol import Header, Status
 from irdma.protocol.messages import ReplicaUpdate, ShardCopy
 
 from ..store import Commit, Store, held_commit
@@ -49,8 +49,8 @@ class Delivery:
         """How long a peer that is up may take to answer a request of ``nbytes``."""
         return self.failure_timeout + nbytes / MODEST_RATE
 
-    async def update(self, link: Link, c: Commit) -> tuple[int, bytes]:
-        """Forward one update; the peer's status and, for a refusal, why."""
+    def update_request(self, c: Commit) -> tuple[Header, list[np.ndarray]]:
+        """The REPLICA_UPDATE that forwards one update: its header and payload."""
         header = ReplicaUpdate(
             c.op,
             c.key,
@@ -70,20 +70,27 @@ class Delivery:
             pushed_step=c.pushed_step,
             held=c.held,
         ).frame(c.payload.nbytes)
-        reply, text = await link.request(header, [c.payload], timeout=self.budget(c.payload.nbytes))
+        return header, [c.payload]
+
+    async def update(self, link: Link, c: Commit) -> tuple[int, bytes]:
+        """Forward one update and wait for the answer: the peer's status and, for a
+        refusal, why."""
+        header, payload = self.update_request(c)
+        reply, text = await link.request(header, payload, timeout=self.budget(c.payload.nbytes))
         return reply.status, text
 
-    async def shard(self, link: Link, key: int, index: int) -> None:
-        """Send a shard whole, then the pushes held for its lockstep step.
+    async def shard(self, link: Link, key: int, index: int) -> int | None:
+        """Send a shard whole, then the pushes held for its lockstep step; the version
+        sent (None: deleted here meanwhile, so not sent).
 
         Raises Refused when the peer does not take it from this daemon, PeerError
-        when it fails otherwise. A shard deleted here meanwhile is not sent.
+        when it fails otherwise.
         """
         store = self.store
         tensor = store.tensors.get(key)
         shard = tensor.shards.get(index) if tensor is not None else None
         if tensor is None or shard is None:
-            return  # deleted here meanwhile: nothing to send
+            return None  # deleted here meanwhile: nothing to send
         block = store.pin(shard.block)
         copied = shard.version
         try:
@@ -113,7 +120,7 @@ class Delivery:
         # The copy let go of the pushes the peer held for the step: send ours.
         for worker, step, held in store.held_on(tensor, index):
             if store.tensors.get(key) is not tensor:
-                return  # replaced meanwhile: its own copy follows
+                return copied  # replaced meanwhile: its own copy follows
             # Held since the copy: later ones are queued behind it.
             status, _ = await self.update(link, held_commit(held, worker, step, copied))
             if status not in (Status.OK, Status.BEHIND):
@@ -121,3 +128,4 @@ class Delivery:
                     f"{link.node.name} refused a held push of worker {worker} to shard "
                     f"{index} of {tensor.meta.name!r}: {Status(status).name}"
                 )
+        return copied

@@ -6,9 +6,12 @@ The interface the daemon uses: ``forward`` (queue what was just applied),
 update this daemon may no longer be in charge of), ``confirm`` (a retried
 update's shard sent whole first), ``send_whole`` (shards a peer asked for),
 ``drain`` (what was queued for one peer). ``run`` is the one task per peer
-that sends its queue in order over its link: backups apply the same updates
-in the same order, so copies stay byte-identical. A backup that missed
-updates answers BEHIND and gets the whole shard instead (``delivery``).
+that sends its queue in order over its link, many forwards in flight and
+those waiting written together (``pipeline``): backups apply the same updates
+in the same order, so copies stay byte-identical. The queues of a shard's
+backups are sent at once, each by its own task, so an update waits for the
+slowest backup, not for their sum. A backup that missed updates answers
+BEHIND and gets the whole shard instead (``delivery``).
 
 A backup declared down gets nothing more: what was queued for it is dropped and
 later updates are acknowledged without it. This daemon then owes it a resync
@@ -30,8 +33,9 @@ from ..membership import Membership, MembershipListener
 from ..store import Commit
 from .debts import Debts
 from .delivery import Delivery
-from .links import PeerError, Refused
+from .links import Refused
 from .peers import Peer, Peers
+from .pipeline import Pipeline
 from .queues import Item
 
 log = logging.getLogger("psd")
@@ -69,6 +73,7 @@ class Forwarding(MembershipListener):
             backups = self.membership.backups(c.key, c.shard)
             for name in self.membership.down_copies(c.key, c.shard):
                 self._owe(name, "updates are acknowledged without it while it is down")
+            c.hold(len(backups))  # its payload is kept until each backup's forward is over
             items += [self._queue(name, c.key, c.shard, c) for name in backups]
         return items
 
@@ -178,54 +183,32 @@ class Forwarding(MembershipListener):
     # -- sending --------------------------------------------------------------------
 
     async def run(self, peer: Peer) -> None:
-        """Send ``peer``'s queue in order, until cancelled."""
+        """Send ``peer``'s queue in order, many items in flight (``pipeline``), until
+        cancelled; when the link fails, what is not done goes again."""
         while True:
-            item = await peer.queue.first()
-            try:
-                if item.commit is not None and not self.membership.ready:
-                    # Applied as primary before this daemon lost its majority:
-                    # another replica may have taken over since. Not sent.
-                    pass
-                else:
-                    await self._deliver(peer, item)
-                    item.delivered = True
-            except Refused as exc:
-                log.warning("%s: %s; dropped", self.me, exc)
-                item.refused = True
-                if self.membership.leased and item.commit is not None:
-                    # Applied here as primary, refused by a copy that sees another
-                    # primary (an epoch switch): this copy may hold an update no
-                    # other has. Not acknowledged; caught up from the primary.
-                    self.membership.lose(f"{peer.name} refused an update it forwarded")
-            except PeerError as exc:
-                # Keep trying while the peer is up; once it is down the queue is
-                # dropped and it is owed a resync (``let_go_of_down_peers``).
-                if self.membership.up(peer.name):
-                    log.info("%s: forwarding to %s failed (%s); retrying", self.me, peer.name, exc)
-                    await trio.sleep(self.retry_pause)
-                    continue
-                self._owe(peer.name, f"forwarding to it failed once it was down ({exc})")
-            peer.queue.done(item)
+            await peer.queue.wait_unsent()
+            failure = await Pipeline(
+                self.me, peer, self.delivery, self.membership, self._refused
+            ).run()
+            if failure is None:
+                continue
+            peer.queue.resend()
+            # Keep trying while the peer is up; once it is down the queue is
+            # dropped and it is owed a resync (``let_go_of_down_peers``).
+            if self.membership.up(peer.name):
+                log.info("%s: forwarding to %s failed (%s); retrying", self.me, peer.name, failure)
+                await trio.sleep(self.retry_pause)
+                continue
+            self._owe(peer.name, f"forwarding to it failed once it was down ({failure})")
+            if peer.queue:
+                peer.queue.done(peer.queue[0])
 
-    async def _deliver(self, peer: Peer, item: Item) -> None:
-        if item.commit is not None:
-            status, why = await self.delivery.update(peer.link, item.commit)
-            if status == Status.OK:
-                return
-            if status == Status.NOT_OWNER:
-                raise Refused(
-                    f"{peer.name} refused an update to shard {item.shard} of tensor "
-                    f"{item.key:#x}: {why.decode(errors='replace')}"
-                )
-            # The backup missed updates, or lacks the tensor: send the shard.
-            log.info(
-                "%s: %s answered %s to an update of shard %d of tensor %#x (%s); sending "
-                "the shard whole",
-                self.me,
-                peer.name,
-                Status(status).name,
-                item.shard,
-                item.key,
-                why.decode(errors="replace"),
-            )
-        await self.delivery.shard(peer.link, item.key, item.shard)
+    def _refused(self, peer: Peer, item: Item, exc: Refused) -> None:
+        """``peer`` would not take ``item`` from this daemon: it is dropped."""
+        log.warning("%s: %s; dropped", self.me, exc)
+        item.refused = True
+        if self.membership.leased and item.commit is not None:
+            # Applied here as primary, refused by a copy that sees another
+            # primary (an epoch switch): this copy may hold an update no
+            # other has. Not acknowledged; caught up from the primary.
+            self.membership.lose(f"{peer.name} refused an update it forwarded")

@@ -8,8 +8,9 @@ next request's); the next request connects again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from irdma.cluster import Node
 from irdma.errors import AuthFailed
 from irdma.protocol import Header
 from irdma.transport.base import StreamBroken, StreamClosed
-from irdma.transport.tcp import FramedConnection
+from irdma.transport.tcp import Answer, FramedConnection
 
 log = logging.getLogger("psd")
 
@@ -58,6 +59,14 @@ class Dialer:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A request sent on a link's connection, its answer still to come."""
+
+    conn: FramedConnection
+    answer: Answer
+
+
 class Link:
     """The connection to one peer, opened on first use and again after a failure."""
 
@@ -85,23 +94,61 @@ class Link:
         Raises PeerError when it cannot be sent, the peer does not authenticate
         us, or no answer comes within ``timeout``.
         """
-        name = self.node.name
-        with trio.move_on_after(timeout) as scope:
-            try:
+        deadline = trio.current_time() + timeout
+        (sent,) = await self.post([(header, list(payload))], deadline=deadline, allowed=timeout)
+        return await self.outcome(sent, deadline=deadline, allowed=timeout)
+
+    async def post(
+        self,
+        requests: Sequence[tuple[Header, Sequence[Any]]],
+        *,
+        deadline: float,
+        allowed: float,
+    ) -> list[Sent]:
+        """Send requests in this order, written together, without waiting for their
+        answers (``outcome`` waits): the peer serves one connection's requests in
+        the order they came, so it applies them in this order.
+
+        Raises PeerError when they cannot be sent by ``deadline`` (``allowed``
+        seconds after they were due, for the message).
+        """
+        with trio.move_on_at(deadline) as scope:
+            with self._failing():
                 conn = await self._connection()
-                reply = await conn.request(header, list(payload))
-            except (StreamBroken, StreamClosed, OSError) as exc:
-                raise PeerError(f"{name}: {exc}") from None
-            except AuthFailed as exc:
-                # Another secret on the peer: said once, not at every heartbeat.
-                if self._auth_error != str(exc):
-                    log.error("%s: cannot link to %s: %s", self._dialer.me, name, exc)
-                self._auth_error = str(exc)
-                raise PeerError(f"{name}: {exc}") from None
+                answers = await conn.post([(h, p, None) for h, p in requests])
         if scope.cancelled_caught:
-            await self.aclose()  # a late answer must not be taken for the next one
-            raise PeerError(f"{name}: no answer within {timeout:g} s")
+            await self.aclose()  # half a frame may be out: the connection is done for
+            raise PeerError(f"{self.node.name}: could not send within {allowed:g} s")
+        return [Sent(conn, a) for a in answers]
+
+    async def outcome(self, sent: Sent, *, deadline: float, allowed: float) -> tuple[Header, bytes]:
+        """The answer to a request ``post`` sent: its header and payload.
+
+        Raises PeerError when the connection failed or no answer came by ``deadline``.
+        """
+        with trio.move_on_at(deadline) as scope:
+            with self._failing():
+                reply = await sent.conn.outcome(sent.answer)
+        if scope.cancelled_caught:
+            if self._conn is sent.conn:
+                await self.aclose()  # a late answer must not be taken for the next one
+            raise PeerError(f"{self.node.name}: no answer within {allowed:g} s")
         return reply.header, reply.data
+
+    @contextlib.contextmanager
+    def _failing(self) -> Iterator[None]:
+        """Every way a request fails, as PeerError."""
+        name = self.node.name
+        try:
+            yield
+        except (StreamBroken, StreamClosed, OSError) as exc:
+            raise PeerError(f"{name}: {exc}") from None
+        except AuthFailed as exc:
+            # Another secret on the peer: said once, not at every heartbeat.
+            if self._auth_error != str(exc):
+                log.error("%s: cannot link to %s: %s", self._dialer.me, name, exc)
+            self._auth_error = str(exc)
+            raise PeerError(f"{name}: {exc}") from None
 
     def abandon(self, why: str, *, reset: bool = False) -> None:
         """Let go of the connection at once (``why`` for whoever waits on it).

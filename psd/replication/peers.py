@@ -21,6 +21,8 @@ class Peer:
     node: Node
     link: Link
     queue: ForwardQueue = field(default_factory=ForwardQueue)
+    # Forwards sent to it whose answers are not in yet (``pipeline``).
+    in_flight: int = 0
     # Its heartbeat and forwarding tasks (ended when it leaves the cluster).
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
 

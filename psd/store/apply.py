@@ -10,12 +10,14 @@ copy swapped in (``blocks``); the arithmetic is ``rules``'.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
 from irdma.protocol import Op, Status
 
-from ..arena import ArenaFullError
+from ..arena import ArenaFullError, Block
 from ..errors import StoreError
 from . import copies, replica_log, rules
 from .blocks import Blocks
@@ -65,16 +67,18 @@ class Applier:
                 f"a whole-tensor write's stamp needs a WRITE of all of shard {shard.index} "
                 f"of {update.tensor.meta.name!r}",
             )
-        # Backups apply the update as received (accumulate scales the delta
-        # in place), so keep a copy of it for them first.
+        # Backups apply the update as received: its bytes are kept for them
+        # (``_for_backups``).
         payload: np.ndarray | None = None
+        kept: Block | None = None  # the staging block that holds ``payload``
         if self.outbox.wants(update):
             update.materialize()
-            payload = update.buffer.copy()
+            payload, kept = self._for_backups(update)
         if update.op == Op.WRITE:
             update.materialize()  # only accumulates are applied from where they lie
         # Readers that pin nothing retry while the slot says "changing".
         self.blocks.directory.begin(shard.slot)
+        applied = stolen = False
         try:
             if update.stamp:
                 self._stamped(update)
@@ -82,18 +86,50 @@ class Applier:
                 self._write(update)
             else:
                 self._accumulate(update)
+            applied = True
         except BaseException:
             self.blocks.settle(shard)
             raise
         finally:
+            if applied and kept is not None and update.staging is kept:
+                update.staging, stolen = None, True  # kept for the backups: freed once forwarded
             self.release(update)  # frees staging unless it became the shard's block
         shard.version += 1
         shard.mtime = time.time()
         replica_log.remember(shard, update.txn, shard.version)
         self.blocks.publish(shard)
         if payload is not None:
-            self.outbox.applied(update, payload, shard.version, step, pushed)
+            release = None if kept is None else self._keeper(kept, stolen)
+            self.outbox.applied(update, payload, shard.version, step, pushed, release)
         return shard.version
+
+    def _for_backups(self, update: PendingUpdate) -> tuple[np.ndarray, Block | None]:
+        """The update's bytes as the backups need them, and the staging block they lie in
+        if they are kept there (None: a copy).
+
+        No copy where the staged bytes survive the update as they are: a write
+        only reads them (or makes them the shard's block), and an accumulate onto
+        a block nobody pins reads them as its source (``rules.accumulate_from``)
+        instead of scaling them in place. Otherwise (bytes outside the arena, an
+        accumulate onto a pinned block, which scales or sums into them) a copy.
+        """
+        staging = update.staging
+        if staging is None or update.narrow is not None:
+            return update.buffer.copy(), None
+        if update.op == Op.WRITE:
+            return update.buffer, staging
+        if update.shard.block.pins:
+            return update.buffer.copy(), None
+        update.source = update.buffer  # read, not scaled: the backups get it as received
+        return update.buffer, staging
+
+    def _keeper(self, block: Block, staging: bool) -> Callable[[], None]:
+        """How a block kept for the backups is given back once forwarded: freed if it
+        is still staging, unpinned if it became the shard's (or a copy's) block."""
+        if staging:
+            return partial(self.blocks.arena.free, block)
+        self.blocks.pin(block)  # unchanged while pinned: a later update copies first
+        return partial(self.blocks.unpin, block)
 
     def _stamped(self, update: PendingUpdate) -> None:
         """A whole-tensor write's shard: new bytes in a new block, the old kept as ``prev``."""

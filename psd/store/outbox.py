@@ -4,6 +4,7 @@ replicator takes them (``take``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,23 @@ class Commit:
     pushed_by: int = NO_WORKER
     pushed_step: int = 0
     held: bool = False
+    # Gives back the memory ``payload`` lies in (an arena block the store kept for
+    # the backups rather than copy it), once every forward of it is over.
+    release: Callable[[], None] | None = None
+    holders: int = 0  # forwards of it not over yet
+
+    def hold(self, forwards: int) -> None:
+        """``forwards`` copies of it are queued for backups (0: none, given back now)."""
+        self.holders += forwards
+        if not self.holders:
+            self.let_go()
+
+    def let_go(self) -> None:
+        """One forward of it is over (delivered or given up, and no send reading it)."""
+        self.holders = max(0, self.holders - 1)
+        if not self.holders and self.release is not None:
+            release, self.release = self.release, None
+            release()
 
 
 def held_commit(update: PendingUpdate, worker: int, step: int, version: int) -> Commit:
@@ -79,8 +97,10 @@ class Outbox:
         version: int,
         step: tuple[int, int] | None,
         pushed: tuple[int, int] | None,
+        release: Callable[[], None] | None = None,
     ) -> None:
-        """``update`` (its bytes as received: ``payload``) produced ``version``."""
+        """``update`` (its bytes as received: ``payload``, in memory ``release`` gives
+        back once forwarded) produced ``version``."""
         meta = update.tensor.meta
         self.commits.append(
             Commit(
@@ -98,6 +118,7 @@ class Outbox:
                 stamp=update.stamp,
                 pushed_by=pushed[0] if pushed else NO_WORKER,
                 pushed_step=pushed[1] if pushed else 0,
+                release=release,
             )
         )
 
