@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import secrets
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -29,6 +28,7 @@ from ..errors import ArenaFull, BadRequest, DaemonUnavailable, IrdmaError, Tenso
 from ..protocol import Status, TensorMeta
 from ..protocol.messages import Lease
 from .lookup import nodes_holding
+from .routing import new_txn
 from .session import Session
 
 log = logging.getLogger("irdma.client")
@@ -39,9 +39,9 @@ RENEWALS_PER_LEASE = 3
 
 
 def lease_id() -> int:
-    """A lease id no other reader has: 64 bits from the OS (never the process's
-    ``random``, which training scripts seed alike on every rank); never 0."""
-    return secrets.randbits(64) or 1
+    """A lease id no other reader has: drawn as update ids are (``routing.new_txn``:
+    64 bits from the OS, never the process's seeded ``random``; never 0)."""
+    return new_txn()
 
 
 @dataclass(eq=False)
