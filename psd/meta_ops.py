@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from irdma.cluster import ClusterConfig, Node
+from irdma.cluster import ConfigInForce, Node
 from irdma.protocol import (
     MAX_META_PAYLOAD,
     MAX_NAME_BYTES,
@@ -43,7 +43,7 @@ class MetaOps:
 
     def __init__(
         self,
-        config: ClusterConfig,
+        in_force: ConfigInForce,
         node: Node,
         store: Store,
         state: StateReader,
@@ -54,7 +54,7 @@ class MetaOps:
         rdma: RdmaService | None,
         secret: bytes | None,
     ) -> None:
-        self.config = config
+        self.in_force = in_force
         self.node = node
         self.store = store
         self.state = state
@@ -69,7 +69,7 @@ class MetaOps:
         # node, version, protocol, pid, ready, tensors, shards, arena, snapshot,
         # replication: see state.DaemonState.hello.
         info = self.state.read().hello() | {
-            "shard_size": self.config.shard_size,
+            "shard_size": self.in_force.config.shard_size,
             "max_payload": self.max_payload,
             "view": self.membership.describe(),
         }

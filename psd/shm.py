@@ -98,7 +98,7 @@ class ShmListener:
     def __init__(self, server: Server) -> None:
         self.server = server
         self.path = socket_path(server.node.data_dir)
-        self.timeout = server.config.timeout
+        self.timeout = server.in_force.config.timeout
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         listener = trio.socket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM)

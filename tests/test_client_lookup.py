@@ -19,7 +19,7 @@ from .helpers.cluster import Cluster
 
 
 def lookup_of(c: AsyncClient) -> Lookup:
-    return Lookup(c.session, Router(c.config, c.timeout, c.session), MetaCache())
+    return Lookup(c.session, Router(c.session.in_force, c.timeout, c.session), MetaCache())
 
 
 async def test_a_tensor_renamed_to_a_name_is_found_by_it(cluster: Cluster) -> None:
@@ -72,7 +72,7 @@ async def test_a_data_call_with_a_stale_layout_runs_again_with_the_fresh_one(
     cfg = cluster.config_path
     async with AsyncClient(cfg) as a, AsyncClient(cfg, transport="tcp") as b:
         await a.write("lk/s", np.ones(10, np.float32))
-        router = Router(b.config, b.timeout, b.session)
+        router = Router(b.session.in_force, b.timeout, b.session)
         lookup = Lookup(b.session, router, MetaCache())
         data = DataPath(b.session, router, OneSidedReader(b.session, router))
         seen: list[tuple[int, ...]] = []

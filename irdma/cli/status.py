@@ -171,7 +171,7 @@ async def gather(client: AsyncClient) -> list[NodeStatus]:
             etcd_error = str(exc)
         else:
             if cluster.epoch is not None:
-                config.adopt(cluster.epoch)
+                config = config.following(cluster.epoch) or config
     nodes = {n.name: n for n in config.nodes}
     for name, record in sorted((cluster.members if cluster else {}).items()):
         if name not in nodes:

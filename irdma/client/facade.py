@@ -84,17 +84,17 @@ class AsyncClient:
         transport: str | None = None,
         shared_memory: int | str | SharedRegion | None = None,
     ) -> None:
-        self.config = config if isinstance(config, ClusterConfig) else load_config(config)
+        config = config if isinstance(config, ClusterConfig) else load_config(config)
         self.shared = shared_region(shared_memory)
         # Tensors (CUDA ones too) in and out through host memory of this client's.
         self.transfers = Transfers(self.shared)
-        self.timeout = timeout if timeout is not None else self.config.timeout
+        self.timeout = timeout if timeout is not None else config.timeout
         self.transport = forced_transport(transport)
         self.session = Session(
-            self.config, timeout=self.timeout, transport=self.transport, shared=self.shared
+            config, timeout=self.timeout, transport=self.transport, shared=self.shared
         )
         self._cache = MetaCache()
-        self._router = Router(self.config, self.timeout, self.session)
+        self._router = Router(self.session.in_force, self.timeout, self.session)
         self._lookup = Lookup(self.session, self._router, self._cache)
         self._namespace = Namespace(self.session, self._router, self._cache, self._lookup)
         # One-sided reads from same-host arenas (``IRDMA_ONE_SIDED=0``: always ask the daemon).
@@ -106,7 +106,7 @@ class AsyncClient:
     async def __aenter__(self) -> AsyncClient:
         etcd = self.config.etcd
         if etcd is not None and self.needs_epoch:
-            self.config.adopt(await current_epoch(etcd, self.timeout))
+            self.session.in_force.adopt(await current_epoch(etcd, self.timeout))
         self._stack = contextlib.AsyncExitStack()
         nursery = await self._stack.enter_async_context(trio.open_nursery())
         self.session.run_under_trio(nursery)
@@ -119,6 +119,11 @@ class AsyncClient:
         await self.aclose()
         assert self._stack is not None
         await self._stack.aclose()
+
+    @property
+    def config(self) -> ClusterConfig:
+        """The cluster's config in force: that of the newest epoch this client follows."""
+        return self.session.config
 
     @property
     def needs_epoch(self) -> bool:

@@ -110,7 +110,6 @@ class Lookup:
         self.session = session
         self.router = router
         self.cache = cache
-        self.config = session.config
 
     async def holdings(self, node: Node, prefix: str = "") -> list[dict[str, Any]]:
         """``AsyncClient.holdings``: one daemon's stat records (no failover)."""
@@ -223,14 +222,14 @@ class Lookup:
                 return {}
             return decode_json(r.data)
 
-        records = await self.session.gather(partial(find_on, n) for n in self.config.nodes)
+        records = await self.session.gather(partial(find_on, n) for n in self.session.config.nodes)
         return [r for r in records if r], down
 
     async def _stat_placed(self, name: str) -> list[dict[str, Any]]:
         """``stat``'s records: found by ``locate``, then every other holder's."""
         rec = await self.locate(name)
         meta = TensorMeta.from_dict(rec["meta"])
-        others = [n for n in nodes_holding(self.config, meta) if n.name != rec.get("node")]
+        others = [n for n in nodes_holding(self.session.config, meta) if n.name != rec.get("node")]
 
         async def stat_on(node: Node) -> dict[str, Any]:
             try:
@@ -240,7 +239,7 @@ class Lookup:
                 # (a read with this metadata then finds out and asks again).
                 return {}
             except DaemonUnavailable:
-                if not several_copies(self.config):
+                if not several_copies(self.session.config):
                     raise
                 return {}  # down: the other replicas answer
             got = decode_json(r.data)
@@ -256,7 +255,7 @@ class Lookup:
         found, down = await self.ask_by_name(name)
         if not found:
             # As the placed stat says: unknown if the name's own place did not answer.
-            homes = [n.name for n in self.config.replicas_for(tensor_key(name), 0)]
+            homes = [n.name for n in self.session.config.replicas_for(tensor_key(name), 0)]
             if all(h in down for h in homes):
                 raise down[homes[0]]
             raise TensorNotFound(f"no tensor named {name!r}")

@@ -85,11 +85,10 @@ class Namespace:
         self.router = router
         self.cache = cache
         self.lookup = lookup
-        self.config = session.config
 
     @property
     def several_copies(self) -> bool:
-        return several_copies(self.config)
+        return several_copies(self.session.config)
 
     def meta_of(
         self,
@@ -106,7 +105,7 @@ class Namespace:
             validate_name(name),
             np.dtype(dtype).name,  # the name carries no byte order: stored little-endian
             shape_t,
-            shard_size or self.config.shard_size,
+            shard_size or self.session.config.shard_size,
             dict(options or {}) | (mode.to_options() if mode is not None else {}),
         )
 
@@ -179,7 +178,7 @@ class Namespace:
         """``create`` at the key ``meta`` names; TensorMoved if a daemon holds its name
         under another key or its key under another name."""
         name = meta.name
-        holders = nodes_holding(self.config, meta)
+        holders = nodes_holding(self.session.config, meta)
         body = encode_json(meta.to_dict())
         exclusive = not exist_ok and not replace
         created_on: list[Node] = []
@@ -208,7 +207,7 @@ class Namespace:
                 if not create.check and info.get("placed", True):
                     results.append(info)
 
-            await self.session.gather(partial(create_on, n) for n in self.config.nodes)
+            await self.session.gather(partial(create_on, n) for n in self.session.config.nodes)
             if refused:
                 moved = [e for e in refused if isinstance(e, TensorMoved)]
                 raise (moved or refused)[0]
@@ -251,7 +250,7 @@ class Namespace:
 
         keep = {n.name for n in holders}
         await self.session.gather(
-            partial(drop_on, n) for n in self.config.nodes if n.name not in keep
+            partial(drop_on, n) for n in self.session.config.nodes if n.name not in keep
         )
 
     async def list(self, prefix: str = "", *, limit: int = 0) -> list[TensorInfo]:
@@ -278,11 +277,11 @@ class Namespace:
                 return []  # its replicas answer for it
             return decode_json(r.data)
 
-        per_node = await self.session.gather(partial(list_on, n) for n in self.config.nodes)
+        per_node = await self.session.gather(partial(list_on, n) for n in self.session.config.nodes)
         # Each shard's copies are on distinct daemons: with fewer daemons down than
         # copies, every tensor has a copy that answered; with as many, some may be
         # missing, and an empty or partial listing would read as a fact.
-        if down and len(down) >= min(self.config.replicas, len(self.config.nodes)):
+        if down and len(down) >= min(self.session.config.replicas, len(self.session.config.nodes)):
             raise down[0]
         by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for records in per_node:
@@ -319,7 +318,9 @@ class Namespace:
                 return False  # it learns of the delete from a replica when it is back
             return True
 
-        return any(await self.session.gather(partial(delete_on, n) for n in self.config.nodes))
+        return any(
+            await self.session.gather(partial(delete_on, n) for n in self.session.config.nodes)
+        )
 
     async def rename(self, old: str, new: str, *, replace: bool = False) -> TensorInfo:
         """``AsyncClient.rename``."""
@@ -339,7 +340,7 @@ class Namespace:
         if dst is not None and not replace:
             raise TensorExists(f"tensor {new!r} exists (pass replace=True to replace it)")
         body = encode_json({"from": old, "to": new})
-        holders = nodes_holding(self.config, src)
+        holders = nodes_holding(self.session.config, src)
         records: list[dict[str, Any]] = []
         failed: list[Exception] = []
 
@@ -358,7 +359,7 @@ class Namespace:
                 return
             records.append(decode_json(reply.data))
 
-        await self.session.gather(partial(rename_on, n) for n in self.config.nodes)
+        await self.session.gather(partial(rename_on, n) for n in self.session.config.nodes)
         self.cache.drop(old)
         self.cache.drop(new)
         if failed:
