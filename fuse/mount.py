@@ -374,8 +374,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=("pyfuse3", "own"),
         default="pyfuse3",
         help="who speaks FUSE to the kernel: pyfuse3 (libfuse; the default), or irdma's own "
-        "session (root only; files opened for reading are served by the kernel from memory "
-        "with passthrough where the kernel offers it)",
+        "session (as root, files opened for reading are served by the kernel from memory "
+        "with passthrough where the kernel offers it; other users mount through fusermount3 "
+        "and serve reads themselves)",
     )
     p.add_argument(
         "--backing-memory",
