@@ -4,6 +4,7 @@ LIST), and the connection set-up ones that reach dispatch (RDMA_CONNECT, a late 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from irdma.cluster import ConfigInForce, Node
 from irdma.protocol import (
@@ -16,6 +17,7 @@ from irdma.protocol import (
     encode_json,
     validate_name,
 )
+from irdma.protocol.bodies import CreateAnswer
 from irdma.protocol.messages import (
     Auth,
     Create,
@@ -33,7 +35,7 @@ from .errors import Refusal
 from .membership import Membership
 from .rdma import ConnectRequest, RdmaService
 from .state import StateReader
-from .store import Store
+from .store import Store, Tensor
 
 log = logging.getLogger("psd")
 
@@ -88,15 +90,15 @@ class MetaOps:
         self.store.catalogue.check_moved(meta)
         self.store.catalogue.mode_of(meta)  # refused alike by every daemon, placed or not
         if not self.store.catalogue.owns_any(meta):
-            await self.replies.reply(conn, header, [encode_json({"placed": False})])
+            await self.replies.reply(conn, header, [CreateAnswer().encode()])
             return
         if msg.check:
             self.store.check_create(meta, replace=msg.replace, exclusive=msg.exclusive)
-            await self.replies.reply(conn, header, [encode_json({"fits": True})])
+            await self.replies.reply(conn, header, [CreateAnswer(fits=True).encode()])
             return
         tensor, created = self.store.create(meta, replace=msg.replace, exclusive=msg.exclusive)
-        info = self.store.catalogue.info(tensor) | {"created": created}
-        await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)
+        answer = CreateAnswer(self.store.catalogue.info(tensor), created=created)
+        await self.replies.reply(conn, header, [answer.encode()], version=tensor.version)
 
     async def delete(self, conn: Conn, header: Header, msg: Delete) -> None:
         name = await _payload_name(conn) if conn.payload.left else None
@@ -108,8 +110,7 @@ class MetaOps:
             tensor = self.store.catalogue.named(await _payload_name(conn))
         else:
             tensor = self.store.catalogue.get(msg.key)
-        info = self.store.catalogue.info(tensor) | {"node": self.node.name}
-        await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)
+        await self._answer_record(conn, header, tensor)
 
     async def rename(self, conn: Conn, header: Header, msg: Rename) -> None:
         body = await payload_json(conn)
@@ -120,12 +121,16 @@ class MetaOps:
         except ValueError as exc:
             raise Refusal(Status.BAD_ARGUMENT, f"rename: {exc}") from None
         tensor = self.store.rename(msg.key, old, new)
-        info = self.store.catalogue.info(tensor) | {"node": self.node.name}
-        await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)
+        await self._answer_record(conn, header, tensor)
+
+    async def _answer_record(self, conn: Conn, header: Header, tensor: Tensor) -> None:
+        """Answer with this daemon's stat record of ``tensor``, naming this daemon."""
+        record = replace(self.store.catalogue.info(tensor), node=self.node.name)
+        await self.replies.reply(conn, header, [record.encode()], version=tensor.version)
 
     async def list(self, conn: Conn, header: Header, msg: ListTensors) -> None:
         prefix = await _payload_text(conn, "list prefix")
-        data = encode_json(self.store.catalogue.list(prefix, msg.limit))
+        data = encode_json([r.to_json() for r in self.store.catalogue.list(prefix, msg.limit)])
         if len(data) > MAX_META_PAYLOAD:
             raise Refusal(Status.TOO_LARGE, "listing is too large; use a longer prefix")
         await self.replies.reply(conn, header, [data])

@@ -14,6 +14,7 @@ from irdma.client.lookup import Lookup, merged_version
 from irdma.client.onesided import OneSidedReader
 from irdma.client.routing import Router
 from irdma.protocol import TensorMeta, tensor_key
+from irdma.protocol.bodies import StatRecord
 
 from .helpers.cluster import Cluster
 
@@ -56,13 +57,18 @@ async def test_holdings_are_one_daemons_records_with_their_shard_versions(
         shards = 0
         for node in c.config.nodes:
             records = await lookup.holdings(node, "lk/held")
-            shards += sum(len(r["shards"]) for r in records)
+            shards += sum(len(r.shards or {}) for r in records)
         assert shards == (await c.stat("lk/held")).num_shards
         await c.delete("lk/held")
 
 
 def test_a_version_sums_the_newest_copy_of_each_shard() -> None:
-    records = [{"shards": {"0": 3, "1": 5}}, {"shards": {"0": 4}}, {"version": 2}]
+    meta = TensorMeta("lk/v", "float32", (3 << 20,), 1 << 20)
+    records = [
+        StatRecord(meta, 8, shards={0: 3, 1: 5}),
+        StatRecord(meta, 4, shards={0: 4}),
+        StatRecord(meta, 2),  # a daemon that did not say which shards
+    ]
     assert merged_version(records) == 4 + 5 + 2
 
 

@@ -24,6 +24,7 @@ from ..cluster.registry import current_epoch
 from ..devices import Transfers, is_device_array
 from ..errors import ConfigError
 from ..protocol import Op, decode_json
+from ..protocol.bodies import StatRecord
 from ..protocol.messages import Hello
 from ..training.modes import Mode
 from ..transport.base import Buffer
@@ -197,12 +198,13 @@ class AsyncClient:
         reply = await self.session.request(node, Hello().frame())
         return decode_json(reply.data)
 
-    async def holdings(self, node: Node, prefix: str = "") -> builtins.list[dict[str, Any]]:
+    async def holdings(self, node: Node, prefix: str = "") -> builtins.list[StatRecord]:
         """One daemon's stat records of the tensors it holds shards of (no failover).
 
-        Each record has the tensor's ``meta`` and ``shards``, mapping the local
-        shard indices (as strings) to their versions: ``irdma status`` compares
-        replicas with them. Raises like any request to that daemon.
+        Each record (``irdma.protocol.bodies.StatRecord``) has the tensor's
+        ``meta`` and ``shards``, mapping the local shard indices to their
+        versions: ``irdma status`` compares replicas with them. Raises like
+        any request to that daemon.
         """
         return await self._lookup.holdings(node, prefix)
 

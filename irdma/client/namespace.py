@@ -29,11 +29,11 @@ from ..protocol import (
     MAX_NAME_BYTES,
     Header,
     TensorMeta,
-    decode_json,
     encode_json,
     tensor_key,
     validate_name,
 )
+from ..protocol.bodies import CreateAnswer, StatRecord
 from ..protocol.messages import Create, Delete, ListTensors, Rename
 from ..training.modes import Mode
 from .arrays import fits
@@ -182,7 +182,7 @@ class Namespace:
         body = encode_json(meta.to_dict())
         exclusive = not exist_ok and not replace
         created_on: list[Node] = []
-        results: list[dict[str, Any]] = []
+        results: list[StatRecord] = []
 
         async def on_every_daemon(create: Create) -> None:
             """Send ``create`` to every daemon (those holding no shard of it only check
@@ -201,11 +201,11 @@ class Namespace:
                 except Exception as exc:
                     refused.append(exc)
                     return
-                info = decode_json(reply.data)
-                if info.get("created"):
+                answer = CreateAnswer.parse(reply.data)
+                if answer.created:
                     created_on.append(node)
-                if not create.check and info.get("placed", True):
-                    results.append(info)
+                if not create.check and answer.record is not None:
+                    results.append(answer.record)
 
             await self.session.gather(partial(create_on, n) for n in self.session.config.nodes)
             if refused:
@@ -233,12 +233,12 @@ class Namespace:
             # the old tensor on daemons that hold none of the new shards.
             await self._drop_elsewhere(meta.key, name, holders)
         # A tensor kept as it was may be placed by another key than asked for.
-        meta = TensorMeta.from_dict(results[0]["meta"]) if results else meta
+        meta = results[0].meta if results else meta
         self.cache.put(meta, name)
         # Versions start again with a new layout: what this client saw of
         # the old one says nothing about the new.
         self.router.forget(meta.key)
-        return info_from([r for r in results if r], meta)
+        return info_from(results, meta)
 
     async def _drop_elsewhere(self, key: int, name: str, holders: Sequence[Node]) -> None:
         """Delete tensor ``name`` at ``key`` on every daemon not in ``holders`` (best
@@ -266,7 +266,9 @@ class Namespace:
 
         down: list[DaemonUnavailable] = []
 
-        async def list_on(node: Node) -> list[dict[str, Any]]:
+        known: dict[str, TensorMeta] = {}  # each tensor's metadata parsed once
+
+        async def list_on(node: Node) -> list[StatRecord]:
             hdr = ListTensors(limit).frame(len(raw))
             try:
                 r = await self.session.request(node, hdr, [raw])
@@ -275,7 +277,7 @@ class Namespace:
                     raise
                 down.append(exc)
                 return []  # its replicas answer for it
-            return decode_json(r.data)
+            return StatRecord.parse_list(r.data, known)
 
         per_node = await self.session.gather(partial(list_on, n) for n in self.session.config.nodes)
         # Each shard's copies are on distinct daemons: with fewer daemons down than
@@ -283,10 +285,10 @@ class Namespace:
         # missing, and an empty or partial listing would read as a fact.
         if down and len(down) >= min(self.session.config.replicas, len(self.session.config.nodes)):
             raise down[0]
-        by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        by_name: dict[str, list[StatRecord]] = defaultdict(list)
         for records in per_node:
             for rec in records:
-                by_name[rec["meta"]["name"]].append(rec)
+                by_name[rec.meta.name].append(rec)
         return [info_from(by_name[name]) for name in sorted(by_name)[: limit or None]]
 
     async def delete(self, name: str) -> None:
@@ -341,7 +343,7 @@ class Namespace:
             raise TensorExists(f"tensor {new!r} exists (pass replace=True to replace it)")
         body = encode_json({"from": old, "to": new})
         holders = nodes_holding(self.session.config, src)
-        records: list[dict[str, Any]] = []
+        records: list[StatRecord] = []
         failed: list[Exception] = []
 
         async def rename_on(node: Node) -> None:
@@ -357,7 +359,7 @@ class Namespace:
             except Exception as exc:
                 failed.append(exc)
                 return
-            records.append(decode_json(reply.data))
+            records.append(StatRecord.parse(reply.data))
 
         await self.session.gather(partial(rename_on, n) for n in self.session.config.nodes)
         self.cache.drop(old)
@@ -371,6 +373,6 @@ class Namespace:
         if dst is not None:
             await self._delete_at(dst.key, new)
             self.router.forget(dst.key)
-        meta = TensorMeta.from_dict(records[0]["meta"])
+        meta = records[0].meta
         self.cache.put(meta, new)
         return info_from(records, meta)
