@@ -81,3 +81,12 @@ def test_an_epoch_naming_an_unknown_daemon_without_an_address_is_refused_whole()
     with pytest.raises(ConfigError, match="no address for member 'n9'"):
         in_force.adopt(Epoch(1, ("n1", "n9"), 2))
     assert in_force.config is now
+
+
+def test_only_a_config_naming_no_daemons_needs_the_stored_epoch() -> None:
+    etcd_only = parse_config({"etcd": {"endpoints": ["http://127.0.0.1:2379"]}})
+    in_force = ConfigInForce(etcd_only)
+    assert in_force.needs_epoch
+    assert in_force.adopt(Epoch(1, ("n1",), 1, addresses=(("n1", "tcp://127.0.0.1:7401"),)))
+    assert not in_force.needs_epoch  # its daemons are the epoch's now
+    assert not ConfigInForce(three_nodes()).needs_epoch  # a daemon's refusal brings it

@@ -18,7 +18,6 @@ import numpy as np
 import trio
 
 from ..cluster import ClusterConfig, Node
-from ..cluster.registry import current_epoch
 from ..devices import Transfers, is_device_array
 from ..errors import ClientClosed
 from ..transport.base import Buffer
@@ -103,9 +102,7 @@ class Client:
         self._client = AsyncClient(
             config, timeout=timeout, transport=transport, shared_memory=shared_memory
         )
-        etcd = self.config.etcd
-        if etcd is not None and self._client.needs_epoch:
-            self._client.session.in_force.adopt(trio.run(current_epoch, etcd, self._client.timeout))
+        trio.run(self._client.session.in_force.adopt_stored_epoch, self._client.timeout)
         self._loop: _LoopThread | None = None
         if may_use_rdma(self.config.nodes, self._client.transport):
             self._loop = _LoopThread(self._client)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .config import ClusterConfig
 from .epochs import Epoch
+from .registry import current_epoch
 
 
 class ConfigInForce:
@@ -23,6 +24,19 @@ class ConfigInForce:
     @property
     def config(self) -> ClusterConfig:
         return self._config
+
+    @property
+    def needs_epoch(self) -> bool:
+        """A config naming only etcd: the daemons come from the epoch stored there.
+        (With ``[[nodes]]`` too, a daemon's refusal brings the epoch in force.)"""
+        c = self._config
+        return c.etcd is not None and c.epoch is None and not c.nodes
+
+    async def adopt_stored_epoch(self, timeout: float) -> None:
+        """Adopt the epoch stored in etcd where the config names no daemons
+        (``needs_epoch``); EtcdError if etcd does not answer within ``timeout``."""
+        if self._config.etcd is not None and self.needs_epoch:
+            self.adopt(await current_epoch(self._config.etcd, timeout))
 
     def adopt(self, epoch: Epoch) -> bool:
         """Follow ``epoch`` if it is newer than the one in force (False: nothing changes)."""
