@@ -10,14 +10,14 @@ from irdma.cluster import ConfigInForce, Node
 from irdma.protocol import (
     MAX_META_PAYLOAD,
     MAX_NAME_BYTES,
-    RENAME_KEYS,
     Header,
+    ProtocolError,
     Status,
     TensorMeta,
     encode_json,
     validate_name,
 )
-from irdma.protocol.bodies import CreateAnswer
+from irdma.protocol.bodies import CreateAnswer, RenameBody
 from irdma.protocol.messages import (
     Auth,
     Create,
@@ -113,14 +113,11 @@ class MetaOps:
         await self._answer_record(conn, header, tensor)
 
     async def rename(self, conn: Conn, header: Header, msg: Rename) -> None:
-        body = await payload_json(conn)
-        if not isinstance(body, dict) or set(body) != set(RENAME_KEYS):
-            raise Refusal(Status.BAD_ARGUMENT, f"rename takes JSON keys {list(RENAME_KEYS)}")
         try:
-            old, new = (validate_name(body[k]) for k in RENAME_KEYS)
-        except ValueError as exc:
-            raise Refusal(Status.BAD_ARGUMENT, f"rename: {exc}") from None
-        tensor = self.store.rename(msg.key, old, new)
+            body = RenameBody.from_json(await payload_json(conn))
+        except ProtocolError as exc:
+            raise Refusal(Status.BAD_ARGUMENT, str(exc)) from None
+        tensor = self.store.rename(msg.key, body.old, body.new)
         await self._answer_record(conn, header, tensor)
 
     async def _answer_record(self, conn: Conn, header: Header, tensor: Tensor) -> None:

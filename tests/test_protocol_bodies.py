@@ -8,7 +8,7 @@ import json
 import pytest
 
 from irdma.protocol import ProtocolError, TensorMeta, encode_json
-from irdma.protocol.bodies import CreateAnswer, StatRecord
+from irdma.protocol.bodies import AttachAnswer, AttachOffer, CreateAnswer, RenameBody, StatRecord
 
 META = TensorMeta("b/w", "float32", (3, 1 << 20), 4 << 20, {"mode": "async"})
 
@@ -85,3 +85,48 @@ def test_a_listing_that_is_not_a_list_is_refused() -> None:
         StatRecord.parse_list(b"{}")
     with pytest.raises(ProtocolError, match="not a JSON object"):
         CreateAnswer.parse(b"[1]")
+
+
+def test_rename_and_attach_bodies_are_the_bytes_they_were() -> None:
+    assert RenameBody("a/x", "a/y").encode() == encode_json({"from": "a/x", "to": "a/y"})
+    assert RenameBody.from_json({"from": "a/x", "to": "a/y"}) == RenameBody("a/x", "a/y")
+    assert AttachOffer(1 << 20).encode() == encode_json({"staging": 1 << 20})
+    assert AttachOffer(1 << 20, 4096).encode() == encode_json({"staging": 1 << 20, "shared": 4096})
+    answer = AttachAnswer("n1", "host:ns", 1 << 30, (4096, 64), 4096)
+    assert answer.encode() == encode_json(
+        {"node": "n1", "host": "host:ns", "arena_size": 1 << 30, "directory": [4096, 64]}
+        | {"shared": 4096}
+    )
+    assert AttachAnswer.parse(answer.encode()) == answer
+    # A daemon without a directory or a shared region leaves the keys out.
+    plain = encode_json({"node": "n1", "host": "h", "arena_size": 8192})
+    assert AttachAnswer.parse(plain) == AttachAnswer("n1", "h", 8192)
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"from": "a/x"}, "rename takes JSON keys"),
+        ({"from": "a/x", "to": "a/y", "x": 1}, "rename takes JSON keys"),
+        ({"from": "a/x", "to": ""}, "rename: "),
+        (["a/x", "a/y"], "rename takes JSON keys"),
+    ],
+)
+def test_a_bad_rename_body_is_refused_naming_why(body: object, says: str) -> None:
+    with pytest.raises(ProtocolError, match=says):
+        RenameBody.from_json(body)
+
+
+def test_attach_bodies_that_are_not_what_they_say() -> None:
+    for bad in (b"{}", b"[1]", b"{x"):
+        with pytest.raises(ProtocolError, match="must be JSON with 'staging'"):
+            AttachOffer.parse(bad)
+    with pytest.raises(ProtocolError, match="positive integer"):
+        AttachOffer.parse(encode_json({"staging": -1}))
+    # A shared region the daemon cannot use is no offer at all.
+    assert AttachOffer.parse(encode_json({"staging": 8, "shared": "x"})).shared == 0
+    for bad_answer in ({"node": "n1"}, {"node": 1, "host": "h", "arena_size": 8}):
+        with pytest.raises(ProtocolError, match="malformed ATTACH answer"):
+            AttachAnswer.parse(encode_json(bad_answer))
+    odd = encode_json({"node": "n1", "host": "h", "arena_size": 8, "directory": [1, "x"]})
+    assert AttachAnswer.parse(odd).directory is None

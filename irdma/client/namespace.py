@@ -33,7 +33,7 @@ from ..protocol import (
     tensor_key,
     validate_name,
 )
-from ..protocol.bodies import CreateAnswer, StatRecord
+from ..protocol.bodies import CreateAnswer, RenameBody, StatRecord
 from ..protocol.messages import Create, Delete, ListTensors, Rename
 from ..training.modes import Mode
 from .arrays import fits
@@ -341,7 +341,7 @@ class Namespace:
             dst = None  # this rename, begun before (on the daemons that answered then)
         if dst is not None and not replace:
             raise TensorExists(f"tensor {new!r} exists (pass replace=True to replace it)")
-        body = encode_json({"from": old, "to": new})
+        body = RenameBody(old, new).encode()
         holders = nodes_holding(self.session.config, src)
         records: list[StatRecord] = []
         failed: list[Exception] = []

@@ -1,7 +1,10 @@
-"""The JSON bodies of the metadata answers, one frozen dataclass each, built and
-parsed here as ``messages`` does for frames: a daemon's stat record of a tensor
-(STAT, RENAME, each item of LIST) and the answer to CREATE. The bytes on the
-wire are what they were when these were plain dicts.
+"""JSON bodies, one frozen dataclass each, built and parsed here as ``messages``
+does for frames: a daemon's stat record of a tensor (STAT, RENAME, each item of
+LIST), the answer to CREATE, RENAME's request, and the shared-memory handshake
+(ATTACH's offer and answer). The bytes on the wire are what they were when
+these were plain dicts. (HELLO's answer is a self-description for people and
+tools, handed to callers as the dict it is; the replication bodies are in
+``irdma_psd.replication.bodies``.)
 
 A body that does not follow its shape raises ``ProtocolError`` naming what is
 wrong (a daemon of another release, or a damaged answer), never a KeyError
@@ -14,7 +17,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .frame import ProtocolError, TensorMeta, decode_json, encode_json
+from .frame import (
+    ATTACH_KEYS,
+    RENAME_KEYS,
+    ProtocolError,
+    TensorMeta,
+    decode_json,
+    encode_json,
+    validate_name,
+)
 
 
 def _number(d: dict[str, Any], key: str, kind: type, default: Any, what: str) -> Any:
@@ -160,3 +171,96 @@ class CreateAnswer:
         if not d.get("placed", True):
             return cls()
         return cls(StatRecord.from_json(d), created=bool(d.get("created")))
+
+
+@dataclass(frozen=True, slots=True)
+class RenameBody:
+    """RENAME's request body: the tensor's name now and the name it takes."""
+
+    old: str
+    new: str
+
+    def encode(self) -> bytes:
+        return encode_json(dict(zip(RENAME_KEYS, (self.old, self.new), strict=True)))
+
+    @classmethod
+    def from_json(cls, body: Any) -> RenameBody:
+        if not isinstance(body, dict) or set(body) != set(RENAME_KEYS):
+            raise ProtocolError(f"rename takes JSON keys {list(RENAME_KEYS)}")
+        try:
+            old, new = (validate_name(body[k]) for k in RENAME_KEYS)
+        except ValueError as exc:
+            raise ProtocolError(f"rename: {exc}") from None
+        return cls(old, new)
+
+
+def _positive(value: Any) -> int:
+    """A size a body gives, or 0 where it gives none that is a positive integer."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+@dataclass(frozen=True, slots=True)
+class AttachOffer:
+    """ATTACH's request body: the size of the client's staging memory (its memfd goes
+    alongside) and of its shared region (the second memfd; 0 without one)."""
+
+    staging: int
+    shared: int = 0
+
+    def encode(self) -> bytes:
+        return encode_json(
+            {"staging": self.staging} | ({"shared": self.shared} if self.shared else {})
+        )
+
+    @classmethod
+    def parse(cls, data: bytes | bytearray | memoryview) -> AttachOffer:
+        try:
+            body = decode_json(data)
+            staging = body["staging"]
+        except (ProtocolError, KeyError, TypeError):
+            raise ProtocolError("ATTACH body must be JSON with 'staging'") from None
+        if not _positive(staging):
+            raise ProtocolError("staging size must be a positive integer")
+        # An offer the daemon cannot use is ignored: writes then go through staging.
+        return cls(staging, _positive(body.get("shared")))
+
+
+@dataclass(frozen=True, slots=True)
+class AttachAnswer:
+    """A daemon's answer to ATTACH: who and where it is, its arena's size (the memfd
+    alongside), where the shard directory is in it (offset, slots; None: a daemon
+    without one, or one that gave no pair of integers), and the size of the client's
+    shared region if it mapped it (0: not mapped, writes stage)."""
+
+    node: str
+    host: str
+    arena_size: int
+    directory: tuple[int, int] | None = None
+    shared: int = 0
+
+    def encode(self) -> bytes:
+        body: dict[str, Any] = {"node": self.node, "host": self.host, "arena_size": self.arena_size}
+        if self.directory is not None:
+            body["directory"] = list(self.directory)
+        if self.shared:
+            body["shared"] = self.shared
+        return encode_json(body)
+
+    @classmethod
+    def parse(cls, data: bytes | bytearray | memoryview) -> AttachAnswer:
+        body = decode_json(data)
+        if not isinstance(body, dict) or any(k not in body for k in ATTACH_KEYS):
+            raise ProtocolError("malformed ATTACH answer")
+        node, host, size = (body[k] for k in ATTACH_KEYS)
+        if not isinstance(node, str) or not isinstance(host, str) or not _positive(size):
+            raise ProtocolError("malformed ATTACH answer")
+        return cls(
+            node, host, size, directory_pair(body.get("directory")), _positive(body.get("shared"))
+        )
+
+
+def directory_pair(where: Any) -> tuple[int, int] | None:
+    """A shard directory's (offset, slots) as a body gives it, if it is two integers."""
+    if isinstance(where, list) and len(where) == 2 and all(type(x) is int for x in where):
+        return where[0], where[1]
+    return None
