@@ -73,7 +73,8 @@ async def check_daemons(config: ClusterConfig) -> None:
     """Raise MountError if no daemon answers; warn about the ones that do not."""
     up = []
     async with AsyncClient(config, timeout=min(config.timeout, 5.0)) as client:
-        for node in config.nodes:
+        # The daemons in force: a config naming only etcd has them from its epoch.
+        for node in client.config.nodes:
             try:
                 await client.hello(node)
                 up.append(node.name)
