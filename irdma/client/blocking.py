@@ -102,7 +102,9 @@ class Client:
         self._client = AsyncClient(
             config, timeout=timeout, transport=transport, shared_memory=shared_memory
         )
-        trio.run(self._client.session.in_force.adopt_stored_epoch, self._client.timeout)
+        in_force = self._client.session.in_force
+        if in_force.needs_epoch:  # trio.run only then: this client may be made inside trio
+            trio.run(in_force.adopt_stored_epoch, self._client.timeout)
         self._loop: _LoopThread | None = None
         if may_use_rdma(self.config.nodes, self._client.transport):
             self._loop = _LoopThread(self._client)
