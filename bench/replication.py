@@ -139,7 +139,7 @@ def wait_join(args: argparse.Namespace) -> None:
             break
         time.sleep(0.02)
     at = time.monotonic()
-    config.adopt(epoch)
+    config = config.following(epoch) or config
 
     async def received() -> int:
         async with AsyncClient(config, timeout=5.0) as client:

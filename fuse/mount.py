@@ -73,7 +73,8 @@ async def check_daemons(config: ClusterConfig) -> None:
     """Raise MountError if no daemon answers; warn about the ones that do not."""
     up = []
     async with AsyncClient(config, timeout=min(config.timeout, 5.0)) as client:
-        for node in config.nodes:
+        # The daemons in force: a config naming only etcd has them from its epoch.
+        for node in client.config.nodes:
             try:
                 await client.hello(node)
                 up.append(node.name)
@@ -374,8 +375,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=("pyfuse3", "own"),
         default="pyfuse3",
         help="who speaks FUSE to the kernel: pyfuse3 (libfuse; the default), or irdma's own "
-        "session (root only; files opened for reading are served by the kernel from memory "
-        "with passthrough where the kernel offers it)",
+        "session (as root, files opened for reading are served by the kernel from memory "
+        "with passthrough where the kernel offers it; other users mount through fusermount3 "
+        "and serve reads themselves)",
     )
     p.add_argument(
         "--backing-memory",

@@ -3,7 +3,7 @@ majority; the shard's acting primary for updates; not behind what the client saw
 
 from __future__ import annotations
 
-from irdma.cluster import ClusterConfig, Node
+from irdma.cluster import ConfigInForce, Node
 from irdma.protocol import Status
 
 from .errors import Refusal
@@ -13,8 +13,8 @@ from .membership import Membership
 class Admission:
     """Refuses (Refusal with a failover status) what this daemon must not serve now."""
 
-    def __init__(self, config: ClusterConfig, node: Node, membership: Membership) -> None:
-        self.config = config
+    def __init__(self, in_force: ConfigInForce, node: Node, membership: Membership) -> None:
+        self.in_force = in_force
         self.node = node
         self.membership = membership
 
@@ -37,7 +37,7 @@ class Admission:
             raise Refusal(
                 Status.NO_QUORUM,
                 f"{self.node.name} cannot reach a majority of the cluster "
-                f"({self.config.quorum} of {len(self.config.nodes)} daemons)",
+                f"({self.in_force.config.quorum} of {len(self.in_force.config.nodes)} daemons)",
             )
 
     def check_primary(self, key: int, shard: int) -> None:

@@ -4,7 +4,6 @@ accumulates, one shard or a batch at a time."""
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
 from time import perf_counter
@@ -43,24 +42,32 @@ from .admission import Admission
 from .arena import Block
 from .conn import Conn, Replies, no_payload
 from .errors import Refusal
+from .held_answers import HeldAnswers
 from .metrics import RequestMetrics
 from .replication import Forwarding, Item
 from .store import PendingUpdate, Store, copies
 
 log = logging.getLogger("psd")
 
-# An update at least this large is answered by a task of its own once its backups
-# hold it, so the connection takes in the next one meanwhile (smaller ones do this
-# only when the next request is already waiting).
-DEFER_MIN = 256 << 10
+
+async def staged_location(conn: Conn) -> int:
+    """Where a STAGED update's data sits in the client's staging memory."""
+    if conn.memory is None or conn.payload.left != LOCATION.size:
+        raise Refusal(
+            Status.BAD_FRAME,
+            "STAGED data needs a shm or rdma connection and an 8-byte location"
+            if conn.memory is None
+            else f"STAGED location is {conn.payload.left} bytes, not {LOCATION.size}",
+        )
+    (offset,) = LOCATION.unpack(await conn.payload.read_bytes(LOCATION.size))
+    return offset
 
 
-def _more_waiting(conn: Conn) -> bool:
-    """Whether the client sent more on this connection already (a peek, no wait)."""
-    try:
-        return bool(conn.stream.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
-    except OSError:
-        return False  # nothing yet (or a failure its reader finds)
+async def batch_entries(conn: Conn, msg: ReadBatch | UpdateBatch) -> list[BatchEntry]:
+    need = msg.count * ENTRY_SIZE
+    if need > conn.payload.left:
+        raise Refusal(Status.BAD_FRAME, f"{msg.count} entries need {need} bytes of payload")
+    return unpack_entries(await conn.payload.read_bytes(need), msg.count)
 
 
 class DataOps:
@@ -81,7 +88,9 @@ class DataOps:
         self.node = node
         self.store = store
         self.admission = admission
-        self.forwarding = forwarding  # to the backups, and what acknowledging waits for
+        self.forwarding = forwarding  # to the backups
+        # Answers updates once their copies hold them.
+        self.held = HeldAnswers(forwarding, replies, metrics)
         self.replies = replies
         self.metrics = metrics
         # Longest a read waits for a training step before it is answered NOT_READY.
@@ -243,7 +252,7 @@ class DataOps:
         self, conn: Conn, msg: Update | ReplicaUpdate, *, wire: int = 0, staged: bool = False
     ) -> PendingUpdate:
         """Validate an update and take in its payload (inline or STAGED); not applied yet."""
-        location = await self._staged_location(conn) if staged else None
+        location = await staged_location(conn) if staged else None
         update = self.store.begin_update(
             msg.op,
             msg.key,
@@ -294,60 +303,7 @@ class DataOps:
         items = self.forward()
         retries = [(msg.key, msg.shard)] if retried else []
         answer = partial(self.replies.reply, conn, header, [], version=version)
-        await self._when_held(conn, header, items, retries, answer, msg.size)
-
-    async def _when_held(
-        self,
-        conn: Conn,
-        header: Header,
-        items: list[Item],
-        retried: list[tuple[int, int]],
-        answer: Callable[[], Awaitable[None]],
-        nbytes: int,
-    ) -> None:
-        """Answer an update once every copy that is up holds it (``Forwarding.wait``,
-        and ``confirm`` for a retry).
-
-        While the backups take it, the connection serves the client's next
-        request, when there is one (a large update, or one already waiting on
-        the socket): receiving the next shard of a write overlaps forwarding this
-        one, and the updates waiting go to the backups together. Otherwise this
-        task waits itself (a task of its own costs a small update's latency).
-        """
-        if not items and not retried:
-            await answer()
-        elif nbytes >= DEFER_MIN or _more_waiting(conn):
-            conn.deferred = True
-            conn.nursery.start_soon(self._answer_when_held, conn, header, items, retried, answer)
-        else:
-            await self._held(items, retried)
-            await answer()
-
-    async def _held(self, items: list[Item], retried: list[tuple[int, int]]) -> None:
-        await self.forwarding.wait(items)
-        if retried:
-            await self.forwarding.confirm(retried)
-
-    async def _answer_when_held(
-        self,
-        conn: Conn,
-        header: Header,
-        items: list[Item],
-        retried: list[tuple[int, int]],
-        answer: Callable[[], Awaitable[None]],
-    ) -> None:
-        started = perf_counter()
-        try:
-            try:
-                await self._held(items, retried)
-            except Refusal as exc:
-                await self.replies.error(conn, header, exc.status, exc.message)
-            else:
-                await answer()
-        except (StreamBroken, StreamClosed):
-            pass  # the connection task notices and cleans up
-        finally:
-            self.metrics.series(header.op, conn.transport).observe(perf_counter() - started)
+        await self.held.answer(conn, header, items, retries, answer, msg.size)
 
     def _abort_all(self, updates: list[PendingUpdate | Refusal]) -> None:
         """Give back the blocks of pending updates that will not be applied."""
@@ -367,26 +323,8 @@ class DataOps:
             return done, True
         return self.store.push(update, worker, step), False
 
-    async def _staged_location(self, conn: Conn) -> int:
-        """Where a STAGED update's data sits in the client's staging memory."""
-        if conn.memory is None or conn.payload.left != LOCATION.size:
-            raise Refusal(
-                Status.BAD_FRAME,
-                "STAGED data needs a shm or rdma connection and an 8-byte location"
-                if conn.memory is None
-                else f"STAGED location is {conn.payload.left} bytes, not {LOCATION.size}",
-            )
-        (offset,) = LOCATION.unpack(await conn.payload.read_bytes(LOCATION.size))
-        return offset
-
-    async def _batch_entries(self, conn: Conn, msg: ReadBatch | UpdateBatch) -> list[BatchEntry]:
-        need = msg.count * ENTRY_SIZE
-        if need > conn.payload.left:
-            raise Refusal(Status.BAD_FRAME, f"{msg.count} entries need {need} bytes of payload")
-        return unpack_entries(await conn.payload.read_bytes(need), msg.count)
-
     async def read_batch(self, conn: Conn, header: Header, msg: ReadBatch) -> None:
-        entries = await self._batch_entries(conn, msg)
+        entries = await batch_entries(conn, msg)
         if conn.payload.left:
             raise Refusal(Status.BAD_FRAME, "a read batch carries only its entries")
         self.admission.check_ready()
@@ -458,7 +396,7 @@ class DataOps:
 
     async def update_batch(self, conn: Conn, header: Header, msg: UpdateBatch) -> None:
         op = msg.single
-        entries = await self._batch_entries(conn, msg)
+        entries = await batch_entries(conn, msg)
         if sum(e.length for e in entries) != conn.payload.left:
             raise Refusal(Status.BAD_FRAME, "batch entry lengths do not add up to the payload")
         # Receive everything before applying anything: a batch cut short by a
@@ -511,4 +449,4 @@ class DataOps:
                 raise
             answers.append(BatchEntry(e.key, e.shard, e.offset, e.length, version))
         answer = partial(self.replies.reply, conn, header, [pack_entries(answers)])
-        await self._when_held(conn, header, self.forward(), retried, answer, header.length)
+        await self.held.answer(conn, header, self.forward(), retried, answer, header.length)

@@ -12,7 +12,7 @@ import trio
 
 from irdma import __version__
 from irdma.auth import cluster_secret
-from irdma.cluster import LOG_LEVELS, ClusterConfig, Node, load_config
+from irdma.cluster import LOG_LEVELS, ClusterConfig, ConfigInForce, Node, load_config
 from irdma.errors import ConfigError
 
 from .arena import Arena
@@ -29,14 +29,15 @@ from .store import Store
 log = logging.getLogger("psd")
 
 
-def build_store(config: ClusterConfig, node: Node) -> Store:
-    """The node's arena and store; shards are held where placement puts them."""
+def build_store(in_force: ConfigInForce, node: Node) -> Store:
+    """The node's arena and store; shards are held where the placement in force
+    puts them."""
     arena = Arena(node.arena_size, name=f"irdma-arena-{node.name}")
 
     def owns(key: int, shard: int) -> bool:
-        return config.holds(node.name, key, shard)
+        return in_force.config.holds(node.name, key, shard)
 
-    return Store(arena, owns, replicated=config.replicated)
+    return Store(arena, owns, replicated=in_force.config.replicated)
 
 
 def restore(store: Store, node: Node) -> None:
@@ -88,7 +89,7 @@ async def periodic_snapshots(
 
 
 async def run_daemon(
-    config: ClusterConfig,
+    in_force: ConfigInForce,
     node: Node,
     store: Store,
     lifecycle: Lifecycle | None = None,
@@ -98,9 +99,10 @@ async def run_daemon(
 
     SIGHUP reloads the log level; ``lifecycle`` tells systemd what happens.
     """
+    config = in_force.config  # its settings; the epoch in force is read from ``in_force``
     lifecycle = lifecycle or Lifecycle(node, config)
-    replicator = Replicator(config, node, store)
-    server = Server(config, node, store, replicator, rdma)
+    replicator = Replicator(in_force, node, store)
+    server = Server(in_force, node, store, replicator, rdma)
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as nursery:
@@ -117,7 +119,7 @@ async def run_daemon(
                 await start_metrics(nursery, server)  # when the node has a metrics_address
                 await nursery.start(replicator.run)
                 if config.etcd is not None:  # up while registered, not by heartbeats
-                    nursery.start_soon(Presence(config, node, replicator).run)
+                    nursery.start_soon(Presence(in_force, node, replicator).run)
                 nursery.start_soon(periodic_snapshots, config, store, node, lifecycle)
                 # Every listener answers now: READY=1 (with replicas, maybe still catching up).
                 lifecycle.started(replicator.membership.ready)
@@ -175,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     lifecycle = Lifecycle(node, config, cli_log_level=args.log_level)
     lifecycle.loading()
     try:
-        store = build_store(config, node)
+        in_force = ConfigInForce(config)
+        store = build_store(in_force, node)
         restore(store, node)
     except OSError as exc:
         print(
@@ -192,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     status = 0
     try:
-        trio.run(run_daemon, config, node, store, lifecycle, rdma)
+        trio.run(run_daemon, in_force, node, store, lifecycle, rdma)
     except* OSError as group:  # binding the address failed
         first = group.exceptions[0]  # not `exc`: that name is unbound after the except above
         reason = getattr(first, "strerror", None) or first

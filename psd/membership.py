@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from irdma.cluster import ClusterConfig, Node
+from irdma.cluster import ConfigInForce, Node
 
 log = logging.getLogger("psd")
 
@@ -76,9 +76,10 @@ class Membership:
     """This daemon's view of the cluster."""
 
     def __init__(
-        self, config: ClusterConfig, me: str, clock: Callable[[], float] = time.monotonic
+        self, in_force: ConfigInForce, me: str, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self.config = config
+        self.in_force = in_force
+        config = in_force.config
         self.me = me
         self.clock = clock
         self.replicated = config.replicated
@@ -206,14 +207,14 @@ class Membership:
         """The config's nodes changed (a new epoch): its new daemons become peers. Those
         it left out stay peers until this daemon settled on it (``forget_leavers``): they
         too must have adopted it, or they could still serve under the one before."""
-        for n in self.config.nodes:
+        for n in self.in_force.config.nodes:
             if n.name != self.me and n.name not in self.peers:
                 self.peers[n.name] = PeerState()
         self._changed()
 
     def forget_leavers(self) -> list[str]:
         """Stop counting the peers the epoch in force left out; return their names."""
-        names = {n.name for n in self.config.nodes}
+        names = {n.name for n in self.in_force.config.nodes}
         gone = [p for p in self.peers if p not in names]
         for name in gone:
             del self.peers[name]
@@ -226,7 +227,7 @@ class Membership:
         (always, without etcd); see the module's notes on epochs."""
         if not self.leased:
             return True
-        epoch = self.config.epoch
+        epoch = self.in_force.config.epoch
         if epoch is None:
             return False
         return all(
@@ -266,7 +267,7 @@ class Membership:
         if state is None or state.last_heard is None:
             return False
         now = self.clock() if now is None else now
-        return now - state.last_heard < self.config.failure_timeout
+        return now - state.last_heard < self.in_force.config.failure_timeout
 
     def peer_ready(self, name: str, now: float | None = None) -> bool:
         if name == self.me:
@@ -276,7 +277,7 @@ class Membership:
     def _majority_heard(self, now: float) -> float | None:
         """When this daemon last heard from a majority of the cluster (itself included):
         the time of its ``quorum - 1``-th most recent peer contact; None if never."""
-        need = self.config.quorum - 1
+        need = self.in_force.config.quorum - 1
         times = sorted((s.last_heard for s in self.peers.values() if s.last_heard is not None),
                        reverse=True)  # fmt: skip
         if need <= 0:
@@ -289,7 +290,7 @@ class Membership:
             for s in self.peers.values()
             if s.last_heard is not None and now - s.last_heard < self.lease
         )
-        return heard >= self.config.quorum
+        return heard >= self.in_force.config.quorum
 
     def has_quorum(self, now: float | None = None) -> bool:
         """Whether this daemon may accept updates (always, with one copy per shard)."""
@@ -304,7 +305,7 @@ class Membership:
     def acting_primary(self, key: int, shard: int, now: float | None = None) -> Node | None:
         """The replica that applies updates to the shard now, as this daemon sees it."""
         now = self.clock() if now is None else now
-        for node in self.config.replicas_for(key, shard):
+        for node in self.in_force.config.replicas_for(key, shard):
             if self.peer_ready(node.name, now):
                 return node
         return None
@@ -315,7 +316,7 @@ class Membership:
         now = self.clock() if now is None else now
         return [
             n.name
-            for n in self.config.copies_for(key, shard)
+            for n in self.in_force.config.copies_for(key, shard)
             if n.name != self.me and self.up(n.name, now)
         ]
 
@@ -324,7 +325,7 @@ class Membership:
         now = self.clock() if now is None else now
         return [
             n.name
-            for n in self.config.copies_for(key, shard)
+            for n in self.in_force.config.copies_for(key, shard)
             if n.name != self.me and not self.up(n.name, now)
         ]
 

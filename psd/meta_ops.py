@@ -4,18 +4,20 @@ LIST), and the connection set-up ones that reach dispatch (RDMA_CONNECT, a late 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
-from irdma.cluster import ClusterConfig, Node
+from irdma.cluster import ConfigInForce, Node
 from irdma.protocol import (
     MAX_META_PAYLOAD,
     MAX_NAME_BYTES,
-    RENAME_KEYS,
     Header,
+    ProtocolError,
     Status,
     TensorMeta,
     encode_json,
     validate_name,
 )
+from irdma.protocol.bodies import CreateAnswer, RenameBody
 from irdma.protocol.messages import (
     Auth,
     Create,
@@ -33,7 +35,7 @@ from .errors import Refusal
 from .membership import Membership
 from .rdma import ConnectRequest, RdmaService
 from .state import StateReader
-from .store import Store
+from .store import Store, Tensor
 
 log = logging.getLogger("psd")
 
@@ -43,7 +45,7 @@ class MetaOps:
 
     def __init__(
         self,
-        config: ClusterConfig,
+        in_force: ConfigInForce,
         node: Node,
         store: Store,
         state: StateReader,
@@ -54,7 +56,7 @@ class MetaOps:
         rdma: RdmaService | None,
         secret: bytes | None,
     ) -> None:
-        self.config = config
+        self.in_force = in_force
         self.node = node
         self.store = store
         self.state = state
@@ -69,7 +71,7 @@ class MetaOps:
         # node, version, protocol, pid, ready, tensors, shards, arena, snapshot,
         # replication: see state.DaemonState.hello.
         info = self.state.read().hello() | {
-            "shard_size": self.config.shard_size,
+            "shard_size": self.in_force.config.shard_size,
             "max_payload": self.max_payload,
             "view": self.membership.describe(),
         }
@@ -88,15 +90,15 @@ class MetaOps:
         self.store.catalogue.check_moved(meta)
         self.store.catalogue.mode_of(meta)  # refused alike by every daemon, placed or not
         if not self.store.catalogue.owns_any(meta):
-            await self.replies.reply(conn, header, [encode_json({"placed": False})])
+            await self.replies.reply(conn, header, [CreateAnswer().encode()])
             return
         if msg.check:
             self.store.check_create(meta, replace=msg.replace, exclusive=msg.exclusive)
-            await self.replies.reply(conn, header, [encode_json({"fits": True})])
+            await self.replies.reply(conn, header, [CreateAnswer(fits=True).encode()])
             return
         tensor, created = self.store.create(meta, replace=msg.replace, exclusive=msg.exclusive)
-        info = self.store.catalogue.info(tensor) | {"created": created}
-        await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)
+        answer = CreateAnswer(self.store.catalogue.info(tensor), created=created)
+        await self.replies.reply(conn, header, [answer.encode()], version=tensor.version)
 
     async def delete(self, conn: Conn, header: Header, msg: Delete) -> None:
         name = await _payload_name(conn) if conn.payload.left else None
@@ -108,24 +110,24 @@ class MetaOps:
             tensor = self.store.catalogue.named(await _payload_name(conn))
         else:
             tensor = self.store.catalogue.get(msg.key)
-        info = self.store.catalogue.info(tensor) | {"node": self.node.name}
-        await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)
+        await self._answer_record(conn, header, tensor)
 
     async def rename(self, conn: Conn, header: Header, msg: Rename) -> None:
-        body = await payload_json(conn)
-        if not isinstance(body, dict) or set(body) != set(RENAME_KEYS):
-            raise Refusal(Status.BAD_ARGUMENT, f"rename takes JSON keys {list(RENAME_KEYS)}")
         try:
-            old, new = (validate_name(body[k]) for k in RENAME_KEYS)
-        except ValueError as exc:
-            raise Refusal(Status.BAD_ARGUMENT, f"rename: {exc}") from None
-        tensor = self.store.rename(msg.key, old, new)
-        info = self.store.catalogue.info(tensor) | {"node": self.node.name}
-        await self.replies.reply(conn, header, [encode_json(info)], version=tensor.version)
+            body = RenameBody.from_json(await payload_json(conn))
+        except ProtocolError as exc:
+            raise Refusal(Status.BAD_ARGUMENT, str(exc)) from None
+        tensor = self.store.rename(msg.key, body.old, body.new)
+        await self._answer_record(conn, header, tensor)
+
+    async def _answer_record(self, conn: Conn, header: Header, tensor: Tensor) -> None:
+        """Answer with this daemon's stat record of ``tensor``, naming this daemon."""
+        record = replace(self.store.catalogue.info(tensor), node=self.node.name)
+        await self.replies.reply(conn, header, [record.encode()], version=tensor.version)
 
     async def list(self, conn: Conn, header: Header, msg: ListTensors) -> None:
         prefix = await _payload_text(conn, "list prefix")
-        data = encode_json(self.store.catalogue.list(prefix, msg.limit))
+        data = encode_json([r.to_json() for r in self.store.catalogue.list(prefix, msg.limit)])
         if len(data) > MAX_META_PAYLOAD:
             raise Refusal(Status.TOO_LARGE, "listing is too large; use a longer prefix")
         await self.replies.reply(conn, header, [data])

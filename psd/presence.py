@@ -17,7 +17,7 @@ import time
 
 import trio
 
-from irdma.cluster import ClusterConfig, Node
+from irdma.cluster import ConfigInForce, Node
 from irdma.cluster.etcd import EtcdError, Lease
 from irdma.cluster.registry import ClusterState, MemberRecord, Registry
 
@@ -34,15 +34,16 @@ RETRY = 0.25
 class Presence(EpochListener):
     """Keeps ``node`` registered in etcd and ``membership`` told who is."""
 
-    def __init__(self, config: ClusterConfig, node: Node, replicator: Replicator) -> None:
+    def __init__(self, in_force: ConfigInForce, node: Node, replicator: Replicator) -> None:
+        self.in_force = in_force
+        config = in_force.config
         assert config.etcd is not None
-        self.config = config
         self.settings = config.etcd
         self.node = node
         self.replicator = replicator
         self.membership = replicator.membership
         self.registry = Registry.of(config.etcd, config.timeout)
-        self.steward = Steward(config, node, self.registry, self.membership)
+        self.steward = Steward(in_force, node, self.registry, self.membership)
         self.state: ClusterState | None = None
         self._wake = trio.Event()
         replicator.epochs.listen(self)

@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from irdma.auth import cluster_secret
-from irdma.cluster import ClusterConfig, Node
+from irdma.cluster import ClusterConfig, ConfigInForce, Node
 from irdma.cluster.epochs import epoch_tag
 from irdma.protocol import (
     PROTOCOL_VERSION,
@@ -102,19 +102,20 @@ class Server(MembershipListener, EpochListener):
 
     def __init__(
         self,
-        config: ClusterConfig,
+        in_force: ConfigInForce,
         node: Node,
         store: Store,
         replicator: Replicator | None = None,
         rdma: RdmaService | None = None,
     ) -> None:
-        self.config = config
+        self.in_force = in_force
+        config = in_force.config
         self.node = node
         self.store = store
         self.rdma = rdma
         # With a secret, every connection must authenticate first (``.auth``).
         self.secret = cluster_secret(config)
-        self.replicator = replicator or Replicator(config, node, store)
+        self.replicator = replicator or Replicator(in_force, node, store)
         self.membership = self.replicator.membership
         self.metrics = RequestMetrics()  # counted in dispatch and where answers are sent
         self.state = StateReader(self.replicator)  # HELLO and the metrics gauges
@@ -122,7 +123,7 @@ class Server(MembershipListener, EpochListener):
         self.listen_port = node.address.port
         replies = Replies(self.metrics)
         self.replies = replies
-        admission = Admission(config, node, self.membership)
+        admission = Admission(in_force, node, self.membership)
         self._admission = admission
         # The directory says at once when this daemon serves, and what.
         self.membership.listen(self)
@@ -139,7 +140,7 @@ class Server(MembershipListener, EpochListener):
             max_payload=self.max_payload,
         )
         meta = MetaOps(
-            config,
+            in_force,
             node,
             store,
             self.state,
@@ -209,7 +210,7 @@ class Server(MembershipListener, EpochListener):
         changes (a majority no longer heard)."""
         while True:
             self._refresh_serving()
-            if not self.config.replicated:
+            if not self.in_force.config.replicated:
                 return  # always ready: nothing changes
             await trio.sleep(SERVING_REFRESH)
 
@@ -232,7 +233,7 @@ class Server(MembershipListener, EpochListener):
     def _check_epoch(self, header: Header) -> None:
         """A client request routed with another epoch is refused with this daemon's
         (the client takes it and routes again); none yet: not serving."""
-        epoch = self.config.epoch
+        epoch = self.in_force.config.epoch
         if epoch is None:
             raise Refusal(
                 Status.RECOVERING, f"{self.node.name} has not read the cluster's epoch yet"
@@ -274,7 +275,7 @@ class Server(MembershipListener, EpochListener):
     async def _serve_requests(self, conn: Conn) -> None:
         if self.secret is not None and not conn.authenticated:
             # The one gate: nothing is read or answered before the peer proves the secret.
-            timeout = self.config.timeout
+            timeout = self.in_force.config.timeout
             if not await admit(conn.stream, self.secret, self.node.name, timeout):
                 return
             conn.authenticated = True
@@ -347,7 +348,7 @@ class Server(MembershipListener, EpochListener):
                 raise Refusal(
                     Status.BAD_OP, f"op {Op(header.op).name} is not served here"
                 ) from None
-            if self.config.etcd is not None and type(msg) in _ROUTED:
+            if self.in_force.config.etcd is not None and type(msg) in _ROUTED:
                 self._check_epoch(header)
             await handler(conn, header, msg)
         except Refusal as exc:

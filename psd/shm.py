@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from irdma.protocol import Header, Op, ProtocolError, Status, decode_json, encode_json
+from irdma.protocol import Header, Op, ProtocolError, Status
+from irdma.protocol.bodies import AttachAnswer, AttachOffer
 from irdma.sizes import ZERO_COPY_MIN
 from irdma.transport.base import StreamBroken
 from irdma.transport.tcp import to_stdlib
@@ -98,7 +99,7 @@ class ShmListener:
     def __init__(self, server: Server) -> None:
         self.server = server
         self.path = socket_path(server.node.data_dir)
-        self.timeout = server.config.timeout
+        self.timeout = server.in_force.config.timeout
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         listener = trio.socket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM)
@@ -178,33 +179,29 @@ class ShmListener:
         for extra in fds[2:]:
             os.close(extra)
         try:
-            problem = self._check(header, body, staging_fd, uid, gid)
-            shared_size = self._shared_offer(body, shared_fd) if problem is None else 0
-            if problem is not None:
+            offer = self._check(header, body, staging_fd, uid, gid)
+            if isinstance(offer, str):
+                problem = offer
                 log.warning("%s: refused shm client %s: %s", self.server.node.name, peer, problem)
                 msg = problem.encode()
                 await sock.send(header.response(Status.BAD_ARGUMENT, length=len(msg)).pack() + msg)
                 return None
-            size = int(decode_json(body)["staging"])
+            shared_size = self._shared_offer(offer, shared_fd)
             session = ShmSession(
-                staging_fd, size, peer, shared_fd if shared_size else -1, shared_size
+                staging_fd, offer.staging, peer, shared_fd if shared_size else -1, shared_size
             )
         finally:
             for fd in (staging_fd, shared_fd):  # the mappings keep the memory
                 if fd >= 0:
                     os.close(fd)
         store = self.server.store
-        answer = encode_json(
-            {
-                "node": self.server.node.name,
-                "host": host_identity(),
-                # The whole memfd: the blocks, then the shard directory.
-                "arena_size": store.arena.size,
-                "directory": [store.directory.offset, store.directory.slots],
-            }
-            # The client's shared region is mapped: STAGED offsets may point into it.
-            | ({"shared": shared_size} if shared_size else {})
-        )
+        answer = AttachAnswer(
+            self.server.node.name,
+            host_identity(),
+            store.arena.size,  # the whole memfd: the blocks, then the shard directory
+            (store.directory.offset, store.directory.slots),
+            shared_size,  # mapped: STAGED offsets may point into the client's region
+        ).encode()
         # A read-only open of the arena: the client can copy out, never write.
         arena_ro = os.open(f"/proc/self/fd/{store.arena.fd}", os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -217,11 +214,11 @@ class ShmListener:
             os.close(arena_ro)
         return session
 
-    def _shared_offer(self, body: bytes, fd: int) -> int:
+    def _shared_offer(self, offer: AttachOffer, fd: int) -> int:
         """The size of the shared region a client offered, if it can be mapped; else 0
         (its writes then go through staging, as from a client without one)."""
-        size = decode_json(body).get("shared", 0)
-        if fd < 0 or not isinstance(size, int) or size <= 0:
+        size = offer.shared
+        if fd < 0 or size <= 0:
             return 0
         problem = memfd_problem(fd, size, "shared region")
         if problem is not None:
@@ -232,7 +229,10 @@ class ShmListener:
         return size
 
     @staticmethod
-    def _check(header: Header, body: bytes, staging_fd: int, uid: int, gid: int) -> str | None:
+    def _check(
+        header: Header, body: bytes, staging_fd: int, uid: int, gid: int
+    ) -> AttachOffer | str:
+        """The client's offer, or why it is refused."""
         if not authorised(uid, gid):
             return f"uid {uid} is not the daemon's user or group"
         if header.op == Op.AUTH:
@@ -240,14 +240,12 @@ class ShmListener:
         if header.op != Op.ATTACH:
             return f"expected ATTACH first, got op {header.op}"
         try:
-            size = decode_json(body)["staging"]
-        except (ProtocolError, KeyError, TypeError):
-            return "ATTACH body must be JSON with 'staging'"
-        if not isinstance(size, int) or size <= 0:
-            return "staging size must be a positive integer"
+            offer = AttachOffer.parse(body)
+        except ProtocolError as exc:
+            return str(exc)
         if staging_fd < 0:
             return "no staging descriptor came with ATTACH"
-        return memfd_problem(staging_fd, size, "staging")
+        return memfd_problem(staging_fd, offer.staging, "staging") or offer
 
 
 def memfd_problem(fd: int, size: int, what: str) -> str | None:

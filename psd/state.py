@@ -145,7 +145,7 @@ class StateReader:
             snapshots=self.history,
             now=time.time(),
             peers=peers,
-            epoch=r.config.epoch,
+            epoch=r.in_force.config.epoch,
             settled=membership.settled(),
             copies=replace(r.copies),
         )
@@ -153,7 +153,7 @@ class StateReader:
     def _roles(self) -> tuple[int, int]:
         """(primary, backup) counts of the local shards, by the acting primary of each."""
         r = self.replicator
-        store, membership, config = r.store, r.membership, r.config
+        store, membership, config = r.store, r.membership, r.in_force.config
         total = sum(len(t.shards) for t in store.tensors.values())
         if not membership.replicated:
             return total, 0

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 
-from irdma.cluster import ClusterConfig, Node
+from irdma.cluster import ConfigInForce, Node
 from irdma.cluster.epochs import ClusterView, Epoch, next_epoch
 from irdma.cluster.registry import ClusterState, Registry
 
@@ -31,14 +31,15 @@ class Steward:
 
     def __init__(
         self,
-        config: ClusterConfig,
+        in_force: ConfigInForce,
         node: Node,
         registry: Registry,
         membership: Membership,
         clock=time.monotonic,
     ) -> None:
+        self.in_force = in_force
+        config = in_force.config
         assert config.etcd is not None
-        self.config = config
         self.node = node
         self.registry = registry
         self.membership = membership
@@ -59,7 +60,11 @@ class Steward:
 
     def is_steward(self, state: ClusterState) -> bool:
         epoch = state.epoch
-        if epoch is None or self.config.epoch is None or self.config.epoch.number != epoch.number:
+        if (
+            epoch is None
+            or self.in_force.config.epoch is None
+            or self.in_force.config.epoch.number != epoch.number
+        ):
             return False
         present = [n for n in epoch.members if n in state.members]
         return (
@@ -85,11 +90,11 @@ class Steward:
         return next_epoch(state.epoch, view, self.replace_after)
 
     def first_epoch(self) -> Epoch:
-        nodes = sorted(self.config.nodes, key=lambda n: n.name)
+        nodes = sorted(self.in_force.config.nodes, key=lambda n: n.name)
         return Epoch(
             1,
             tuple(n.name for n in nodes),
-            self.config.replicas,
+            self.in_force.config.replicas,
             None,
             tuple((n.name, str(n.address)) for n in nodes),
         )

@@ -124,7 +124,7 @@ async def _hello(config_path: str, node: str) -> dict[str, Any]:
     config = load_config(config_path)
     epoch = await _epoch(config_path)
     assert epoch is not None
-    config.adopt(epoch)
+    config = config.following(epoch) or config
     async with AsyncClient(config, timeout=5.0) as client:
         return await client.hello(config.node(node))
 

@@ -228,7 +228,7 @@ def write(args: argparse.Namespace) -> None:
 async def _holdings(args: argparse.Namespace) -> dict[str, list[str]]:
     async with AsyncClient(args.config) as client:
         return {
-            node.name: sorted(r["meta"]["name"] for r in await client.holdings(node, args.prefix))
+            node.name: sorted(r.meta.name for r in await client.holdings(node, args.prefix))
             for node in client.config.nodes
         }
 

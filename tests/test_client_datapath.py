@@ -20,7 +20,7 @@ N = 100_000  # float32: 7 shards of 64 KiB
 
 
 def data_path_of(c: AsyncClient) -> DataPath:
-    router = Router(c.config, c.timeout, c.session)
+    router = Router(c.session.in_force, c.timeout, c.session)
     return DataPath(c.session, router, OneSidedReader(c.session, router))
 
 

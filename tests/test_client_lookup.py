@@ -14,12 +14,13 @@ from irdma.client.lookup import Lookup, merged_version
 from irdma.client.onesided import OneSidedReader
 from irdma.client.routing import Router
 from irdma.protocol import TensorMeta, tensor_key
+from irdma.protocol.bodies import StatRecord
 
 from .helpers.cluster import Cluster
 
 
 def lookup_of(c: AsyncClient) -> Lookup:
-    return Lookup(c.session, Router(c.config, c.timeout, c.session), MetaCache())
+    return Lookup(c.session, Router(c.session.in_force, c.timeout, c.session), MetaCache())
 
 
 async def test_a_tensor_renamed_to_a_name_is_found_by_it(cluster: Cluster) -> None:
@@ -56,13 +57,18 @@ async def test_holdings_are_one_daemons_records_with_their_shard_versions(
         shards = 0
         for node in c.config.nodes:
             records = await lookup.holdings(node, "lk/held")
-            shards += sum(len(r["shards"]) for r in records)
+            shards += sum(len(r.shards or {}) for r in records)
         assert shards == (await c.stat("lk/held")).num_shards
         await c.delete("lk/held")
 
 
 def test_a_version_sums_the_newest_copy_of_each_shard() -> None:
-    records = [{"shards": {"0": 3, "1": 5}}, {"shards": {"0": 4}}, {"version": 2}]
+    meta = TensorMeta("lk/v", "float32", (3 << 20,), 1 << 20)
+    records = [
+        StatRecord(meta, 8, shards={0: 3, 1: 5}),
+        StatRecord(meta, 4, shards={0: 4}),
+        StatRecord(meta, 2),  # a daemon that did not say which shards
+    ]
     assert merged_version(records) == 4 + 5 + 2
 
 
@@ -72,7 +78,7 @@ async def test_a_data_call_with_a_stale_layout_runs_again_with_the_fresh_one(
     cfg = cluster.config_path
     async with AsyncClient(cfg) as a, AsyncClient(cfg, transport="tcp") as b:
         await a.write("lk/s", np.ones(10, np.float32))
-        router = Router(b.config, b.timeout, b.session)
+        router = Router(b.session.in_force, b.timeout, b.session)
         lookup = Lookup(b.session, router, MetaCache())
         data = DataPath(b.session, router, OneSidedReader(b.session, router))
         seen: list[tuple[int, ...]] = []

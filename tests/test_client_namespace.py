@@ -19,7 +19,7 @@ from .helpers.cluster import Cluster
 
 def namespace_of(c: AsyncClient) -> Namespace:
     cache = MetaCache()
-    router = Router(c.config, c.timeout, c.session)
+    router = Router(c.session.in_force, c.timeout, c.session)
     return Namespace(c.session, router, cache, Lookup(c.session, router, cache))
 
 

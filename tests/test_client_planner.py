@@ -36,9 +36,8 @@ def router_for(tmp_path: Path, nodes: int, replicas: int) -> Router:
     path = write_config(tmp_path, nodes, replicas=replicas, ports=list(range(7101, 7101 + nodes)))
     config = load_config(path)
     # A session never opened: the router only reads its clock here.
-    return Router(
-        config, config.timeout, Session(config, timeout=1.0, transport="tcp", shared=None)
-    )
+    session = Session(config, timeout=1.0, transport="tcp", shared=None)
+    return Router(session.in_force, config.timeout, session)
 
 
 def test_slices_cover_the_range_shard_by_shard() -> None:
@@ -101,7 +100,7 @@ async def test_reads_of_a_call_spread_over_the_replicas_by_bytes(tmp_path: Path)
     for m in (meta("p/a", 32 * SHARD // 4), meta("p/b", 32 * SHARD // 4)):
         for s in slices(m, 0, m.nbytes):
             order = spread.order(m.key, s.piece)
-            assert set(order) == set(router.config.replicas_for(m.key, s.shard))
+            assert set(order) == set(router.in_force.config.replicas_for(m.key, s.shard))
     assert sum(spread.load.values()) == 64 * SHARD
     assert max(spread.load.values()) <= (64 // 4 + 1) * SHARD, spread.load
 
@@ -110,7 +109,7 @@ async def test_updates_start_where_the_router_says_the_primary_is(tmp_path: Path
     router = router_for(tmp_path, 3, 2)
     m = meta()
     piece = slices(m, 0, m.nbytes)[0].piece
-    replicas = router.config.replicas_for(m.key, piece.shard)
+    replicas = router.in_force.config.replicas_for(m.key, piece.shard)
     spread = Spread(router, to_primary=True)
     assert spread.order(m.key, piece)[0] == replicas[0]
     router.primary_hint[replicas[0].name] = replicas[1]  # the backup took over

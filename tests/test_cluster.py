@@ -14,6 +14,7 @@ from irdma.cluster import (
     DEFAULT_TIMEOUT,
     Address,
     ClusterConfig,
+    ConfigInForce,
     find_config_path,
     load_config,
     parse_config,
@@ -572,7 +573,9 @@ def test_a_config_follows_an_epoch(tmp_path: Path) -> None:
     addresses = (("n1", "tcp://10.1.0.1:7401"), ("n2", "tcp://10.1.0.2:7401"),
                  ("n4", "tcp://10.1.0.4:7401"))  # fmt: skip
     moving = Epoch(5, ("n1", "n2"), 2, ("n1", "n2", "n4"), addresses)
-    config.adopt(moving)
+    in_force = ConfigInForce(config)
+    assert in_force.adopt(moving)
+    config = in_force.config
     assert [n.name for n in config.nodes] == ["n1", "n2", "n4"]
     assert [n.name for n in config.members] == ["n1", "n2"]
     assert config.node("n1").data_dir == n1.data_dir
@@ -585,7 +588,8 @@ def test_a_config_follows_an_epoch(tmp_path: Path) -> None:
         and config.copies_for(9, s)[-1].name == "n4"
         for s in gained
     )
-    config.adopt(moving.switched())
+    assert in_force.adopt(moving.switched())
+    config = in_force.config
     assert [n.name for n in config.members] == ["n1", "n2", "n4"]
     assert all(config.holds("n4", 9, s) for s in gained)
     assert all(config.copies_for(9, s) == config.replicas_for(9, s) for s in range(200))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from irdma.cluster import ClusterConfig, parse_config
+from irdma.cluster import ClusterConfig, ConfigInForce, parse_config
 from irdma.cluster.epochs import Epoch
 from irdma.cluster.placement import Placement, rendezvous_order, rendezvous_weight
 
@@ -73,14 +73,17 @@ def test_the_config_and_an_epoch_place_alike() -> None:
     )
     assert isinstance(config, ClusterConfig)
     epoch = Epoch(1, ("n1", "n2", "n3"), 2, target=("n1", "n2", "n3", "n4"))
-    assert config.adopt(epoch)
+    in_force = ConfigInForce(config)
+    assert in_force.adopt(epoch)
+    config = in_force.config
     for key, shard in SHARDS:
         assert names(config.replicas_for(key, shard)) == list(epoch.replicas_for(key, shard))
         assert names(config.target_replicas_for(key, shard)) == list(
             epoch.target_replicas_for(key, shard)
         )
     # The next epoch replaces the placement whole: n4 is a member, n1 is gone.
-    assert config.adopt(Epoch(2, ("n2", "n3", "n4"), 2))
+    assert in_force.adopt(Epoch(2, ("n2", "n3", "n4"), 2))
+    config = in_force.config
     for key, shard in SHARDS:
         assert "n1" not in names(config.copies_for(key, shard))
         assert config.target_replicas_for(key, shard) == ()

@@ -358,17 +358,19 @@ def test_a_whole_tensor_write_is_atomic_for_readers(
                 f"shards of two writes: {np.unique(y)}; first value of each shard "
                 f"{y.reshape(-1, SHARD // 4)[:, 0].tolist()}; one-sided pieces "
                 f"(shard, offset) -> ((version, stamp, prev), first values): {pieces}; "
-                f"reads reconciled {reader.async_client.reads_reconciled}"
+                f"reads reconciled {reader.async_client.contention.reads_reconciled}"
             )
             pieces.clear()
             seen.add(float(y[0]))
             # Three of the rewriter's values (not the first zeros): at least three
             # of its writes were applied, and the last of them is acknowledged by
             # the time the rewriter is stopped and joined.
-            if reader.async_client.reads_reconciled >= 3 and len(seen - {0.0}) >= 3:
+            if reader.async_client.contention.reads_reconciled >= 3 and len(seen - {0.0}) >= 3:
                 break
         else:
-            pytest.fail(f"reads never met a write: {reader.async_client.reads_reconciled}")
+            pytest.fail(
+                f"reads never met a write: {reader.async_client.contention.reads_reconciled}"
+            )
     assert writer.done >= 3
 
 
@@ -388,7 +390,7 @@ def test_a_writer_stopped_half_way_leaves_the_write_before(cluster: Cluster) -> 
         for transport in ("shm", "tcp"):
             with Client(cluster.config_path, transport=transport) as r:
                 assert np.array_equal(r.read("atomic/half"), old)
-                assert r.async_client.reads_reconciled == 1
+                assert r.async_client.contention.reads_reconciled == 1
         # The rest of the write arrives: the new write, whole.
         c.write("atomic/half", np.full(N, -1, np.float32))
         assert uniform(c.read("atomic/half"))

@@ -249,7 +249,8 @@ def placed_apart(cluster: Cluster, joiner: str, address: str) -> str:
 
     after = load_config(cluster.config_path)
     members = (*cluster.names, joiner)
-    after.adopt(Epoch(1, members, after.replicas, addresses=((joiner, address),)))
+    after = after.following(Epoch(1, members, after.replicas, addresses=((joiner, address),)))
+    assert after is not None
     for i in range(10_000):
         name = f"moved/t{i}"
         if after.replicas_for(tensor_key(name), 0)[0].name == joiner:
@@ -321,8 +322,26 @@ async def test_a_request_placed_before_an_epoch_change_goes_where_the_new_one_pl
             nursery.start_soon(accumulate)
             await held.held.wait()  # placed by the old epoch: its first request to old[0]
             # The client moves to the new epoch, as when another call meets a daemon at it.
-            assert c.config.adopt(epoch)
+            assert c.session.in_force.adopt(epoch)
             held.release.set()
         assert outcome == ["acked"], (outcome, held.sent_to)
         assert held.sent_to[0] == old[0] and held.sent_to[-1] == joiner, held.sent_to
         assert (await c.read(name) == 2).all()
+
+
+def test_a_client_given_only_etcd_finds_the_daemons_in_the_stored_epoch(
+    leased: Cluster, tmp_path: Path
+) -> None:
+    """A config with ``[etcd]`` and no ``[[nodes]]``: the client adopts the epoch stored
+    in etcd before its first request (``ConfigInForce.adopt_stored_epoch``)."""
+    with Client(leased.config_path) as c:
+        c.write("only/etcd", np.arange(N))
+    settings = leased.config.etcd
+    assert settings is not None
+    path = tmp_path / "etcd-only.toml"
+    endpoints = json.dumps(list(settings.endpoints))
+    path.write_text(f'[etcd]\nendpoints = {endpoints}\nprefix = "{settings.prefix}"\n')
+    with Client(path, timeout=5.0) as c:
+        assert c.config.epoch is not None
+        assert sorted(n.name for n in c.config.nodes) == sorted(leased.names)
+        assert (c.read("only/etcd") == np.arange(N)).all()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -269,3 +270,125 @@ async def test_backing_files_are_shared_by_version_and_bounded(cluster: Cluster)
         await trio.lowlevel.checkpoint()
         assert backings.used <= backings.limit
         backings.close()
+
+
+NOBODY = 65534
+# Run as user nobody: the imports first, as root (the interpreter and the virtualenv
+# may sit where that user cannot read), then the privileges dropped for good.
+AS_NOBODY = f"""
+import os, sys
+import numpy as np
+import irdma.cli.main, irdma_fuse.mount, irdma_fuse.kernel.session, irdma_fuse.ops
+import encodings.idna, irdma.transport.select, irdma.transport.tcp
+os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY})
+"""
+MOUNT_AS_NOBODY = AS_NOBODY + "sys.exit(irdma.cli.main.main(sys.argv[1:]))\n"
+USE_AS_NOBODY = (
+    AS_NOBODY
+    + """
+mnt = sys.argv[1]
+x = np.load(os.path.join(mnt, "user1", "x.npy"))
+np.save(os.path.join(mnt, "user1", "y.npy"), x * 2)
+print(float(x.sum()), os.stat(os.path.join(mnt, "user1", "x.npy")).st_uid)
+"""
+)
+
+
+@pytest.fixture
+def fuse_for_users() -> Iterator[None]:
+    """/dev/fuse open to every user, as udev makes it on a Debian host (0666): fusermount3
+    opens it as the user. Containers often make it 0600; its mode is put back after."""
+    mode = os.stat("/dev/fuse").st_mode & 0o777
+    os.chmod("/dev/fuse", 0o666)
+    try:
+        yield
+    finally:
+        os.chmod("/dev/fuse", mode)
+
+
+@pytest.fixture
+def nobodys(cluster: Cluster, fuse_for_users: None) -> Iterator[Path]:
+    """A directory with the cluster's config and an empty mount point that user nobody
+    owns (under /tmp: pytest's own directories are closed to other users)."""
+    d = Path("/tmp") / f"irdma-user-mount-{os.getpid()}"
+    d.mkdir(mode=0o755)
+    try:
+        (d / "cluster.toml").write_bytes(cluster.config_path.read_bytes())
+        (d / "mnt").mkdir()
+        os.chown(d / "mnt", NOBODY, NOBODY)
+        yield d
+    finally:
+        if is_mounted(d / "mnt"):
+            subprocess.run(["fusermount3", "-u", "-z", str(d / "mnt")], check=False)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_user_mounts_through_fusermount3_and_unmounts(cluster: Cluster, nobodys: Path) -> None:
+    """Not root: the session mounts through fusermount3's descriptor handoff, serves
+    reads itself (passthrough needs CAP_SYS_ADMIN) and writes, and fusermount3
+    unmounts it at SIGTERM."""
+    x = np.arange(50_000, dtype=np.float32)
+    with Client(cluster.config_path) as c:
+        c.write("user1/x", x)
+    mnt = nobodys / "mnt"
+    argv = ["--config", str(nobodys / "cluster.toml"), "mount", str(mnt), "--foreground"]
+    argv += ["--session", "own", "--shared-memory", "0"]
+    log_path = nobodys / "mount.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", MOUNT_AS_NOBODY, *argv],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            cwd="/",
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not is_mounted(mnt):
+            assert proc.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+        with open("/proc/mounts") as f:
+            entry = next(line.split() for line in f if line.split()[1] == str(mnt))
+        assert entry[0] == "irdma" and entry[2] == "fuse.irdma", entry
+        assert "user_id=65534" in entry[3], entry
+        used = subprocess.run(
+            [sys.executable, "-c", USE_AS_NOBODY, str(mnt)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/",
+        )
+        assert used.returncode == 0, used.stderr + log_path.read_text()
+        total, owner = used.stdout.split()
+        assert float(total) == float(x.sum()) and int(owner) == NOBODY
+        with Client(cluster.config_path) as c:
+            assert np.array_equal(c.read("user1/y"), x * 2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log_path.read_text()
+        assert not is_mounted(mnt)
+        log = log_path.read_text()
+        assert "passthrough on" not in log and "Traceback" not in log, log
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_user_mounting_where_they_may_not_is_told_why(cluster: Cluster, nobodys: Path) -> None:
+    """fusermount3's refusal reaches the user with the mount point named; nothing is
+    left mounted."""
+    theirs = nobodys / "roots"
+    theirs.mkdir(mode=0o755)  # root's: nobody may not mount on it
+    argv = ["--config", str(nobodys / "cluster.toml"), "mount", str(theirs), "--foreground"]
+    done = subprocess.run(
+        [sys.executable, "-c", MOUNT_AS_NOBODY, *argv, "--session", "own"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
+    assert done.returncode == 1, done.stderr
+    assert f"cannot mount {theirs}" in done.stderr and "fusermount3" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not is_mounted(theirs)

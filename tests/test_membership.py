@@ -5,7 +5,7 @@ from __future__ import annotations
 from irdma_psd.membership import Membership, MembershipListener
 
 from irdma.cli.local import write_config
-from irdma.cluster import ClusterConfig, load_config
+from irdma.cluster import ClusterConfig, ConfigInForce, load_config
 from irdma.protocol import tensor_key
 
 from .helpers.clock import Clock
@@ -38,7 +38,7 @@ def config(tmp_path, nodes: int = 3, replicas: int = 2) -> ClusterConfig:
 def test_a_peer_is_down_after_failure_timeout_of_silence(tmp_path) -> None:
     cfg = config(tmp_path)
     clock = Clock()
-    m = Membership(cfg, "n1", clock)
+    m = Membership(ConfigInForce(cfg), "n1", clock)
     assert not m.up("n2")  # never heard of
     m.heard("n2", ready=True)
     clock.now = cfg.failure_timeout - 0.01
@@ -50,7 +50,7 @@ def test_a_peer_is_down_after_failure_timeout_of_silence(tmp_path) -> None:
 def test_quorum_needs_a_majority_heard_within_the_lease(tmp_path) -> None:
     cfg = config(tmp_path, nodes=5)
     clock = Clock()
-    m = Membership(cfg, "n1", clock)
+    m = Membership(ConfigInForce(cfg), "n1", clock)
     m.heard("n2")
     assert not m.has_quorum()  # 2 of 5
     m.heard("n3")
@@ -65,7 +65,7 @@ def test_quorum_needs_a_majority_heard_within_the_lease(tmp_path) -> None:
 def test_a_daemon_cut_off_past_the_grace_is_not_ready_and_says_so(tmp_path) -> None:
     cfg = config(tmp_path)
     clock = Clock()
-    m = Membership(cfg, "n1", clock)
+    m = Membership(ConfigInForce(cfg), "n1", clock)
     told = Record(m, lambda: clock.now)
     m.heard("n2", ready=True)
     m.became_ready()
@@ -78,7 +78,7 @@ def test_a_daemon_cut_off_past_the_grace_is_not_ready_and_says_so(tmp_path) -> N
 def test_catching_up_done_is_told_at_once_with_the_state_already_ready(tmp_path) -> None:
     """The server rewrites its directory's serving word when told, so a client told
     "ready" by HELLO never finds the word still unset."""
-    m = Membership(config(tmp_path), "n1", Clock())
+    m = Membership(ConfigInForce(config(tmp_path)), "n1", Clock())
     told = Record(m, lambda: m.ready)
     assert not m.ready
     m.became_ready()
@@ -93,7 +93,7 @@ def test_a_daemon_cut_off_past_the_grace_is_not_ready_even_while_its_lease_ran(
     already have taken its shards over), it must catch up, not serve as primary."""
     cfg = config(tmp_path)
     clock = Clock()
-    m = Membership(cfg, "n1", clock)
+    m = Membership(ConfigInForce(cfg), "n1", clock)
     told = Record(m, lambda: clock.now)
     m.heard("n2", ready=True)
     m.heard("n3", ready=True)
@@ -112,7 +112,7 @@ def test_acting_primary_is_the_first_ready_replica(tmp_path) -> None:
     key = tensor_key("m/w")
     first, second = (n.name for n in cfg.replicas_for(key, 0))
     me = next(n.name for n in cfg.nodes if n.name not in (first, second))
-    m = Membership(cfg, me, clock)
+    m = Membership(ConfigInForce(cfg), me, clock)
     m.heard(first, ready=True)
     m.heard(second, ready=True)
     assert m.acting_primary(key, 0).name == first
@@ -124,7 +124,7 @@ def test_acting_primary_is_the_first_ready_replica(tmp_path) -> None:
 
 def test_a_late_heartbeat_cannot_undo_a_newer_state(tmp_path) -> None:
     cfg = config(tmp_path)
-    m = Membership(cfg, "n1", Clock())
+    m = Membership(ConfigInForce(cfg), "n1", Clock())
     m.heard("n2", ready=True, stamp=(7, 5))  # the handoff: ready
     m.heard("n2", ready=False, stamp=(7, 4))  # built earlier, delivered later
     assert m.peer_ready("n2")
@@ -136,7 +136,7 @@ def test_a_late_heartbeat_cannot_undo_a_newer_state(tmp_path) -> None:
 
 def test_one_copy_per_shard_needs_no_membership(tmp_path) -> None:
     cfg = config(tmp_path, replicas=1)
-    m = Membership(cfg, "n1", Clock())
+    m = Membership(ConfigInForce(cfg), "n1", Clock())
     assert m.ready and m.has_quorum()
 
 
@@ -149,7 +149,7 @@ def leased_config(tmp_path) -> ClusterConfig:
 def test_with_etcd_a_peer_is_up_while_registered_whatever_the_heartbeats(tmp_path) -> None:
     cfg = leased_config(tmp_path)
     clock = Clock()
-    m = Membership(cfg, "n1", clock)
+    m = Membership(ConfigInForce(cfg), "n1", clock)
     m.heard("n3", ready=True)  # a ping alone does not make it up
     assert not m.up("n3")
     told = Record(m, lambda: m.registered)
@@ -168,7 +168,7 @@ def test_with_etcd_a_daemon_resumed_past_its_lease_refuses_before_anything_runs(
     (SIGSTOP) past its lease's deadline refuses its first update after SIGCONT."""
     cfg = leased_config(tmp_path)
     clock = Clock()
-    m = Membership(cfg, "n1", clock)
+    m = Membership(ConfigInForce(cfg), "n1", clock)
     told = Record(m, lambda: clock.now)
     assert not m.has_quorum()  # not registered yet
     m.holds_lease_until(2.0)

@@ -12,7 +12,7 @@ from irdma_psd.replication import PeerError, Replicator
 from irdma_psd.replication.catchup_plan import Undecided
 
 from irdma.cli.local import write_config
-from irdma.cluster import load_config
+from irdma.cluster import ConfigInForce, load_config
 
 
 def test_a_peer_that_left_while_its_catch_up_question_was_starting_is_skipped(
@@ -24,10 +24,11 @@ def test_a_peer_that_left_while_its_catch_up_question_was_starting_is_skipped(
     does not answer."""
     path = write_config(tmp_path, 3, replicas=2, arena_size=1 << 20)
     config = load_config(path)
+    in_force = ConfigInForce(config)
     node = config.node("n1")
-    store = build_store(config, node)
+    store = build_store(in_force, node)
     try:
-        replicator = Replicator(config, node, store)
+        replicator = Replicator(in_force, node, store)
         # The peers up when the tasks were started; n2 has left by the time they run.
         replicator.membership.up_peers = lambda now=None: ["n2", "n3"]  # type: ignore[method-assign]
         replicator.peers.part("n2")
@@ -59,10 +60,11 @@ def test_a_restarted_daemon_that_heard_its_peers_then_lost_them_decides_nothing(
     answers: nothing is decided."""
     path = write_config(tmp_path, 3, replicas=2, arena_size=1 << 20)
     config = load_config(path)
+    in_force = ConfigInForce(config)
     node = config.node("n2")
-    store = build_store(config, node)
+    store = build_store(in_force, node)
     try:
-        replicator = Replicator(config, node, store)
+        replicator = Replicator(in_force, node, store)
         views = iter([["n1", "n3"]])  # up when asked; nobody heard afterwards
 
         def up_peers(now: float | None = None) -> list[str]:

@@ -15,7 +15,7 @@ from irdma_psd.replication import Item, Replicator
 from irdma_psd.store import Store
 
 from irdma.cli.local import write_config
-from irdma.cluster import ClusterConfig, load_config
+from irdma.cluster import ConfigInForce, load_config
 
 from .helpers.clock import Clock
 from .helpers.stores import commit
@@ -31,10 +31,11 @@ def test_an_update_queued_before_a_loss_of_readiness_is_never_acknowledged(
     path = write_config(tmp_path, 3, replicas=2, arena_size=1 << 20)
     path.write_text(path.read_text() + '\n[etcd]\nendpoints = ["http://127.0.0.1:9"]\n')
     config = load_config(path)
+    in_force = ConfigInForce(config)
     node = config.node("n1")
-    store = build_store(config, node)
+    store = build_store(in_force, node)
     try:
-        replicator = Replicator(config, node, store)
+        replicator = Replicator(in_force, node, store)
         replicator.membership.holds_lease_until(time.monotonic() + 60)
         replicator.membership.ready = True  # as after catching up
 
@@ -67,10 +68,11 @@ def test_forwards_are_queued_in_order_for_the_backups_that_are_up(tmp_path: Path
     path = write_config(tmp_path, 3, replicas=3, arena_size=1 << 20)
     path.write_text(path.read_text() + '\n[etcd]\nendpoints = ["http://127.0.0.1:9"]\n')
     config = load_config(path)
+    in_force = ConfigInForce(config)
     node = config.node("n1")
-    store = build_store(config, node)
+    store = build_store(in_force, node)
     try:
-        replicator = Replicator(config, node, store)
+        replicator = Replicator(in_force, node, store)
         m, forwarding = replicator.membership, replicator.forwarding
         m.holds_lease_until(time.monotonic() + 60)
         m.saw_registered(frozenset({"n2", "n3"}))
@@ -109,11 +111,12 @@ def test_forwards_are_queued_in_order_for_the_backups_that_are_up(tmp_path: Path
 
 
 def ready_primary_of_a_shard_on_n2(
-    config: ClusterConfig, store: Store
+    in_force: ConfigInForce, store: Store
 ) -> tuple[Replicator, Clock, int]:
     """n1's replicator, ready, hearing n2 and n3 on a fake clock, and a key whose shard 0
     is placed on n1 then n2."""
-    replicator = Replicator(config, config.node("n1"), store)
+    config = in_force.config
+    replicator = Replicator(in_force, config.node("n1"), store)
     m = replicator.membership
     clock = Clock()
     m.clock = clock
@@ -132,9 +135,10 @@ def test_a_forward_in_flight_when_its_backup_went_down_owes_it_a_resync(tmp_path
     is then empty: the sending task itself notes the resync owed. (n2's address has no
     daemon: its link fails as a silent one's does, at once.)"""
     config = load_config(write_config(tmp_path, 3, replicas=2, arena_size=1 << 20))
-    store = build_store(config, config.node("n1"))
+    in_force = ConfigInForce(config)
+    store = build_store(in_force, config.node("n1"))
     try:
-        replicator, clock, key = ready_primary_of_a_shard_on_n2(config, store)
+        replicator, clock, key = ready_primary_of_a_shard_on_n2(in_force, store)
         m, forwarding = replicator.membership, replicator.forwarding
         (item,) = forwarding.forward([commit(key, 0, 1)])  # for n2
         # n2 silent past the failure timeout, n3 heard all along (the tick not run yet).
@@ -167,9 +171,10 @@ def test_a_primary_resumed_after_a_pause_owes_nothing_to_the_peers_it_stopped_he
     the primary's shards over meanwhile, gave up being ready. A daemon that has no
     majority is not acknowledging anything: it gives up being ready and owes nothing."""
     config = load_config(write_config(tmp_path, 3, replicas=2, arena_size=1 << 20))
-    store = build_store(config, config.node("n1"))
+    in_force = ConfigInForce(config)
+    store = build_store(in_force, config.node("n1"))
     try:
-        replicator, clock, key = ready_primary_of_a_shard_on_n2(config, store)
+        replicator, clock, key = ready_primary_of_a_shard_on_n2(in_force, store)
         m, forwarding = replicator.membership, replicator.forwarding
         (item,) = forwarding.forward([commit(key, 0, 1)])
         clock.now += config.failure_timeout + 0.01  # paused: it heard nobody since

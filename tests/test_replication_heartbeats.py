@@ -15,7 +15,7 @@ from irdma_psd.replication import Replicator
 from irdma_psd.replication.bodies import Heartbeat
 
 from irdma.cli.local import write_config
-from irdma.cluster import ClusterConfig, load_config
+from irdma.cluster import ClusterConfig, ConfigInForce, load_config
 from irdma.protocol import Header, Op, Status, decode_json
 
 from .helpers.clock import Clock
@@ -25,10 +25,11 @@ from .helpers.stores import commit
 @pytest.fixture
 def replicator(tmp_path: Path) -> Iterator[Replicator]:
     config = load_config(write_config(tmp_path, 3, replicas=2, arena_size=1 << 20))
+    in_force = ConfigInForce(config)
     node = config.node("n1")
-    store = build_store(config, node)
+    store = build_store(in_force, node)
     try:
-        yield Replicator(config, node, store)
+        yield Replicator(in_force, node, store)
     finally:
         store.arena.close()
 
@@ -109,7 +110,7 @@ def names(config: ClusterConfig, key: int) -> list[str]:
 def declare_n2_down(replicator: Replicator, clock: Clock) -> None:
     """n2 goes silent past the failure timeout while n3 keeps n1's majority; the tick
     lets go of what was queued for n2."""
-    config = replicator.config
+    config = replicator.in_force.config
     until = clock.now + config.failure_timeout + 0.01
     while clock.now < until:
         clock.now = min(until, clock.now + config.heartbeat)
@@ -141,7 +142,7 @@ async def test_a_backup_whose_forwards_were_dropped_is_told_until_its_catch_up_c
     until a catch-up that asked after the drop hands off."""
     clock = primary_with_n2_up(replicator)
     forwarding, heartbeats = replicator.forwarding, replicator.heartbeats
-    (item,) = forwarding.forward([commit(*placed(replicator.config, "n1", "n2"), 7)])
+    (item,) = forwarding.forward([commit(*placed(replicator.in_force.config, "n1", "n2"), 7)])
     assert not says_resync(heartbeats.body("n2"))  # queued: nothing owed yet
     declare_n2_down(replicator, clock)
     assert item.done.is_set() and not item.delivered  # acknowledged without n2
@@ -161,7 +162,10 @@ async def test_updates_applied_while_a_backup_is_down_owe_it_a_resync(
     clock = primary_with_n2_up(replicator)
     declare_n2_down(replicator, clock)
     assert not says_resync(replicator.heartbeats.body("n2"))  # it missed nothing
-    assert replicator.forwarding.forward([commit(*placed(replicator.config, "n1", "n2"), 1)]) == []
+    assert (
+        replicator.forwarding.forward([commit(*placed(replicator.in_force.config, "n1", "n2"), 1)])
+        == []
+    )
     assert says_resync(replicator.heartbeats.body("n2"))
 
 
@@ -172,7 +176,7 @@ async def test_a_handoff_does_not_settle_a_resync_owed_after_its_catch_up_asked(
     copied, and the primary acknowledged an update without it: the copies it chose do
     not have it, so its handoff is answered with the resync still owed."""
     clock = primary_with_n2_up(replicator)
-    shard = placed(replicator.config, "n1", "n2")
+    shard = placed(replicator.in_force.config, "n1", "n2")
     forwarding, heartbeats = replicator.forwarding, replicator.heartbeats
     forwarding.forward([commit(*shard, 1)])
     declare_n2_down(replicator, clock)
@@ -227,11 +231,12 @@ class Wire:
 def pair(tmp_path: Path) -> Iterator[tuple[Replicator, Replicator]]:
     """n1 and n2 of one cluster of three, each pinging the other over a ``Wire``."""
     config = load_config(write_config(tmp_path, 3, replicas=2, arena_size=1 << 20))
+    in_force = ConfigInForce(config)
     nodes = [config.node(name) for name in ("n1", "n2")]
-    stores = [build_store(config, node) for node in nodes]
+    stores = [build_store(in_force, node) for node in nodes]
     try:
         n1, n2 = (
-            Replicator(config, node, store) for node, store in zip(nodes, stores, strict=True)
+            Replicator(in_force, node, store) for node, store in zip(nodes, stores, strict=True)
         )
         n1.peers["n2"].link = Wire(n2)  # type: ignore[assignment]
         n2.peers["n1"].link = Wire(n1)  # type: ignore[assignment]
@@ -251,7 +256,7 @@ async def test_a_backup_learns_of_its_resync_from_its_own_heartbeat_and_hands_of
     for name in ("n1", "n3"):
         backup.membership.heard(name, True)
     backup.membership.became_ready()
-    primary.forwarding.forward([commit(*placed(primary.config, "n1", "n2"), 3)])
+    primary.forwarding.forward([commit(*placed(primary.in_force.config, "n1", "n2"), 3)])
     declare_n2_down(primary, clock)
     to_primary = backup.peers["n1"]
     assert await backup.heartbeats.ping(to_primary)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import trio
-from irdma_psd.data_ops import DEFER_MIN
+from irdma_psd.held_answers import DEFER_MIN
 
 from irdma import Client
 from irdma.client import AsyncClient

@@ -20,7 +20,7 @@ from irdma_psd.replication.vetting import (
 )
 
 from irdma.cli.local import write_config
-from irdma.cluster import ClusterConfig, load_config
+from irdma.cluster import ClusterConfig, ConfigInForce, load_config
 from irdma.protocol import Status
 
 from .helpers.clock import Clock
@@ -45,11 +45,12 @@ class Setup:
     def __init__(self, cfg: ClusterConfig) -> None:
         self.config = cfg
         self.clock = Clock()
-        self.membership = Membership(cfg, "n1", self.clock)
-        self.store = build_store(cfg, cfg.node("n1"))
+        in_force = ConfigInForce(cfg)
+        self.membership = Membership(in_force, "n1", self.clock)
+        self.store = build_store(in_force, cfg.node("n1"))
         self.asked: set[str] = set()
         self.vetting = Vetting(
-            cfg, "n1", self.store, self.membership, ["n2", "n3"], self.asked, CopyCounts()
+            in_force, "n1", self.store, self.membership, ["n2", "n3"], self.asked, CopyCounts()
         )
 
     def refused(self, status: Status, sender: str, key: int, shard: int, whole: bool = False):

@@ -7,7 +7,8 @@ import pytest
 from irdma.cli.status import NodeStatus, human_age, render, replica_skew, version_skew
 from irdma.cli.supervisor import FAILED, RESTARTING, DaemonRecord
 from irdma.cluster import parse_config
-from irdma.protocol import tensor_key
+from irdma.protocol import TensorMeta, tensor_key
+from irdma.protocol.bodies import StatRecord
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -22,8 +23,9 @@ CONFIG = parse_config(
 )
 
 
-def records(name: str, shards: dict[int, int]) -> list[dict]:
-    return [{"meta": {"name": name}, "shards": {str(i): v for i, v in shards.items()}}]
+def records(name: str, shards: dict[int, int]) -> list[StatRecord]:
+    meta = TensorMeta(name, "float32", (1 << 20,), 1 << 20)
+    return [StatRecord(meta, sum(shards.values()), shards=shards)]
 
 
 def holders(name: str, shard: int) -> list[str]:

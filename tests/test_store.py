@@ -274,7 +274,7 @@ def test_a_replaced_shard_goes_on_from_the_old_ones_version(arena: Arena) -> Non
     new = TensorMeta("t", "int16", (4096,), 4096)  # 2 shards: shard 1 is new to the key
     tensor, _ = store.create(new, replace=True)
     assert {i: s.version for i, s in tensor.shards.items()} == {0: 4, 1: 0}
-    assert store.catalogue.info(tensor)["shards"] == {"0": 4, "1": 0}
+    assert store.catalogue.info(tensor).shards == {0: 4, 1: 0}
 
 
 def test_create_replace_keeps_pinned_old_block_until_unpin(arena: Arena) -> None:
@@ -410,22 +410,22 @@ def test_list_and_info(arena: Arena) -> None:
     store = Store(arena, owns)
     for name in ("b/z", "a/y", "a/x", "a/w"):
         store.create(TensorMeta(name, "uint8", (3 * PAGE,), PAGE))
-    assert [d["meta"]["name"] for d in store.catalogue.list("a/")] == ["a/w", "a/x"]
-    assert [d["meta"]["name"] for d in store.catalogue.list()] == ["a/w", "a/x", "b/z"]
+    assert [d.meta.name for d in store.catalogue.list("a/")] == ["a/w", "a/x"]
+    assert [d.meta.name for d in store.catalogue.list()] == ["a/w", "a/x", "b/z"]
     assert store.catalogue.list("c/") == []
     # A limit gives the first by name (of those this daemon holds shards of).
-    assert [d["meta"]["name"] for d in store.catalogue.list("", limit=2)] == ["a/w", "a/x"]
-    assert [d["meta"]["name"] for d in store.catalogue.list("a/", limit=1)] == ["a/w"]
-    assert [d["meta"]["name"] for d in store.catalogue.list("b/", limit=5)] == ["b/z"]
+    assert [d.meta.name for d in store.catalogue.list("", limit=2)] == ["a/w", "a/x"]
+    assert [d.meta.name for d in store.catalogue.list("a/", limit=1)] == ["a/w"]
+    assert [d.meta.name for d in store.catalogue.list("b/", limit=5)] == ["b/z"]
     key = tensor_key("a/x")
     write(store, key, 0, 0, b"x")
     write(store, key, 0, 1, b"y")
     write(store, key, 2, 0, b"z")
     info = store.catalogue.info(store.tensors[key])
-    assert info["meta"] == TensorMeta("a/x", "uint8", (3 * PAGE,), PAGE).to_dict()
-    assert info["shards"] == {"0": 2, "2": 1}
-    assert info["version"] == 3
-    assert info["mtime"] >= info["ctime"]
+    assert info.meta == TensorMeta("a/x", "uint8", (3 * PAGE,), PAGE)
+    assert info.shards == {0: 2, 2: 1}
+    assert info.version == 3
+    assert info.mtime >= info.ctime
 
 
 def test_read_view(arena: Arena) -> None:
@@ -900,7 +900,7 @@ def test_versions_increase_by_one_per_commit(cow: tuple[Store, TensorMeta]) -> N
     assert tensor.shards[1].version == 1
     assert tensor.version == 6
     assert tensor.shards[0].mtime >= mtime
-    assert store.catalogue.info(tensor)["shards"] == {"0": 5, "1": 1}
+    assert store.catalogue.info(tensor).shards == {0: 5, 1: 1}
 
 
 def test_abort_frees_staging(cow: tuple[Store, TensorMeta]) -> None:

@@ -79,7 +79,7 @@ def test_a_training_tensor_gets_its_coordinator_and_a_bad_mode_is_refused(arena:
     tensor, _, _ = cat.create(
         TensorMeta("c/m", "float32", (1024,), SHARD, Mode.sync(2).to_options())
     )
-    assert tensor.coord is not None and cat.info(tensor)["evicted"] == []
+    assert tensor.coord is not None and cat.info(tensor).evicted == ()
     with pytest.raises(StoreError, match="'c/x'") as ei:
         cat.create(TensorMeta("c/x", "float32", (1024,), SHARD, {"mode": "nonsense"}))
     assert ei.value.status == Status.BAD_ARGUMENT

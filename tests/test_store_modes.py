@@ -140,7 +140,7 @@ def test_evict_mode_applies_the_step_without_the_silent_worker(store: Store, clo
     assert store.expire(meta.key, 0, 0, 1) == [2]
     assert woken
     assert (values(store, meta) == 3).all()
-    assert store.catalogue.info(store.catalogue.get(meta.key))["evicted"] == [2]
+    assert store.catalogue.info(store.catalogue.get(meta.key)).evicted == (2,)
     with pytest.raises(StoreError, match="evicted") as info:
         push(store, meta, 0, np.ones(256, np.float32), worker=2, step=0)
     assert info.value.status == Status.EVICTED

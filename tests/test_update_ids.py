@@ -43,7 +43,7 @@ RANK = textwrap.dedent(
             else:
                 c.write(name, np.full(info.shape, 1000 * rank + k, info.dtype))
         # Shards written twice: reached by a write a shard then refused for a later one.
-        print("acknowledged", n, c.async_client.pieces_rewritten, flush=True)
+        print("acknowledged", n, c.async_client.contention.pieces_rewritten, flush=True)
     """
 )
 SHAPE = (48 << 10,)  # 192 KiB of float32: three 64 KiB shards

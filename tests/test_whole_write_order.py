@@ -92,7 +92,7 @@ async def opposite_orders(config: Path) -> tuple[int, int]:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(write_b)
             await a.write(NAME, np.full(N, 1, np.float32))
-        return a.writes_restamped, b.writes_restamped
+        return a.contention.writes_restamped, b.contention.writes_restamped
 
 
 def copy_on(cluster: Cluster, node: str, shard: int) -> tuple[int, int, float]:
@@ -174,7 +174,7 @@ def test_a_write_from_a_clock_behind_is_refused_then_wins(replicated: Cluster) -
                 # The second, older, is refused with the stamp of the one held.
                 assert (reply.status, reply.stamp) == (Status.STALE_STAMP, ahead), text
         c.write(NAME, np.full(N, 3, np.float32))
-        assert c.async_client.writes_restamped == 1
+        assert c.async_client.contention.writes_restamped == 1
         assert np.unique(c.read(NAME)).tolist() == [3.0]
     for shard in range(2):
         for node in cluster.config.replicas_for(KEY, shard):

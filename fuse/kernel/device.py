@@ -1,8 +1,12 @@
-"""/dev/fuse and the system calls around it: mount(2), umount2(2), backing files.
+"""/dev/fuse and the system calls around it: mounting, unmounting, backing files.
 
-The session mounts as root with mount(2) and ``fd=`` (no fusermount3, no
-libfuse). A backing file is registered with ``FUSE_DEV_IOC_BACKING_OPEN``
-(CAP_SYS_ADMIN) for the kernel to serve a passthrough open's reads from.
+As root the session mounts with mount(2) and ``fd=`` (no fusermount3, no
+libfuse). Any other user mounts the way libfuse does for them: fusermount3
+(set-uid root, from the fuse3 package) opens /dev/fuse, mounts it where the
+user may, and hands the descriptor back over a socket (``_FUSE_COMMFD``,
+SCM_RIGHTS); it unmounts for them too (``fusermount3 -u``). A backing file is
+registered with ``FUSE_DEV_IOC_BACKING_OPEN`` (CAP_SYS_ADMIN, so root only)
+for the kernel to serve a passthrough open's reads from.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ import ctypes
 import errno
 import fcntl
 import os
+import socket
 import struct
+import subprocess
 from pathlib import Path
 
 from . import abi
@@ -20,7 +26,13 @@ MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MNT_DETACH = 0x2
 FSNAME = "irdma"
-FSTYPE = "fuse.irdma"  # what /proc/mounts shows, as pyfuse3's subtype=irdma does
+SUBTYPE = "irdma"
+FSTYPE = f"fuse.{SUBTYPE}"  # what /proc/mounts shows, as pyfuse3's subtype=irdma does
+FUSERMOUNT = "fusermount3"
+# The environment variable naming the socket fusermount3 hands the descriptor over.
+COMMFD_ENV = "_FUSE_COMMFD"
+# Longest fusermount3 may take to mount or unmount (it only makes system calls).
+FUSERMOUNT_TIMEOUT = 30.0
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -37,13 +49,67 @@ def open_device() -> int:
         raise DeviceError(f"cannot open /dev/fuse: {exc.strerror}") from None
 
 
-def mount(fd: int, mountpoint: Path, *, allow_other: bool, max_read: int) -> None:
-    """Mount the connection ``fd`` at ``mountpoint`` (root only)."""
+def mount(mountpoint: Path, *, allow_other: bool, max_read: int) -> int:
+    """A new FUSE connection mounted at ``mountpoint``: its descriptor, non-blocking
+    (the session waits with trio). Root mounts with mount(2), others through
+    fusermount3."""
     if os.geteuid() != 0:
-        raise DeviceError(
-            "irdma's own session mounts with mount(2), which needs root "
-            "(fusermount3's handoff is not built yet); use --session pyfuse3"
-        )
+        fd = mount_through_fusermount(mountpoint, allow_other=allow_other, max_read=max_read)
+    else:
+        fd = open_device()
+        try:
+            mount_as_root(fd, mountpoint, allow_other=allow_other, max_read=max_read)
+        except BaseException:
+            os.close(fd)
+            raise
+    os.set_blocking(fd, False)
+    return fd
+
+
+def mount_through_fusermount(mountpoint: Path, *, allow_other: bool, max_read: int) -> int:
+    """Mount with fusermount3's descriptor handoff (any user; libfuse's way): the
+    connection's descriptor."""
+    options = ["default_permissions", f"max_read={max_read}", f"fsname={FSNAME}"]
+    options.append(f"subtype={SUBTYPE}")
+    if allow_other:  # fusermount3 allows it only with user_allow_other in /etc/fuse.conf
+        options.append("allow_other")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours, theirs:
+        try:
+            done = subprocess.run(
+                [FUSERMOUNT, "-o", ",".join(options), "--", str(mountpoint)],
+                env=dict(os.environ, **{COMMFD_ENV: str(theirs.fileno())}),
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=FUSERMOUNT_TIMEOUT,
+            )
+        except FileNotFoundError:
+            raise DeviceError(
+                f"{FUSERMOUNT} is not installed (the fuse3 package): only root mounts without it"
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise DeviceError(
+                f"{FUSERMOUNT} did not finish within {FUSERMOUNT_TIMEOUT:g} s"
+            ) from None
+        if done.returncode != 0:
+            said = done.stderr.strip() or f"exit status {done.returncode}"
+            raise DeviceError(f"mount {mountpoint}: {said}")
+        theirs.close()  # so a handoff that never comes reads as the end of the socket
+        ours.settimeout(FUSERMOUNT_TIMEOUT)
+        _, fds, _, _ = socket.recv_fds(ours, 1, 1)
+    if not fds:
+        _fusermount_unmount(mountpoint)
+        raise DeviceError(f"{FUSERMOUNT} mounted {mountpoint} but handed over no descriptor")
+    for extra in fds[1:]:
+        os.close(extra)
+    os.set_inheritable(fds[0], False)
+    return fds[0]
+
+
+def mount_as_root(fd: int, mountpoint: Path, *, allow_other: bool, max_read: int) -> None:
+    """Mount the connection ``fd`` at ``mountpoint`` with mount(2) (root only)."""
     st = os.stat(mountpoint)
     options = [
         f"fd={fd}",
@@ -69,11 +135,45 @@ def mount(fd: int, mountpoint: Path, *, allow_other: bool, max_read: int) -> Non
 
 def unmount(mountpoint: Path) -> None:
     """Detach the mount (lazily: a process inside it does not keep it up); a path
-    that is no longer mounted is left alone."""
-    if _libc.umount2(os.fsencode(mountpoint), MNT_DETACH) != 0:
+    that is no longer mounted is left alone. Root detaches it itself, others ask
+    fusermount3."""
+    if os.geteuid() != 0:
+        _fusermount_unmount(mountpoint)
+    elif _libc.umount2(os.fsencode(mountpoint), MNT_DETACH) != 0:
         err = ctypes.get_errno()
         if err not in (errno.EINVAL, errno.ENOENT):  # not a mount point (any more)
             raise DeviceError(f"unmount {mountpoint}: {os.strerror(err)}")
+
+
+def _fusermount_unmount(mountpoint: Path) -> None:
+    if not _mounted(mountpoint):
+        return
+    try:
+        done = subprocess.run(
+            [FUSERMOUNT, "-u", "-z", "--", str(mountpoint)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=FUSERMOUNT_TIMEOUT,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise DeviceError(f"unmount {mountpoint}: {FUSERMOUNT}: {exc}") from None
+    if done.returncode != 0 and _mounted(mountpoint):
+        raise DeviceError(f"unmount {mountpoint}: {done.stderr.strip()}")
+
+
+def _mounted(mountpoint: Path) -> bool:
+    """Whether /proc/mounts lists ``mountpoint`` (a dead mount too)."""
+    target = os.fsencode(os.path.abspath(mountpoint))
+    with open("/proc/self/mounts", "rb") as f:
+        return any(line.split()[1] == _escaped(target) for line in f)
+
+
+def _escaped(path: bytes) -> bytes:
+    """A path as /proc/mounts writes it (space, tab, newline and backslash in octal)."""
+    for ch in b"\\ \t\n":
+        path = path.replace(bytes([ch]), b"\\%03o" % ch)
+    return path
 
 
 def backing_open(fd: int, file_fd: int) -> int:

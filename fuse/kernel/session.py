@@ -44,7 +44,8 @@ class Session:
         self.fs = fs
         self.mountpoint = mountpoint
         self.allow_other = allow_other
-        # Backing ids need CAP_SYS_ADMIN; the session mounts as root anyway.
+        # Backing ids need CAP_SYS_ADMIN: a user's mount (through fusermount3) serves
+        # reads itself.
         self.want_passthrough = passthrough and os.geteuid() == 0
         self.backings = Backings(lambda: fs.backend.c, backing_limit)
         self.adapter = Adapter(fs, self.backings, self._register)
@@ -58,18 +59,9 @@ class Session:
 
     def mount(self) -> None:
         """Open a connection and mount it (the kernel then sends INIT)."""
-        self.fd = device.open_device()
-        try:
-            device.mount(
-                self.fd,
-                self.mountpoint,
-                allow_other=self.allow_other,
-                max_read=self._max_pages * PAGE,
-            )
-        except BaseException:
-            os.close(self.fd)
-            self.fd = -1
-            raise
+        self.fd = device.mount(
+            self.mountpoint, allow_other=self.allow_other, max_read=self._max_pages * PAGE
+        )
 
     def stop(self) -> None:
         """End ``run`` (requests being answered are cancelled)."""

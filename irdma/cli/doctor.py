@@ -616,8 +616,10 @@ async def check_daemons(
     """HELLO to every daemon at once; the findings, and the pids of those that answered."""
     answers: dict[str, dict[str, Any] | Exception] = {}
     via: dict[str, str | None] = {}
-    here = {n.name for n in local_nodes(config)}
     async with AsyncClient(config, timeout=timeout) as client:
+        # The daemons in force: a config naming only etcd has them from its epoch.
+        config = client.config
+        here = {n.name for n in local_nodes(config)}
 
         async def hello(node: Node) -> None:
             try:

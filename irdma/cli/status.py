@@ -27,7 +27,7 @@ from ..cluster import Address, ClusterConfig, Node
 from ..cluster.etcd import EtcdError
 from ..cluster.registry import ClusterState, Registry
 from ..errors import AuthFailed, DaemonTimeout, IrdmaError
-from ..protocol import TensorMeta
+from ..protocol.bodies import StatRecord
 from . import localdir
 from .supervisor import FAILED, RESTARTING, STOPPED, DaemonRecord
 
@@ -42,7 +42,7 @@ class NodeStatus:
     error: str | None = None  # why it is down
     transport: str | None = None  # how this host reaches it: shm, tcp or rdma
     hello: dict[str, Any] | None = None
-    holdings: list[dict[str, Any]] | None = None  # its LIST records (with replicas)
+    holdings: list[StatRecord] | None = None  # its LIST records (with replicas)
     skew: int | None = None  # shards behind another replica; None: not known or no replicas
     supervised: DaemonRecord | None = None  # irdma local's record of it, if it runs one
     # With [etcd]: whether it is registered there now (its lease alive); None: no etcd,
@@ -171,7 +171,7 @@ async def gather(client: AsyncClient) -> list[NodeStatus]:
             etcd_error = str(exc)
         else:
             if cluster.epoch is not None:
-                config.adopt(cluster.epoch)
+                config = config.following(cluster.epoch) or config
     nodes = {n.name: n for n in config.nodes}
     for name, record in sorted((cluster.members if cluster else {}).items()):
         if name not in nodes:
@@ -214,9 +214,7 @@ async def gather(client: AsyncClient) -> list[NodeStatus]:
     return rows
 
 
-def replica_skew(
-    config: ClusterConfig, holdings: dict[str, list[dict[str, Any]]]
-) -> dict[str, int]:
+def replica_skew(config: ClusterConfig, holdings: dict[str, list[StatRecord]]) -> dict[str, int]:
     """Per daemon in ``holdings``: shards it should hold that are behind the newest copy.
 
     ``holdings`` maps node names to their LIST records. A shard counts when
@@ -228,9 +226,9 @@ def replica_skew(
     for node, records in holdings.items():
         mine = held[node] = {}
         for rec in records:
-            key = TensorMeta.key_of(rec["meta"])  # a renamed tensor's is not its name's
-            for index, version in rec["shards"].items():
-                shard = (key, int(index))
+            key = rec.meta.key  # a renamed tensor's is not its name's
+            for index, version in (rec.shards or {}).items():
+                shard = (key, index)
                 mine[shard] = version
                 if version > newest.get(shard, -1):
                     newest[shard] = version

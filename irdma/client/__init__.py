@@ -26,8 +26,9 @@ One role per module:
 
 from .arrays import as_stored_array
 from .blocking import Client
+from .datapath import Contention
 from .facade import AsyncClient
 from .leases import ReadLease
 from .lookup import TensorInfo
 
-__all__ = ["AsyncClient", "Client", "ReadLease", "TensorInfo", "as_stored_array"]
+__all__ = ["AsyncClient", "Client", "Contention", "ReadLease", "TensorInfo", "as_stored_array"]

@@ -129,7 +129,7 @@ class Batches:
         names = {m.key: m.name for m, _ in items}
         calls = []
         for node_name, work in per_node.items():
-            node = self.router.config.node(node_name)
+            node = self.router.in_force.config.node(node_name)
             for chunk in frames_of(work):
                 calls.append(partial(self._frame, op, node, chunk, names, worker, step, wire))
         await self.session.gather(calls)

@@ -18,7 +18,6 @@ import numpy as np
 import trio
 
 from ..cluster import ClusterConfig, Node
-from ..cluster.registry import current_epoch
 from ..devices import Transfers, is_device_array
 from ..errors import ClientClosed
 from ..transport.base import Buffer
@@ -103,10 +102,9 @@ class Client:
         self._client = AsyncClient(
             config, timeout=timeout, transport=transport, shared_memory=shared_memory
         )
-        self.config = self._client.config
-        etcd = self.config.etcd
-        if etcd is not None and self._client.needs_epoch:
-            self.config.adopt(trio.run(current_epoch, etcd, self._client.timeout))
+        in_force = self._client.session.in_force
+        if in_force.needs_epoch:  # trio.run only then: this client may be made inside trio
+            trio.run(in_force.adopt_stored_epoch, self._client.timeout)
         self._loop: _LoopThread | None = None
         if may_use_rdma(self.config.nodes, self._client.transport):
             self._loop = _LoopThread(self._client)
@@ -132,6 +130,11 @@ class Client:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+    @property
+    def config(self) -> ClusterConfig:
+        """The cluster's config in force (``AsyncClient.config``)."""
+        return self._client.config
 
     @property
     def async_client(self) -> AsyncClient:

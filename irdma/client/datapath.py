@@ -10,6 +10,7 @@ writes is made to agree on one (``agreement``).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -34,6 +35,21 @@ from .stamps import StampClock
 Progress = Callable[[int], None]
 
 
+@dataclass(frozen=True, slots=True)
+class Contention:
+    """How often one client's whole-tensor calls met other writers, since it was made."""
+
+    # Reads of several shards that met two whole-tensor writes and read pieces
+    # again to get one (write/read contention).
+    reads_reconciled: int = 0
+    # Whole-tensor writes stamped again and written to every shard again because
+    # a shard held a later one (write/write contention).
+    writes_restamped: int = 0
+    # Shards those writes had reached before they were stamped again: each was
+    # written twice, so its version went up once more than the write count says.
+    pieces_rewritten: int = 0
+
+
 class DataPath:
     """Moves bytes between a caller's buffer and a tensor's shards for one client."""
 
@@ -53,6 +69,10 @@ class DataPath:
         # Their pieces applied before the refusal and written again (each bumped
         # its shard's version once more).
         self.pieces_rewritten = 0
+
+    @property
+    def contention(self) -> Contention:
+        return Contention(self.reads_reconciled, self.writes_restamped, self.pieces_rewritten)
 
     async def read_array(
         self,

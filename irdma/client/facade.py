@@ -20,10 +20,10 @@ import trio
 
 from .. import narrowing
 from ..cluster import ClusterConfig, Node, load_config, parse_size
-from ..cluster.registry import current_epoch
 from ..devices import Transfers, is_device_array
 from ..errors import ConfigError
 from ..protocol import Op, decode_json
+from ..protocol.bodies import StatRecord
 from ..protocol.messages import Hello
 from ..training.modes import Mode
 from ..transport.base import Buffer
@@ -32,7 +32,7 @@ from ..transport.shared import SharedRegion
 from .arrays import as_stored_array, byte_view, delta_array, shared_array
 from .batching import Batches
 from .cache import MetaCache
-from .datapath import DataPath
+from .datapath import Contention, DataPath
 from .leases import ReadLease
 from .lookup import Lookup, TensorInfo
 from .namespace import Namespace
@@ -84,17 +84,17 @@ class AsyncClient:
         transport: str | None = None,
         shared_memory: int | str | SharedRegion | None = None,
     ) -> None:
-        self.config = config if isinstance(config, ClusterConfig) else load_config(config)
+        config = config if isinstance(config, ClusterConfig) else load_config(config)
         self.shared = shared_region(shared_memory)
         # Tensors (CUDA ones too) in and out through host memory of this client's.
         self.transfers = Transfers(self.shared)
-        self.timeout = timeout if timeout is not None else self.config.timeout
+        self.timeout = timeout if timeout is not None else config.timeout
         self.transport = forced_transport(transport)
         self.session = Session(
-            self.config, timeout=self.timeout, transport=self.transport, shared=self.shared
+            config, timeout=self.timeout, transport=self.transport, shared=self.shared
         )
         self._cache = MetaCache()
-        self._router = Router(self.config, self.timeout, self.session)
+        self._router = Router(self.session.in_force, self.timeout, self.session)
         self._lookup = Lookup(self.session, self._router, self._cache)
         self._namespace = Namespace(self.session, self._router, self._cache, self._lookup)
         # One-sided reads from same-host arenas (``IRDMA_ONE_SIDED=0``: always ask the daemon).
@@ -104,9 +104,7 @@ class AsyncClient:
         self._stack: contextlib.AsyncExitStack | None = None
 
     async def __aenter__(self) -> AsyncClient:
-        etcd = self.config.etcd
-        if etcd is not None and self.needs_epoch:
-            self.config.adopt(await current_epoch(etcd, self.timeout))
+        await self.session.in_force.adopt_stored_epoch(self.timeout)
         self._stack = contextlib.AsyncExitStack()
         nursery = await self._stack.enter_async_context(trio.open_nursery())
         self.session.run_under_trio(nursery)
@@ -121,10 +119,9 @@ class AsyncClient:
         await self._stack.aclose()
 
     @property
-    def needs_epoch(self) -> bool:
-        """A config naming only etcd: the daemons come from the epoch stored there.
-        (With ``[[nodes]]`` too, a daemon's refusal brings the epoch in force.)"""
-        return self.config.etcd is not None and self.config.epoch is None and not self.config.nodes
+    def config(self) -> ClusterConfig:
+        """The cluster's config in force: that of the newest epoch this client follows."""
+        return self.session.config
 
     async def aclose(self) -> None:
         """Close every connection (pending requests fail with ClientClosed)."""
@@ -151,22 +148,9 @@ class AsyncClient:
         return self.session.closed
 
     @property
-    def reads_reconciled(self) -> int:
-        """Reads of several shards that met two whole-tensor writes and read pieces
-        again to get one (a measure of write/read contention)."""
-        return self._data.reads_reconciled
-
-    @property
-    def writes_restamped(self) -> int:
-        """Whole-tensor writes stamped again and written to every shard again because
-        a shard held a later one (a measure of write/write contention)."""
-        return self._data.writes_restamped
-
-    @property
-    def pieces_rewritten(self) -> int:
-        """Shards those writes had reached before they were stamped again: each was
-        written twice, so its version went up once more than the write count says."""
-        return self._data.pieces_rewritten
+    def contention(self) -> Contention:
+        """How often this client's whole-tensor reads and writes met other writers."""
+        return self._data.contention
 
     def shared_empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> np.ndarray:
         """An uninitialised array in this client's shared memory: same-host daemons
@@ -192,12 +176,13 @@ class AsyncClient:
         reply = await self.session.request(node, Hello().frame())
         return decode_json(reply.data)
 
-    async def holdings(self, node: Node, prefix: str = "") -> builtins.list[dict[str, Any]]:
+    async def holdings(self, node: Node, prefix: str = "") -> builtins.list[StatRecord]:
         """One daemon's stat records of the tensors it holds shards of (no failover).
 
-        Each record has the tensor's ``meta`` and ``shards``, mapping the local
-        shard indices (as strings) to their versions: ``irdma status`` compares
-        replicas with them. Raises like any request to that daemon.
+        Each record (``irdma.protocol.bodies.StatRecord``) has the tensor's
+        ``meta`` and ``shards``, mapping the local shard indices to their
+        versions: ``irdma status`` compares replicas with them. Raises like
+        any request to that daemon.
         """
         return await self._lookup.holdings(node, prefix)
 

@@ -17,7 +17,8 @@ import numpy as np
 
 from ..cluster import ClusterConfig, Node
 from ..errors import DaemonUnavailable, TensorNotFound
-from ..protocol import MAX_NAME_BYTES, TensorMeta, decode_json, tensor_key, validate_name
+from ..protocol import MAX_NAME_BYTES, TensorMeta, tensor_key, validate_name
+from ..protocol.bodies import StatRecord
 from ..protocol.messages import ListTensors, Stat
 from .arrays import fits
 from .cache import MetaCache
@@ -66,9 +67,9 @@ class TensorInfo:
         }
 
 
-def info_from(records: list[dict[str, Any]], meta: TensorMeta | None = None) -> TensorInfo:
+def info_from(records: list[StatRecord], meta: TensorMeta | None = None) -> TensorInfo:
     """A tensor's TensorInfo from the daemons' stat records of it."""
-    meta = meta or TensorMeta.from_dict(records[0]["meta"])
+    meta = meta or records[0].meta
     return TensorInfo(
         name=meta.name,
         dtype=meta.dtype,
@@ -77,23 +78,23 @@ def info_from(records: list[dict[str, Any]], meta: TensorMeta | None = None) -> 
         shard_size=meta.shard_size,
         num_shards=meta.num_shards,
         version=merged_version(records),
-        mtime=max((float(r.get("mtime", 0.0)) for r in records), default=0.0),
-        ctime=min((float(r.get("ctime", 0.0)) for r in records), default=0.0),
+        mtime=max((r.mtime for r in records), default=0.0),
+        ctime=min((r.ctime for r in records), default=0.0),
         options=meta.options,
         place=meta.place,
     )
 
 
-def merged_version(records: list[dict[str, Any]]) -> int:
+def merged_version(records: list[StatRecord]) -> int:
     """A tensor's version: the sum over its shards of the newest replica's version."""
-    shards: dict[str, int] = {}
+    shards: dict[int, int] = {}
     plain = 0
     for r in records:
-        if "shards" in r:
-            for index, v in r["shards"].items():
-                shards[index] = max(shards.get(index, 0), int(v))
+        if r.shards is not None:
+            for index, v in r.shards.items():
+                shards[index] = max(shards.get(index, 0), v)
         else:
-            plain += int(r.get("version", 0))
+            plain += r.version
     return sum(shards.values()) + plain
 
 
@@ -110,15 +111,14 @@ class Lookup:
         self.session = session
         self.router = router
         self.cache = cache
-        self.config = session.config
 
-    async def holdings(self, node: Node, prefix: str = "") -> list[dict[str, Any]]:
+    async def holdings(self, node: Node, prefix: str = "") -> list[StatRecord]:
         """``AsyncClient.holdings``: one daemon's stat records (no failover)."""
         raw = prefix.encode()
         if len(raw) > MAX_NAME_BYTES:
             raise ValueError("prefix is too long")
         reply = await self.session.request(node, ListTensors().frame(len(raw)), [raw])
-        return decode_json(reply.data)
+        return StatRecord.parse_list(reply.data)
 
     async def stat_rerouted(self, name: str, *, everywhere: bool = False) -> TensorInfo:
         """``stat``, run again while daemons say the cluster's epoch changed."""
@@ -171,18 +171,18 @@ class Lookup:
         except TensorNotFound:
             self.cache.drop(name)
             raise TensorNotFound(f"no tensor named {name!r}") from None
-        meta = TensorMeta.from_dict(records[0]["meta"])
+        meta = records[0].meta
         self.cache.put(meta, name)
         return info_from(records, meta)
 
     async def find(self, name: str) -> TensorMeta | None:
         """The metadata of the tensor called ``name`` as stored now, or None."""
         try:
-            return TensorMeta.from_dict((await self.locate(name))["meta"])
+            return (await self.locate(name)).meta
         except TensorNotFound:
             return None
 
-    async def locate(self, name: str) -> dict[str, Any]:
+    async def locate(self, name: str) -> StatRecord:
         """One daemon's stat record of the tensor called ``name``; TensorNotFound.
 
         Asked first where the name's own key places it; a tensor renamed to
@@ -195,8 +195,8 @@ class Lookup:
         except TensorNotFound:
             pass
         else:
-            rec = decode_json(reply.data)
-            if rec["meta"]["name"] == name:
+            rec = StatRecord.parse(reply.data)
+            if rec.meta.name == name:
                 return rec
         # Renamed to the name: on any daemon (one that is down is not waited for:
         # the name's own place answered).
@@ -205,60 +205,58 @@ class Lookup:
             raise TensorNotFound(f"no tensor named {name!r}")
         return found[0]
 
-    async def ask_by_name(
-        self, name: str
-    ) -> tuple[list[dict[str, Any]], dict[str, DaemonUnavailable]]:
+    async def ask_by_name(self, name: str) -> tuple[list[StatRecord], dict[str, DaemonUnavailable]]:
         """Every daemon's stat record of the tensor called ``name`` (those that hold
         it), and the daemons that did not answer."""
         raw = name.encode()
         down: dict[str, DaemonUnavailable] = {}
 
-        async def find_on(node: Node) -> dict[str, Any]:
+        async def find_on(node: Node) -> StatRecord | None:
             try:
                 r = await self.session.request(node, Stat(0).frame(len(raw)), [raw])
             except TensorNotFound:
-                return {}
+                return None
             except DaemonUnavailable as exc:
                 down[node.name] = exc
-                return {}
-            return decode_json(r.data)
+                return None
+            return StatRecord.parse(r.data)
 
-        records = await self.session.gather(partial(find_on, n) for n in self.config.nodes)
-        return [r for r in records if r], down
+        records = await self.session.gather(partial(find_on, n) for n in self.session.config.nodes)
+        return [r for r in records if r is not None], down
 
-    async def _stat_placed(self, name: str) -> list[dict[str, Any]]:
+    async def _stat_placed(self, name: str) -> list[StatRecord]:
         """``stat``'s records: found by ``locate``, then every other holder's."""
         rec = await self.locate(name)
-        meta = TensorMeta.from_dict(rec["meta"])
-        others = [n for n in nodes_holding(self.config, meta) if n.name != rec.get("node")]
+        meta = rec.meta
+        others = [n for n in nodes_holding(self.session.config, meta) if n.name != rec.node]
 
-        async def stat_on(node: Node) -> dict[str, Any]:
+        async def stat_on(node: Node) -> StatRecord | None:
             try:
                 r = await self.session.request(node, Stat(meta.key).frame())
             except TensorNotFound:
                 # Not caught up yet (the other replicas answer), or deleted since
                 # (a read with this metadata then finds out and asks again).
-                return {}
+                return None
             except DaemonUnavailable:
-                if not several_copies(self.config):
+                if not several_copies(self.session.config):
                     raise
-                return {}  # down: the other replicas answer
-            got = decode_json(r.data)
+                return None  # down: the other replicas answer
+            got = StatRecord.parse(r.data)
             # A daemon a rename has not reached yet still has it under the old name.
-            return got if got["meta"]["name"] == name else {}
+            return got if got.meta.name == name else None
 
         records = [rec, *await self.session.gather(partial(stat_on, n) for n in others)]
-        return [r for r in records if r]
+        return [r for r in records if r is not None]
 
-    async def _stat_everywhere(self, name: str) -> list[dict[str, Any]]:
+    async def _stat_everywhere(self, name: str) -> list[StatRecord]:
         """``stat``'s records from every daemon asked by name at once (of the tensor
         the first answer describes: two exist for a moment during a rename)."""
         found, down = await self.ask_by_name(name)
         if not found:
             # As the placed stat says: unknown if the name's own place did not answer.
-            homes = [n.name for n in self.config.replicas_for(tensor_key(name), 0)]
+            homes = [n.name for n in self.session.config.replicas_for(tensor_key(name), 0)]
             if all(h in down for h in homes):
                 raise down[homes[0]]
             raise TensorNotFound(f"no tensor named {name!r}")
-        first = found[0]["meta"]
-        return [r for r in found if r["meta"] == first]
+        first = found[0].meta
+        return [r for r in found if r.meta == first]

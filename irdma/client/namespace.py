@@ -29,11 +29,11 @@ from ..protocol import (
     MAX_NAME_BYTES,
     Header,
     TensorMeta,
-    decode_json,
     encode_json,
     tensor_key,
     validate_name,
 )
+from ..protocol.bodies import CreateAnswer, RenameBody, StatRecord
 from ..protocol.messages import Create, Delete, ListTensors, Rename
 from ..training.modes import Mode
 from .arrays import fits
@@ -85,11 +85,10 @@ class Namespace:
         self.router = router
         self.cache = cache
         self.lookup = lookup
-        self.config = session.config
 
     @property
     def several_copies(self) -> bool:
-        return several_copies(self.config)
+        return several_copies(self.session.config)
 
     def meta_of(
         self,
@@ -106,7 +105,7 @@ class Namespace:
             validate_name(name),
             np.dtype(dtype).name,  # the name carries no byte order: stored little-endian
             shape_t,
-            shard_size or self.config.shard_size,
+            shard_size or self.session.config.shard_size,
             dict(options or {}) | (mode.to_options() if mode is not None else {}),
         )
 
@@ -179,11 +178,11 @@ class Namespace:
         """``create`` at the key ``meta`` names; TensorMoved if a daemon holds its name
         under another key or its key under another name."""
         name = meta.name
-        holders = nodes_holding(self.config, meta)
+        holders = nodes_holding(self.session.config, meta)
         body = encode_json(meta.to_dict())
         exclusive = not exist_ok and not replace
         created_on: list[Node] = []
-        results: list[dict[str, Any]] = []
+        results: list[StatRecord] = []
 
         async def on_every_daemon(create: Create) -> None:
             """Send ``create`` to every daemon (those holding no shard of it only check
@@ -202,13 +201,13 @@ class Namespace:
                 except Exception as exc:
                     refused.append(exc)
                     return
-                info = decode_json(reply.data)
-                if info.get("created"):
+                answer = CreateAnswer.parse(reply.data)
+                if answer.created:
                     created_on.append(node)
-                if not create.check and info.get("placed", True):
-                    results.append(info)
+                if not create.check and answer.record is not None:
+                    results.append(answer.record)
 
-            await self.session.gather(partial(create_on, n) for n in self.config.nodes)
+            await self.session.gather(partial(create_on, n) for n in self.session.config.nodes)
             if refused:
                 moved = [e for e in refused if isinstance(e, TensorMoved)]
                 raise (moved or refused)[0]
@@ -234,12 +233,12 @@ class Namespace:
             # the old tensor on daemons that hold none of the new shards.
             await self._drop_elsewhere(meta.key, name, holders)
         # A tensor kept as it was may be placed by another key than asked for.
-        meta = TensorMeta.from_dict(results[0]["meta"]) if results else meta
+        meta = results[0].meta if results else meta
         self.cache.put(meta, name)
         # Versions start again with a new layout: what this client saw of
         # the old one says nothing about the new.
         self.router.forget(meta.key)
-        return info_from([r for r in results if r], meta)
+        return info_from(results, meta)
 
     async def _drop_elsewhere(self, key: int, name: str, holders: Sequence[Node]) -> None:
         """Delete tensor ``name`` at ``key`` on every daemon not in ``holders`` (best
@@ -251,7 +250,7 @@ class Namespace:
 
         keep = {n.name for n in holders}
         await self.session.gather(
-            partial(drop_on, n) for n in self.config.nodes if n.name not in keep
+            partial(drop_on, n) for n in self.session.config.nodes if n.name not in keep
         )
 
     async def list(self, prefix: str = "", *, limit: int = 0) -> list[TensorInfo]:
@@ -267,7 +266,9 @@ class Namespace:
 
         down: list[DaemonUnavailable] = []
 
-        async def list_on(node: Node) -> list[dict[str, Any]]:
+        known: dict[str, TensorMeta] = {}  # each tensor's metadata parsed once
+
+        async def list_on(node: Node) -> list[StatRecord]:
             hdr = ListTensors(limit).frame(len(raw))
             try:
                 r = await self.session.request(node, hdr, [raw])
@@ -276,18 +277,18 @@ class Namespace:
                     raise
                 down.append(exc)
                 return []  # its replicas answer for it
-            return decode_json(r.data)
+            return StatRecord.parse_list(r.data, known)
 
-        per_node = await self.session.gather(partial(list_on, n) for n in self.config.nodes)
+        per_node = await self.session.gather(partial(list_on, n) for n in self.session.config.nodes)
         # Each shard's copies are on distinct daemons: with fewer daemons down than
         # copies, every tensor has a copy that answered; with as many, some may be
         # missing, and an empty or partial listing would read as a fact.
-        if down and len(down) >= min(self.config.replicas, len(self.config.nodes)):
+        if down and len(down) >= min(self.session.config.replicas, len(self.session.config.nodes)):
             raise down[0]
-        by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        by_name: dict[str, list[StatRecord]] = defaultdict(list)
         for records in per_node:
             for rec in records:
-                by_name[rec["meta"]["name"]].append(rec)
+                by_name[rec.meta.name].append(rec)
         return [info_from(by_name[name]) for name in sorted(by_name)[: limit or None]]
 
     async def delete(self, name: str) -> None:
@@ -319,7 +320,9 @@ class Namespace:
                 return False  # it learns of the delete from a replica when it is back
             return True
 
-        return any(await self.session.gather(partial(delete_on, n) for n in self.config.nodes))
+        return any(
+            await self.session.gather(partial(delete_on, n) for n in self.session.config.nodes)
+        )
 
     async def rename(self, old: str, new: str, *, replace: bool = False) -> TensorInfo:
         """``AsyncClient.rename``."""
@@ -338,9 +341,9 @@ class Namespace:
             dst = None  # this rename, begun before (on the daemons that answered then)
         if dst is not None and not replace:
             raise TensorExists(f"tensor {new!r} exists (pass replace=True to replace it)")
-        body = encode_json({"from": old, "to": new})
-        holders = nodes_holding(self.config, src)
-        records: list[dict[str, Any]] = []
+        body = RenameBody(old, new).encode()
+        holders = nodes_holding(self.session.config, src)
+        records: list[StatRecord] = []
         failed: list[Exception] = []
 
         async def rename_on(node: Node) -> None:
@@ -356,9 +359,9 @@ class Namespace:
             except Exception as exc:
                 failed.append(exc)
                 return
-            records.append(decode_json(reply.data))
+            records.append(StatRecord.parse(reply.data))
 
-        await self.session.gather(partial(rename_on, n) for n in self.config.nodes)
+        await self.session.gather(partial(rename_on, n) for n in self.session.config.nodes)
         self.cache.drop(old)
         self.cache.drop(new)
         if failed:
@@ -370,6 +373,6 @@ class Namespace:
         if dst is not None:
             await self._delete_at(dst.key, new)
             self.router.forget(dst.key)
-        meta = TensorMeta.from_dict(records[0]["meta"])
+        meta = records[0].meta
         self.cache.put(meta, new)
         return info_from(records, meta)

@@ -40,7 +40,6 @@ class OneSidedReader:
     def __init__(self, session: Session, router: Router) -> None:
         self.session = session
         self.router = router
-        self.config = session.config
         self.enabled = os.environ.get(ENV, "1") != "0"
         # Copies of a large read's shards on two threads.
         self.copier = Copier()
@@ -60,7 +59,10 @@ class OneSidedReader:
         if wid == NO_WORKER:
             return True
         # A training pull goes to the primary (only it keeps the step's state).
-        return not several_copies(self.config) and Mode.from_options(meta.options).kind == "async"
+        return (
+            not several_copies(self.session.config)
+            and Mode.from_options(meta.options).kind == "async"
+        )
 
     async def read(
         self, meta: TensorMeta, p: Piece, view: memoryview, choice: list[Node] | None = None
@@ -165,13 +167,13 @@ class OneSidedReader:
         """The daemon a one-sided read of ``shard`` copies from, and the least version
         the shard may have there: with replicas, the replica the read would ask
         first (``choice``), no older than this client saw."""
-        if several_copies(self.config):
+        if several_copies(self.session.config):
             node = (choice or self.router.candidates(meta.key, shard, False))[0]
             return node, self.router.seen(meta.key, shard)
-        return self.config.primary_for(meta.key, shard), 0
+        return self.session.config.primary_for(meta.key, shard), 0
 
     def _served(self, meta: TensorMeta, shard: int, got: tuple[int, int, int]) -> Served:
         """A one-sided read's answer; with replicas, its version is what this client saw."""
-        if several_copies(self.config):
+        if several_copies(self.session.config):
             self.router.saw(meta.key, shard, got[0], update=False)
         return Served(*got)

@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..cluster import ClusterConfig, Node
+from ..cluster import ClusterConfig, ConfigInForce, Node
 from ..errors import FAILOVER_STATUSES, DaemonError, DaemonUnavailable
 from ..protocol import NO_WORKER, Header
 from ..protocol.messages import Read, Stat, Update
@@ -103,8 +103,8 @@ class Router:
     sleeps are the shell's.
     """
 
-    def __init__(self, config: ClusterConfig, timeout: float, requests: Requests) -> None:
-        self.config = config
+    def __init__(self, in_force: ConfigInForce, timeout: float, requests: Requests) -> None:
+        self.in_force = in_force
         self.timeout = timeout
         self.requests = requests
         # With replicas: the highest version of each (key, shard) this client
@@ -119,12 +119,12 @@ class Router:
     @property
     def patience(self) -> float:
         """Seconds a request may keep failing over (``retry.patience``)."""
-        return patience(self.timeout, self.config.failure_detection)
+        return patience(self.timeout, self.in_force.config.failure_detection)
 
     @property
     def fails_over(self) -> bool:
         """Whether requests fail over (``fails_over``)."""
-        return fails_over(self.config)
+        return fails_over(self.in_force.config)
 
     def seen(self, key: int, shard: int) -> int:
         """The highest version of the shard this client saw (0: none)."""
@@ -144,7 +144,7 @@ class Router:
 
     def _epoch_number(self) -> int:
         """The epoch this client routes by (0: the config file's members, no epoch)."""
-        return self.config.epoch.number if self.config.epoch is not None else 0
+        return self.in_force.config.epoch.number if self.in_force.config.epoch is not None else 0
 
     def failed(self, node: Node) -> None:
         """``node`` did not answer: prefer the other replicas for a while."""
@@ -162,7 +162,7 @@ class Router:
         replica, so one tensor's shards are spread evenly over the daemons
         even where placement put more of them on one.
         """
-        replicas = list(self.config.replicas_for(key, shard))
+        replicas = list(self.in_force.config.replicas_for(key, shard))
         if update:
             hint = self.primary_hint.get(replicas[0].name)
             start = replicas.index(hint) if hint in replicas else 0
@@ -203,7 +203,7 @@ class Router:
         to notice a dead primary) with the last error.
         """
         if not self.fails_over:
-            node = self.config.primary_for(key, shard)
+            node = self.in_force.config.primary_for(key, shard)
             return await self.requests.request(node, msg.frame(length), payload, sink)
         worker = NO_WORKER if isinstance(msg, Stat) else msg.worker
         update_like = asks_primary(update, worker)

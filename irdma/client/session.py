@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from ..auth import cluster_secret
-from ..cluster import ClusterConfig, Node
+from ..cluster import ClusterConfig, ConfigInForce, Node
 from ..cluster.epochs import Epoch, epoch_tag
 from ..errors import (
     ClientClosed,
@@ -52,7 +52,8 @@ class Session:
         transport: str,
         shared: SharedRegion | None,
     ) -> None:
-        self.config = config
+        # The config in force: replaced whole when a daemon brings a newer epoch.
+        self.in_force = ConfigInForce(config)
         self.timeout = timeout
         # The secret is read now, so a missing or exposed file is reported at once.
         self.dialing = Dialing(config, transport, timeout, cluster_secret(config), shared)
@@ -172,6 +173,11 @@ class Session:
             raise error
         return reply
 
+    @property
+    def config(self) -> ClusterConfig:
+        """The config in force (keep it for one decision: a newer epoch replaces it)."""
+        return self.in_force.config
+
     def _unavailable(self, node: Node, exc: Exception) -> DaemonUnavailable:
         single = not several_copies(self.config)
         return DaemonUnavailable(node.name, str(node.address), str(exc), single_copy=single)
@@ -183,6 +189,6 @@ class Session:
             epoch = Epoch.from_json(record)
         except ValueError as exc:
             return f"refused the request's epoch, with a bad epoch record ({exc})"
-        if self.config.adopt(epoch):
+        if self.in_force.adopt(epoch):
             return f"the cluster is at epoch {epoch.number}; routed again"
         return f"is at epoch {epoch.number}, not newer than this client's; asked again"

@@ -7,6 +7,7 @@
 - ``epochs``: the member list at one moment and the moves between epochs (pure)
 - ``etcd``: a small etcd v3 client (its JSON gateway over HTTP/1.1, trio)
 - ``registry``: membership in etcd: leases, the epoch in force, drain requests
+- ``in_force``: ``ConfigInForce``, the config of the epoch in force in one process
 """
 
 from .config import (
@@ -26,6 +27,7 @@ from .configfile import (
     parse_size,
     render_config,
 )
+from .in_force import ConfigInForce
 from .placement import rendezvous_order
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "LOG_LEVELS",
     "Address",
     "ClusterConfig",
+    "ConfigInForce",
     "EtcdSettings",
     "Node",
     "find_config_path",

@@ -3,7 +3,8 @@
 ``ClusterConfig`` is what every client and daemon holds: the settings of
 ``cluster.toml`` (read by ``irdma.cluster.configfile``), the daemons, and
 where each shard lives (``irdma.cluster.placement``). With ``[etcd]`` the
-daemons follow the epoch in force (``ClusterConfig.adopt``).
+daemons follow the epoch in force (``ClusterConfig.following``, held by
+``irdma.cluster.in_force.ConfigInForce``).
 """
 
 from __future__ import annotations
@@ -79,12 +80,14 @@ class EtcdSettings:
     replace_after: float = DEFAULT_REPLACE_AFTER
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False)
 class ClusterConfig:
-    """A cluster's settings and its daemons. With ``[etcd]`` the daemons and their
-    placement follow the epoch in force (``adopt``): ``nodes`` are then the epoch's
-    members and target daemons, and shards are placed over its members. The
-    process's one mutable setting: everything holding the config sees the change."""
+    """A cluster's settings and its daemons, never changed once made. With ``[etcd]``
+    the daemons and their placement follow the epoch in force: ``following(epoch)``
+    gives the config of a newer epoch (``nodes`` are then the epoch's members and
+    target daemons, and shards are placed over its members), and a process holds
+    the one in force in a ``ConfigInForce`` (``irdma.cluster.in_force``). A caller that
+    keeps a config keeps one epoch's view whole, however the cluster moves on."""
 
     nodes: tuple[Node, ...]
     shard_size: int = DEFAULT_SHARD_SIZE
@@ -106,26 +109,38 @@ class ClusterConfig:
     path: Path | None = None
     # The epoch in force (``irdma.cluster.epochs``; None: the static node list places shards).
     epoch: Epoch | None = None
-    _by_name: dict[str, Node] = field(default_factory=dict, repr=False)
-    # The [[nodes]] of the file: where a node's data_dir and arena live.
-    _configured: dict[str, Node] = field(default_factory=dict, repr=False)
+    # The [[nodes]] of the file: where a node's data_dir and arena live (None: ``nodes``).
+    configured: tuple[Node, ...] | None = field(default=None, repr=False)
+    _by_name: dict[str, Node] = field(init=False, repr=False)
     # Where shards live: over the nodes, or the epoch's members (and target).
     _placement: Placement[Node] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._by_name.update({n.name: n for n in self.nodes})
-        self._configured.update(self._by_name)
-        self._placement = Placement(self.nodes, self.replicas)
+        # The frozen dataclass's own way to fill derived fields once.
+        by_name = {n.name: n for n in self.nodes}
+        object.__setattr__(self, "_by_name", by_name)
+        if self.configured is None:
+            object.__setattr__(self, "configured", self.nodes)
+        if self.epoch is None:
+            placement = Placement(self.nodes, self.replicas)
+        else:
+            placement = Placement(
+                tuple(by_name[n] for n in self.epoch.members),
+                self.replicas,
+                tuple(by_name[n] for n in self.epoch.target or ()),
+            )
+        object.__setattr__(self, "_placement", placement)
 
-    def adopt(self, epoch: Epoch) -> bool:
-        """Follow ``epoch`` if it is newer than the one in force (False: nothing
-        changes): its members and target daemons become the nodes, its members place
-        the shards. A node of the file keeps its data_dir and arena."""
+    def following(self, epoch: Epoch) -> ClusterConfig | None:
+        """The config of ``epoch``, or None if it is not newer than the one in force:
+        its members and target daemons become the nodes, its members place the
+        shards. A node of the file keeps its data_dir and arena."""
         if self.epoch is not None and epoch.number <= self.epoch.number:
-            return False
+            return None
+        configured = {n.name: n for n in self.configured or ()}
         nodes = []
         for name in epoch.names:
-            known = self._configured.get(name) or self._by_name.get(name)
+            known = configured.get(name) or self._by_name.get(name)
             address = epoch.address_of(name)
             if address is not None:
                 where = Address.parse(address)
@@ -137,17 +152,7 @@ class ClusterConfig:
                 nodes.append(replace(known, address=where))
             else:
                 nodes.append(Node(name, where, Path(f"/var/lib/irdma/{name}"), 0))
-        by_name = {n.name: n for n in nodes}
-        self.epoch = epoch
-        self.nodes = tuple(nodes)
-        self.replicas = epoch.replicas
-        self._by_name = by_name
-        self._placement = Placement(
-            tuple(by_name[n] for n in epoch.members),
-            epoch.replicas,
-            tuple(by_name[n] for n in epoch.target or ()),
-        )
-        return True
+        return replace(self, nodes=tuple(nodes), replicas=epoch.replicas, epoch=epoch)
 
     @property
     def members(self) -> tuple[Node, ...]:

@@ -4,6 +4,9 @@
   metadata, JSON payloads) and their limits.
 - ``messages``: one typed message per request kind, decoded from and
   encoded to frames; nothing else reads the header's per-op fields.
+- ``bodies``: JSON bodies (a daemon's stat record of a tensor, the answer to
+  CREATE, RENAME's request, the shared-memory handshake), one frozen dataclass
+  each.
 - ``conversation``: which answer may follow which request, and what each
   side owes the other afterwards (RELEASE of a PINNED answer, STAGED data).
 """

@@ -38,14 +38,13 @@ import trio
 
 from ..errors import AuthFailed
 from ..protocol import (
-    ATTACH_KEYS,
     LOCATION,
     Flag,
     Header,
+    ProtocolError,
     Status,
-    decode_json,
-    encode_json,
 )
+from ..protocol.bodies import AttachAnswer, AttachOffer, directory_pair
 from ..protocol.conversation import STAGEABLE, mapped_data, staged
 from ..protocol.directory import ONE_SIDED_ARCH, SLOT_BYTES, directory_bytes
 from ..protocol.messages import Attach
@@ -89,8 +88,8 @@ def make_staging(size: int) -> int:
 
 def check_attach_answer(
     path: Path, peer: str, node: str | None, header: Header, data: bytes, arena_fd: int
-) -> int:
-    """Check a daemon's ATTACH answer and the arena descriptor with it; return the arena's size.
+) -> AttachAnswer:
+    """Check a daemon's ATTACH answer and the arena descriptor with it; the answer.
 
     Raises AuthFailed when the daemon refused our secret, ShmUnavailable
     when shared memory cannot be used with it (refused, another host or
@@ -101,26 +100,32 @@ def check_attach_answer(
         raise AuthFailed(f"daemon {peer} refused the connection: {reason}")
     if header.status != Status.OK:
         raise ShmUnavailable(f"{peer} refused: {data.decode(errors='replace')}")
-    answer = decode_json(data)
-    if not isinstance(answer, dict) or any(k not in answer for k in ATTACH_KEYS):
-        raise ShmUnavailable(f"{peer}: malformed ATTACH answer")
-    if node is not None and answer["node"] != node:
-        raise ShmUnavailable(f"{path} is the socket of {answer['node']}, not {node}")
-    if answer["host"] != host_identity():
+    try:
+        answer = AttachAnswer.parse(data)
+    except ProtocolError as exc:
+        raise ShmUnavailable(f"{peer}: {exc}") from None
+    if node is not None and answer.node != node:
+        raise ShmUnavailable(f"{path} is the socket of {answer.node}, not {node}")
+    if answer.host != host_identity():
         raise ShmUnavailable(f"{peer} runs on another host or network namespace")
     if arena_fd < 0:
         raise ShmUnavailable(f"{peer} sent no arena descriptor")
-    if os.fstat(arena_fd).st_size < int(answer["arena_size"]):
+    if os.fstat(arena_fd).st_size < answer.arena_size:
         # Mapping past a file's end faults (SIGBUS) on access.
         raise ShmUnavailable(f"{peer}: arena descriptor is smaller than announced")
-    return int(answer["arena_size"])
+    return answer
 
 
 def directory_of(answer: dict, arena_size: int) -> tuple[int, int] | None:
-    """Where the shard directory is in the arena (offset, slots), if the daemon has one
-    that fits in what it mapped; None otherwise (reads then always ask the daemon)."""
-    where = answer.get("directory")
-    if not (isinstance(where, list) and len(where) == 2 and all(type(x) is int for x in where)):
+    """Where the shard directory is in the arena (offset, slots), if an answer (as a
+    decoded dict) names one that fits in what it mapped (``fitting_directory``)."""
+    return fitting_directory(directory_pair(answer.get("directory")), arena_size)
+
+
+def fitting_directory(where: tuple[int, int] | None, arena_size: int) -> tuple[int, int] | None:
+    """``where`` if it is a shard directory that fits in an arena of ``arena_size``
+    bytes; None otherwise (reads then always ask the daemon)."""
+    if where is None:
         return None
     offset, slots = where
     if offset < 0 or slots <= 0 or slots & (slots - 1):
@@ -178,12 +183,11 @@ async def exchange_attach(
         arena_fd = fds[0] if fds else -1
         for extra in fds[1:]:
             os.close(extra)
-        arena_size = check_attach_answer(path, peer, node, header, data, arena_fd)
-        answer = decode_json(data)
-        directory = directory_of(answer, arena_size)
+        answer = check_attach_answer(path, peer, node, header, data, arena_fd)
+        directory = fitting_directory(answer.directory, answer.arena_size)
         # A daemon that predates shared memory ignores it: writes then stage.
-        taken = shared if shared is not None and answer.get("shared") == shared.size else None
-        return SharedMemory(arena_fd, arena_size, staging_fd, staging_size, directory, taken)
+        taken = shared if shared is not None and answer.shared == shared.size else None
+        return SharedMemory(arena_fd, answer.arena_size, staging_fd, staging_size, directory, taken)
     finally:
         # Mapped (or failed): the descriptors are no longer needed.
         for fd in (staging_fd, arena_fd):
@@ -194,8 +198,7 @@ async def exchange_attach(
 def attach_frame(staging_size: int, shared_size: int = 0) -> bytes:
     """The ATTACH request: the staging size we offer (its memfd goes alongside), and
     the shared region's if there is one (its memfd second)."""
-    offer = {"staging": staging_size} | ({"shared": shared_size} if shared_size else {})
-    body = encode_json(offer)
+    body = AttachOffer(staging_size, shared_size).encode()
     return Attach().frame(len(body)).pack() + body
 
 

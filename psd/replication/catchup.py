@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import trio
 
-from irdma.cluster import DEFAULT_SHARD_SIZE, ClusterConfig
+from irdma.cluster import DEFAULT_SHARD_SIZE, ClusterConfig, ConfigInForce
 from irdma.protocol import Status
 from irdma.protocol.messages import Catchup, SyncRequest
 
@@ -62,7 +62,7 @@ class CatchUp:
 
     def __init__(
         self,
-        config: ClusterConfig,
+        in_force: ConfigInForce,
         me: str,
         store: Store,
         membership: Membership,
@@ -70,7 +70,7 @@ class CatchUp:
         heartbeats: Heartbeats,
         forwarding: Forwarding,
     ) -> None:
-        self.config = config
+        self.in_force = in_force
         self.me = me
         self.store = store
         self.membership = membership
@@ -89,11 +89,11 @@ class CatchUp:
     async def run(self) -> None:
         """Become current for every local shard, then announce readiness."""
         me = self.me
-        epoch = self.config.epoch
+        epoch = self.in_force.config.epoch
         if epoch is not None and me not in epoch.names:
             # Registered but not in the epoch (new, or drained): it keeps no copies, so
             # it has nothing to catch up on; the steward moves some to it if it joins.
-            drop_unkept(self.config, self.store, me)
+            drop_unkept(self.in_force.config, self.store, me)
             self.membership.became_ready()
             log.info("%s: not a member of epoch %d; ready to join", me, epoch.number)
             return
@@ -157,7 +157,7 @@ class CatchUp:
         }
 
         def replicas(key: int, index: int) -> list[str]:
-            return [n.name for n in self.config.replicas_for(key, index)]
+            return [n.name for n in self.in_force.config.replicas_for(key, index)]
 
         def acting_primary(key: int, index: int) -> str | None:
             node = self.membership.acting_primary(key, index)
@@ -167,13 +167,20 @@ class CatchUp:
         # hold shards placed here (it was only slow to answer).
         heard = set(self.membership.up_peers()) | asked
         return plan(
-            self.me, mine, reports, replicas, acting_primary, only, heard, self.config.quorum
+            self.me,
+            mine,
+            reports,
+            replicas,
+            acting_primary,
+            only,
+            heard,
+            self.in_force.config.quorum,
         )
 
     async def _ask_peers(self) -> tuple[dict[str, Report], set[str]]:
         """Each peer's answer to the catch-up question, by name (those that gave one),
         and the names of the peers asked."""
-        question = CatchupQuestion(self.me, epoch_number(self.config)).encode()
+        question = CatchupQuestion(self.me, epoch_number(self.in_force.config)).encode()
         reports: dict[str, Report] = {}
 
         async def ask(name: str) -> None:
@@ -181,7 +188,7 @@ class CatchUp:
                 header, data = await self.peers.named(name).link.request(
                     Catchup().frame(len(question)),
                     [question],
-                    timeout=self.config.failure_timeout + PEER_WORK,
+                    timeout=self.in_force.config.failure_timeout + PEER_WORK,
                 )
             except PeerError:
                 return
@@ -209,7 +216,7 @@ class CatchUp:
     async def fetch(self, source: str, shards: list[ShardId]) -> None:
         """Have ``source`` send these shards whole (after what it queued for this daemon).
         Raises PeerError when it cannot or does not."""
-        body = CopyRequest(self.me, tuple(shards), epoch_number(self.config)).encode()
+        body = CopyRequest(self.me, tuple(shards), epoch_number(self.in_force.config)).encode()
         tensors = self.store.tensors
         total = sum(
             tensors[k].shards[s].nbytes
@@ -218,7 +225,7 @@ class CatchUp:
         )
         # At least the default shard size per shard (one not held here has no size).
         timeout = (
-            self.config.failure_timeout
+            self.in_force.config.failure_timeout
             + PEER_WORK
             + max(total, len(shards) * DEFAULT_SHARD_SIZE) / MODEST_RATE
         )
@@ -259,7 +266,7 @@ class CatchUp:
 
         async def tell(name: str) -> None:
             nonlocal ok
-            timeout = self.config.failure_timeout + PEER_WORK
+            timeout = self.in_force.config.failure_timeout + PEER_WORK
             peer = self.peers.get(name)  # None: it left the cluster since
             if peer is None or not await self.heartbeats.ping(peer, timeout, handoff=True):
                 ok = ok and not self.membership.up(name)

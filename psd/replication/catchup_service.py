@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from irdma.cluster import ClusterConfig
+from irdma.cluster import ConfigInForce
 from irdma.protocol import Status
 
 from ..errors import Refusal
@@ -23,14 +23,14 @@ class CatchUpService:
 
     def __init__(
         self,
-        config: ClusterConfig,
+        in_force: ConfigInForce,
         me: str,
         store: Store,
         membership: Membership,
         peers: Peers,
         forwarding: Forwarding,
     ) -> None:
-        self.config = config
+        self.in_force = in_force
         self.me = me
         self.store = store
         self.membership = membership
@@ -43,7 +43,7 @@ class CatchUpService:
         Raises Refusal: BAD_ARGUMENT for a question not from a peer, RECOVERING
         when the asker must ask again (not seen registered, or another epoch).
         """
-        refuse_unless_replicated(self.config, "catch-up")
+        refuse_unless_replicated(self.in_force.config, "catch-up")
         try:
             question = CatchupQuestion.parse(body)
         except BadBody as exc:
@@ -58,7 +58,7 @@ class CatchUpService:
                 Status.RECOVERING,
                 f"{self.me} does not see {asker} registered in etcd yet; ask again",
             )
-        check_same_epoch(self.config, self.me, asker, question.epoch)
+        check_same_epoch(self.in_force.config, self.me, asker, question.epoch)
         # From now on updates are forwarded to it, so nothing falls between
         # this answer and the copies it asks for.
         self.membership.heard(asker)
@@ -76,7 +76,7 @@ class CatchUpService:
             Holding(key, index, shard.version, self.store.checksum(shard))
             for key, tensor in self.store.tensors.items()
             for index, shard in tensor.shards.items()
-            if self.config.holds(asker, key, index)
+            if self.in_force.config.holds(asker, key, index)
         )
 
     def queue_copies(self, body: Any) -> list[Item]:
@@ -85,7 +85,7 @@ class CatchUpService:
         Raises Refusal: BAD_ARGUMENT for a request that is malformed or not from
         a peer, RECOVERING when the asker follows another epoch.
         """
-        refuse_unless_replicated(self.config, "sync request")
+        refuse_unless_replicated(self.in_force.config, "sync request")
         try:
             request = CopyRequest.parse(body)
         except BadBody as exc:
@@ -93,7 +93,7 @@ class CatchUpService:
         asker = request.node
         if not self.peers.is_peer(asker):
             raise Refusal(Status.BAD_ARGUMENT, f"unknown node {asker!r}")
-        check_same_epoch(self.config, self.me, asker, request.epoch)
+        check_same_epoch(self.in_force.config, self.me, asker, request.epoch)
         self.membership.heard(asker)
         return self.forwarding.send_whole(asker, request.shards)
 

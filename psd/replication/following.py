@@ -15,7 +15,7 @@ import logging
 
 import trio
 
-from irdma.cluster import ClusterConfig
+from irdma.cluster import ConfigInForce
 from irdma.cluster.epochs import Epoch
 
 from ..membership import Membership
@@ -43,7 +43,7 @@ class EpochFollower:
 
     def __init__(
         self,
-        config: ClusterConfig,
+        in_force: ConfigInForce,
         me: str,
         store: Store,
         membership: Membership,
@@ -51,7 +51,7 @@ class EpochFollower:
         heartbeats: Heartbeats,
         catchup: CatchUp,
     ) -> None:
-        self.config = config
+        self.in_force = in_force
         self.me = me
         self.store = store
         self.membership = membership
@@ -83,7 +83,7 @@ class EpochFollower:
             await self._settle(epoch)
             for name in self.membership.forget_leavers():
                 self.peers.part(name)
-            drop_unkept(self.config, self.store, self.me)
+            drop_unkept(self.in_force.config, self.store, self.me)
             self.adopted()  # serving again (one-sided readers too), without those copies
             if epoch.target is not None and self.me in epoch.target:
                 await self._gain(epoch)
@@ -97,7 +97,7 @@ class EpochFollower:
             for peer in list(self.peers.values()):
                 nursery.start_soon(self.heartbeats.ping, peer)
         while not self.membership.settled():
-            await trio.sleep(self.config.heartbeat / 4)
+            await trio.sleep(self.in_force.config.heartbeat / 4)
         log.info("%s: settled on epoch %d", self.me, epoch.number)
 
     async def _gain(self, epoch: Epoch) -> None:
@@ -106,7 +106,7 @@ class EpochFollower:
         me = self.me
 
         def gains(key: int, index: int) -> bool:
-            return not any(n.name == me for n in self.config.replicas_for(key, index))
+            return not any(n.name == me for n in self.in_force.config.replicas_for(key, index))
 
         while True:
             if self.membership.ready and self.membership.settled():

@@ -21,7 +21,7 @@ from typing import Any
 
 import trio
 
-from irdma.cluster import ClusterConfig
+from irdma.cluster import ConfigInForce
 from irdma.protocol import Status
 from irdma.protocol.messages import Ping
 
@@ -39,13 +39,13 @@ class Heartbeats:
 
     def __init__(
         self,
-        config: ClusterConfig,
+        in_force: ConfigInForce,
         me: str,
         membership: Membership,
         peers: Peers,
         forwarding: Forwarding,
     ) -> None:
-        self.config = config
+        self.in_force = in_force
         self.me = me
         self.membership = membership
         self.peers = peers
@@ -75,7 +75,7 @@ class Heartbeats:
             handoff,
             self._boot,
             self._seq,
-            epoch_number(self.config),
+            epoch_number(self.in_force.config),
             resync=self.forwarding.debts.owes(to),
         ).encode()
 
@@ -85,7 +85,7 @@ class Heartbeats:
         Raises Refusal: BAD_OP with one copy per shard, BAD_ARGUMENT for a body
         that is not a heartbeat of a peer.
         """
-        refuse_unless_replicated(self.config, "heartbeat")
+        refuse_unless_replicated(self.in_force.config, "heartbeat")
         try:
             beat = Heartbeat.parse(body)
         except BadBody as exc:
@@ -102,7 +102,7 @@ class Heartbeats:
 
     async def run(self, peer: Peer) -> None:
         """Ping ``peer`` every heartbeat, until cancelled."""
-        interval = self.config.heartbeat
+        interval = self.in_force.config.heartbeat
         while True:
             started = trio.current_time()
             await self.ping(peer)
@@ -115,7 +115,9 @@ class Heartbeats:
         body = self.body(peer.name, handoff)
         try:
             header, data = await peer.link.request(
-                Ping().frame(len(body)), [body], timeout=timeout or self.config.failure_timeout
+                Ping().frame(len(body)),
+                [body],
+                timeout=timeout or self.in_force.config.failure_timeout,
             )
         except PeerError:
             return False

@@ -13,7 +13,7 @@ import logging
 import trio
 
 from irdma.auth import cluster_secret
-from irdma.cluster import ClusterConfig, Node
+from irdma.cluster import ConfigInForce, Node
 from irdma.cluster.epochs import Epoch
 
 from ..membership import Membership, MembershipListener
@@ -40,12 +40,13 @@ class Replicator(MembershipListener):
     ``epochs`` (its hooks), ``catchup``.
     """
 
-    def __init__(self, config: ClusterConfig, node: Node, store: Store) -> None:
+    def __init__(self, in_force: ConfigInForce, node: Node, store: Store) -> None:
         me = node.name
-        self.config = config
+        self.in_force = in_force
+        config = in_force.config
         self.node = node
         self.store = store
-        self.membership = Membership(config, me)
+        self.membership = Membership(in_force, me)
         # Links to peers authenticate like clients do (``irdma.auth``).
         dialer = Dialer(me, cluster_secret(config), config.failure_timeout)
         self.peers = Peers(config.nodes, me, dialer)
@@ -54,18 +55,18 @@ class Replicator(MembershipListener):
         self.forwarding = Forwarding(
             me, self.membership, self.peers, delivery, retry_pause=config.heartbeat / 2
         )
-        self.heartbeats = Heartbeats(config, me, self.membership, self.peers, self.forwarding)
+        self.heartbeats = Heartbeats(in_force, me, self.membership, self.peers, self.forwarding)
         self.catchup = CatchUp(
-            config, me, store, self.membership, self.peers, self.heartbeats, self.forwarding
+            in_force, me, store, self.membership, self.peers, self.heartbeats, self.forwarding
         )
         self.vetting = Vetting(
-            config, me, store, self.membership, self.peers, self.catchup.asked, self.copies
+            in_force, me, store, self.membership, self.peers, self.catchup.asked, self.copies
         )
         self.service = CatchUpService(
-            config, me, store, self.membership, self.peers, self.forwarding
+            in_force, me, store, self.membership, self.peers, self.forwarding
         )
         self.epochs = EpochFollower(
-            config, me, store, self.membership, self.peers, self.heartbeats, self.catchup
+            in_force, me, store, self.membership, self.peers, self.heartbeats, self.catchup
         )
         self.membership.listen(self)
         self.membership.listen(self.forwarding)
@@ -77,7 +78,7 @@ class Replicator(MembershipListener):
 
     @property
     def enabled(self) -> bool:
-        return self.config.replicated
+        return self.in_force.config.replicated
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Heartbeats, forward queues and catch-up, until cancelled."""
@@ -85,7 +86,7 @@ class Replicator(MembershipListener):
             self.recovered.set()
             task_status.started()
             await trio.sleep_forever()
-        if self.config.etcd is None:
+        if self.in_force.config.etcd is None:
             self.adopted.set()
         async with trio.open_nursery() as nursery:
             self.serve_in(nursery)
@@ -111,7 +112,7 @@ class Replicator(MembershipListener):
         while True:
             self.membership.observe()
             self.forwarding.let_go_of_down_peers()
-            await trio.sleep(self.config.heartbeat / 2)
+            await trio.sleep(self.in_force.config.heartbeat / 2)
 
     async def _recovery_loop(self) -> None:
         await self.adopted.wait()  # with etcd: catching up needs the epoch's placement
@@ -144,9 +145,9 @@ class Replicator(MembershipListener):
         shards; then (in the background) settle on it, drop copies no longer kept,
         and copy what this daemon gains in its target."""
         assert self._nursery is not None
-        if not self.config.adopt(epoch):
+        if not self.in_force.adopt(epoch):
             return
-        for peer in self.peers.follow(self.config.nodes):
+        for peer in self.peers.follow(self.in_force.config.nodes):
             self._nursery.start_soon(self._peer_tasks, peer)
         self.membership.follow_nodes()
         self.epochs.adopted()

@@ -15,7 +15,7 @@ from collections.abc import Container, Iterable
 
 import numpy as np
 
-from irdma.cluster import ClusterConfig
+from irdma.cluster import ClusterConfig, ConfigInForce
 from irdma.protocol import Status
 from irdma.protocol.messages import ShardCopy
 
@@ -77,7 +77,7 @@ class Vetting:
 
     def __init__(
         self,
-        config: ClusterConfig,
+        in_force: ConfigInForce,
         me: str,
         store: Store,
         membership: Membership,
@@ -85,7 +85,7 @@ class Vetting:
         asked: Container[str],
         copies: CopyCounts,
     ) -> None:
-        self.config = config
+        self.in_force = in_force
         self.me = me
         self.store = store
         self.membership = membership
@@ -102,8 +102,8 @@ class Vetting:
         here) from any replica that is up. Anything else is a stale primary's leftover: Refusal
         (NOT_OWNER), or BAD_ARGUMENT for a sender no daemon is.
         """
-        refuse_unless_replicated(self.config, "copy")
-        m, me, config = self.membership, self.me, self.config
+        refuse_unless_replicated(self.in_force.config, "copy")
+        m, me, config = self.membership, self.me, self.in_force.config
         sender = sender_name(config, self.peers, sender_index)
         if sender is None and config.epoch is not None:
             # A daemon this epoch left out, with updates queued from before: refused, so

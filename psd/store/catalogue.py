@@ -9,9 +9,9 @@ import dataclasses
 import heapq
 from collections.abc import Callable
 from operator import attrgetter
-from typing import Any
 
 from irdma.protocol import DTYPE_ANY, DTYPE_NAMES, Status, TensorMeta
+from irdma.protocol.bodies import StatRecord
 from irdma.training.modes import Mode
 
 from ..coordination import Coordinator
@@ -290,20 +290,18 @@ class Catalogue:
             raise StoreError(Status.NOT_FOUND, f"no tensor {name!r} here")
         return tensor
 
-    def info(self, tensor: Tensor) -> dict[str, Any]:
+    def info(self, tensor: Tensor) -> StatRecord:
         """The stat record of a tensor as this daemon sees it."""
-        out = {
-            "meta": tensor.meta.to_dict(),
-            "version": tensor.version,
-            "mtime": tensor.mtime,
-            "ctime": tensor.ctime,
-            "shards": {str(i): s.version for i, s in sorted(tensor.shards.items())},
-        }
-        if tensor.coord is not None:
-            out["evicted"] = sorted(tensor.coord.evicted)
-        return out
+        return StatRecord(
+            meta=tensor.meta,
+            version=tensor.version,
+            mtime=tensor.mtime,
+            ctime=tensor.ctime,
+            shards={i: s.version for i, s in sorted(tensor.shards.items())},
+            evicted=tuple(sorted(tensor.coord.evicted)) if tensor.coord is not None else None,
+        )
 
-    def list(self, prefix: str = "", limit: int = 0) -> builtins.list[dict[str, Any]]:
+    def list(self, prefix: str = "", limit: int = 0) -> builtins.list[StatRecord]:
         """Stat records of the tensors this daemon holds shards of, by name; only
         the first ``limit`` of them if it is not 0.
 

@@ -58,7 +58,7 @@ from irdma_psd.server import Server
 from irdma_psd.shm import ShmSession
 from irdma_psd.store import Store
 
-from irdma.cluster import Address, ClusterConfig, Node
+from irdma.cluster import Address, ClusterConfig, ConfigInForce, Node
 from irdma.protocol import (
     BATCH_OPS,
     ENTRY,
@@ -211,11 +211,12 @@ class Harness:
         )
         self.node = nodes[0]
         arena = Arena(arena_size, name="irdma-fuzz-arena")
+        in_force = ConfigInForce(self.config)
         self.store = Store(
-            arena, lambda key, shard: self.config.holds(ME, key, shard), replicated=replicated
+            arena, lambda key, shard: in_force.config.holds(ME, key, shard), replicated=replicated
         )
         self.server = Server(
-            self.config, self.node, self.store, Replicator(self.config, self.node, self.store)
+            in_force, self.node, self.store, Replicator(in_force, self.node, self.store)
         )
         self.hang_timeout = hang_timeout
         self.probe_every = probe_every

@@ -55,7 +55,7 @@ import trio
 from irdma.cli.status import gather
 from irdma.client import AsyncClient
 from irdma.cluster import load_config
-from irdma.protocol import TensorMeta, tensor_key
+from irdma.protocol import tensor_key
 
 CONFIG = "/etc/irdma/cluster.toml"
 NODES = ("n1", "n2", "n3")
@@ -142,9 +142,8 @@ async def shards_behind(client: AsyncClient) -> dict[str, list[dict[str, Any]]]:
     for node in config.nodes:
         mine = versions[node.name] = {}
         for rec in await client.holdings(node):
-            key = TensorMeta.key_of(rec["meta"])
-            for index, version in rec["shards"].items():
-                mine[int(key), int(index)] = int(version)
+            for index, version in (rec.shards or {}).items():
+                mine[rec.meta.key, index] = version
     shards = {s for held in versions.values() for s in held}
     out: dict[str, list[dict[str, Any]]] = {}
     for node in config.nodes:
@@ -347,7 +346,7 @@ async def check_sigkill(detail: dict[str, Any], client: AsyncClient) -> bool:
     config = client.config
     key = tensor_key("sysd/while_n2_down")
     records = await client.holdings(config.node("n2"), "sysd/while_n2_down")
-    held = sorted(int(i) for r in records for i in r["shards"])
+    held = sorted(i for r in records for i in r.shards or {})
     should = [i for i in range(10) if config.holds("n2", key, i)]
     back = await client.read("sysd/while_n2_down")
     updated = await client.read("sysd/updated")
