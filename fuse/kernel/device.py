@@ -20,14 +20,16 @@ import struct
 import subprocess
 from pathlib import Path
 
+from irdma import mounts
+
 from . import abi
 
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MNT_DETACH = 0x2
 FSNAME = "irdma"
-SUBTYPE = "irdma"
-FSTYPE = f"fuse.{SUBTYPE}"  # what /proc/mounts shows, as pyfuse3's subtype=irdma does
+FSTYPE = mounts.FSTYPE  # what /proc/mounts shows, as pyfuse3's subtype=irdma does
+SUBTYPE = FSTYPE.removeprefix("fuse.")  # fusermount3 makes the type fuse.SUBTYPE
 FUSERMOUNT = "fusermount3"
 # The environment variable naming the socket fusermount3 hands the descriptor over.
 COMMFD_ENV = "_FUSE_COMMFD"
@@ -146,7 +148,7 @@ def unmount(mountpoint: Path) -> None:
 
 
 def _fusermount_unmount(mountpoint: Path) -> None:
-    if not _mounted(mountpoint):
+    if not _mounted(mountpoint):  # already gone: nothing to ask fusermount3
         return
     try:
         done = subprocess.run(
@@ -163,17 +165,8 @@ def _fusermount_unmount(mountpoint: Path) -> None:
 
 
 def _mounted(mountpoint: Path) -> bool:
-    """Whether /proc/mounts lists ``mountpoint`` (a dead mount too)."""
-    target = os.fsencode(os.path.abspath(mountpoint))
-    with open("/proc/self/mounts", "rb") as f:
-        return any(line.split()[1] == _escaped(target) for line in f)
-
-
-def _escaped(path: bytes) -> bytes:
-    """A path as /proc/mounts writes it (space, tab, newline and backslash in octal)."""
-    for ch in b"\\ \t\n":
-        path = path.replace(bytes([ch]), b"\\%03o" % ch)
-    return path
+    """Whether an irdma mount is at ``mountpoint`` (a dead one too)."""
+    return os.path.abspath(mountpoint) in mounts.mounted_here()
 
 
 def backing_open(fd: int, file_fd: int) -> int:
