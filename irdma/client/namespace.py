@@ -265,7 +265,7 @@ class Namespace:
             raise ValueError(f"limit must be 0 (none) or a positive count, not {limit}")
 
         down: list[DaemonUnavailable] = []
-
+        config = self.session.config  # the daemons asked, and what their answers cover
         known: dict[str, TensorMeta] = {}  # each tensor's metadata parsed once
 
         async def list_on(node: Node) -> list[StatRecord]:
@@ -279,11 +279,11 @@ class Namespace:
                 return []  # its replicas answer for it
             return StatRecord.parse_list(r.data, known)
 
-        per_node = await self.session.gather(partial(list_on, n) for n in self.session.config.nodes)
+        per_node = await self.session.gather(partial(list_on, n) for n in config.nodes)
         # Each shard's copies are on distinct daemons: with fewer daemons down than
         # copies, every tensor has a copy that answered; with as many, some may be
         # missing, and an empty or partial listing would read as a fact.
-        if down and len(down) >= min(self.session.config.replicas, len(self.session.config.nodes)):
+        if down and len(down) >= min(config.replicas, len(config.nodes)):
             raise down[0]
         by_name: dict[str, list[StatRecord]] = defaultdict(list)
         for records in per_node:

@@ -144,7 +144,8 @@ class Router:
 
     def _epoch_number(self) -> int:
         """The epoch this client routes by (0: the config file's members, no epoch)."""
-        return self.in_force.config.epoch.number if self.in_force.config.epoch is not None else 0
+        epoch = self.in_force.config.epoch
+        return epoch.number if epoch is not None else 0
 
     def failed(self, node: Node) -> None:
         """``node`` did not answer: prefer the other replicas for a while."""
