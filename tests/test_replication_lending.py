@@ -23,7 +23,7 @@ from .helpers.stores import open_arena
 from .helpers.wire import hello
 from .test_replication_pipeline import copies, on_n1_then_n2
 
-SIZE = 4 * LEND_MIN
+SIZE = 16 * LEND_MIN
 
 
 def lent_block(arena: Arena, fill: int) -> np.ndarray:
@@ -183,7 +183,7 @@ def test_same_host_backups_read_large_forwards_from_the_primary_and_end_identica
     """Writes and accumulates of large shards with two copies on one host: the backup
     reads every forward out of the primary's arena (the counters say so on both
     sides), none needed a whole-shard copy, and both copies hold the same bytes."""
-    shard = 4 * LEND_MIN
+    shard = 16 * LEND_MIN
     elements = shard // 4
     cluster = make_cluster(tmp_path, 3, replicas=2, shard_size=shard, extra={"heartbeat": 0.2})
     try:

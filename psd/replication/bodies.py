@@ -90,9 +90,9 @@ class Heartbeat:
     seq: int | None = None
     epoch: int | None = None
     resync: bool = False
-    # The sender's host and network namespace (``unix.host_identity``): a primary
-    # lends large forwards to a backup on its own (``lending``). None: unsaid.
-    host: str | None = None
+    # The boot id of the kernel the sender runs on: a primary lends large forwards
+    # to a backup on its own kernel (``lending``). None: unsaid.
+    kernel: str | None = None
 
     @property
     def stamp(self) -> tuple[int, int] | None:
@@ -111,8 +111,8 @@ class Heartbeat:
         }
         if self.resync:
             body["resync"] = True
-        if self.host is not None:
-            body["host"] = self.host
+        if self.kernel is not None:
+            body["kernel"] = self.kernel
         return encode_json(body)
 
     @classmethod
@@ -126,7 +126,7 @@ class Heartbeat:
             seq=_optional_int(rec.get("seq")),
             epoch=_optional_int(rec.get("epoch")),
             resync=rec.get("resync") is True,
-            host=host if isinstance(host := rec.get("host"), str) else None,
+            kernel=k if isinstance(k := rec.get("kernel"), str) else None,
         )
 
     @classmethod

@@ -137,7 +137,7 @@ class Pipeline:
                 self._add(Flight(item, None))
                 continue
             lender = self.delivery.lender
-            if item.lent is None and self.peer.borrows and self.peer.host == lender.host:
+            if item.lent is None and self.peer.borrows and self.peer.kernel == lender.kernel:
                 item.lent = lender.lend(item.commit.payload)
                 if item.lent is not None:
                     self.delivery.copies.lent += 1
