@@ -177,6 +177,32 @@ def test_a_lent_body_of_the_wrong_size_or_sign_is_refused() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_with_lend_forwards_false_every_forward_carries_its_bytes(tmp_path: Path) -> None:
+    """The config's switch (for hosts that must not share memory, and benchmarks that
+    stand namespaces in for hosts): nothing is lent, the copies still agree."""
+    shard = 16 * LEND_MIN
+    cluster = make_cluster(
+        tmp_path,
+        3,
+        replicas=2,
+        shard_size=shard,
+        extra={"heartbeat": 0.2, "lend_forwards": False},
+    )
+    try:
+        (name,) = on_n1_then_n2(cluster, "sent/", 1)
+        with Client(cluster.config_path) as c:
+            for i in range(20):  # heartbeats have long said n2 shares n1's kernel
+                c.write(name, np.full(shard // 4, float(i), np.float32))
+                c.accumulate(name, np.ones(shard // 4, np.float32))
+        assert hello(cluster.config, "n1")["copies"]["lent"] == 0
+        assert hello(cluster.config, "n2")["copies"]["borrowed"] == 0
+        held = copies(cluster, name, shard)
+        assert held["n1"] == held["n2"], held
+    finally:
+        cluster.close()
+
+
+@pytest.mark.timeout(120)
 def test_same_host_backups_read_large_forwards_from_the_primary_and_end_identical(
     tmp_path: Path,
 ) -> None:

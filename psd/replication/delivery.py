@@ -45,13 +45,19 @@ class Delivery:
     """Sends updates and whole shards from ``store`` to peers, as daemon ``sender``."""
 
     def __init__(
-        self, store: Store, sender: int, failure_timeout: float, copies: CopyCounts
+        self,
+        store: Store,
+        sender: int,
+        failure_timeout: float,
+        copies: CopyCounts,
+        *,
+        lend: bool = True,
     ) -> None:
         self.store = store
         self.sender = sender  # how messages name this daemon (``vetting.sender_id``)
         self.failure_timeout = failure_timeout
         self.copies = copies
-        self.lender = Lender(store.arena)
+        self.lender = Lender(store.arena, enabled=lend)
 
     def budget(self, nbytes: int) -> float:
         """How long a peer that is up may take to answer a request of ``nbytes``."""

@@ -65,8 +65,9 @@ class LoanRevoked(Exception):
 class Lender:
     """The primary's side: which forwards can be lent, and their bodies."""
 
-    def __init__(self, arena: Arena) -> None:
+    def __init__(self, arena: Arena, *, enabled: bool = True) -> None:
         self.arena = arena
+        self.enabled = enabled  # the config's lend_forwards
         self.kernel = kernel()
         self._boot = boot_id()
         self._pid = os.getpid()
@@ -75,7 +76,7 @@ class Lender:
         """A loan on ``payload`` and the body that sends it, if it lies in the arena
         and is large enough to lend (the caller revokes the loan before the bytes
         may change)."""
-        if payload.nbytes < LEND_MIN:
+        if not self.enabled or payload.nbytes < LEND_MIN:
             return None
         offset = self.arena.offset_of(payload)
         if offset is None:

@@ -54,7 +54,13 @@ class Replicator(MembershipListener):
         self.copies = CopyCounts()
         # Reads the bytes same-host primaries lend this daemon (``lending``).
         self.borrower = Borrower()
-        delivery = Delivery(store, sender_id(config, me), config.failure_timeout, self.copies)
+        delivery = Delivery(
+            store,
+            sender_id(config, me),
+            config.failure_timeout,
+            self.copies,
+            lend=config.lend_forwards,
+        )
         self.forwarding = Forwarding(
             me, self.membership, self.peers, delivery, retry_pause=config.heartbeat / 2
         )
