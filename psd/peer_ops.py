@@ -78,16 +78,7 @@ class PeerOps:
             lent = LentBytes.decode(await conn.payload.read_bytes(LentBytes.SIZE))
         except BadBody as exc:
             raise Refusal(Status.BAD_FRAME, str(exc)) from None
-        update = self.store.begin_update(
-            msg.op,
-            msg.key,
-            msg.shard,
-            msg.offset,
-            msg.size,
-            alpha=msg.alpha,
-            layout=msg.layout,
-            dtype=msg.dtype,
-        )
+        update = self.data.begin_update(msg)
         try:
             self.borrower.read(lent, update.landing)
         except LoanRevoked as exc:
