@@ -199,7 +199,15 @@ class Cluster:
         nodes = [(h, f"tcp://{self.net.address(h)}:{PORT}", str(self.tmp / h), 512 << 20)
                  for h in hosts]  # fmt: skip
         path = self.tmp / name
-        text = render_config(nodes, shard_size=self.shard_size, replicas=self.replicas, timeout=5.0)
+        # Namespaces stand in for hosts here: nothing is lent between them (one kernel
+        # would let a backup copy a forward out of its primary's memory).
+        text = render_config(
+            nodes,
+            shard_size=self.shard_size,
+            replicas=self.replicas,
+            timeout=5.0,
+            extra={"lend_forwards": False},
+        )
         path.write_text(text + self.etcd)
         return path
 

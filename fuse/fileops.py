@@ -123,11 +123,13 @@ class FileOps:
         opened = self._files.register(handle, flags)
         snap = handle.snapshot
         info = handle.info  # set wherever a snapshot is
-        if snap is not None and not snap.started and not opened.keep_cache and info is not None:
-            # Every read of this open reaches us: fix its content now, at open
-            # (close-to-open), not at a first read that may come after an update;
-            # reads are answered as the chunks they need arrive. Opens the page
-            # cache already serves start only if a read reaches us.
+        if snap is not None and not snap.started and info is not None:
+            # Fix its content now, at open (close-to-open), not at a first read
+            # that may come after an update; reads are answered as the chunks
+            # they need arrive. An open the page cache serves holds the snapshot
+            # that filled it (``OpenFiles.register``): started already, and the
+            # pages the kernel drops are read again from it, never from a newer
+            # version.
             self._backend.stream_in(snap, handle.target, info)
         return opened
 
@@ -164,11 +166,6 @@ class FileOps:
         handle = self._files.get(fh)
         snap = handle.snapshot
         if snap is not None:
-            if not snap.started:
-                # The page cache was to serve this open and lost pages: the
-                # version now, whole (if it changed since the open: the newer).
-                info = await self._backend.c.stat(handle.target.name)
-                self._backend.stream_in(snap, handle.target, info)
             await snap.wait(off, size)
         return handle.read(off, size)
 

@@ -84,12 +84,15 @@ class Filesystem:
         uid: int | None = None,
         gid: int | None = None,
         shared: SharedRegion | None = None,
+        keep_memory: int = 0,
     ) -> None:
         # Memory for large files' bytes (in ``shared``, if given: the daemons copy
         # pushes straight from it), reused once nothing uses it.
         self.backend = Backend(BufferPool(shared=shared))
         self.inodes = InodeTable()
-        self.files: OpenFiles[Attributes] = OpenFiles(direct_io=direct_io)
+        # Readers' files no open holds, kept (within ``keep_memory``) so the page
+        # cache can serve the next open of the same version.
+        self.files: OpenFiles[Attributes] = OpenFiles(direct_io=direct_io, keep_limit=keep_memory)
         self.resolver = Resolver(self.backend, self.files)
         self.attrs = AttributeTable(
             self.inodes,

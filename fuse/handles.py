@@ -3,13 +3,21 @@ pushed, directory handles, and readers' shared snapshots. Tables only, no I/O.
 
 Which opens the kernel page cache may serve is decided here, when a handle
 is registered (``register``): the page cache is per file, not per open, so it
-can only serve opens that all see the same content.
+can only serve opens that all see the same content. And only while the mount
+still holds that content (the snapshot whose reads filled the cache, held by
+the open): the kernel drops a file's cached pages whenever it learns that the
+file changed (a getattr or lookup showing a new mtime, auto_inval_data), and
+the reads of an open it was serving then reach the mount, which must answer
+them from the version the open saw, never the newer one. A snapshot no open
+holds is kept for the next open of its version, within ``keep_limit`` bytes,
+least recently used first.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -37,15 +45,20 @@ class Opened:
 class OpenFiles(Generic[E]):
     """Open handles by number and by path; ``E`` is a directory listing's entry."""
 
-    def __init__(self, *, direct_io: bool = False) -> None:
+    def __init__(self, *, direct_io: bool = False, keep_limit: int = 0) -> None:
         self.direct_io = direct_io  # every open bypasses the page cache
+        # Bytes of snapshots no open holds, kept so the page cache can serve the next
+        # open of their version (``--backing-memory``).
+        self.keep_limit = keep_limit
         self._handles: dict[int, Handle] = {}
         self._next_fh = 1
         self._pending: dict[str, Handle] = {}  # created, not yet pushed
         self._dir_handles: dict[int, list[tuple[str, E]]] = {}
         self._snapshots: dict[str, Snapshot] = {}  # readers' content, one per path
-        # Identity of the content the kernel page cache holds for a path.
-        self._cached_identity: dict[str, tuple] = {}
+        # Those no open holds, oldest first (each also in ``_snapshots``).
+        self._kept: OrderedDict[str, Snapshot] = OrderedDict()
+        # The snapshot whose reads filled the kernel page cache of a path.
+        self._cache_source: dict[str, Snapshot] = {}
 
     # -- file handles -----------------------------------------------------------
 
@@ -119,10 +132,13 @@ class OpenFiles(Generic[E]):
             # Do not invalidate: the page cache still serves the other opens.
             keep = True
         elif not direct and ident is not None:
-            keep = self._cached_identity.get(handle.path) == ident
-            self._cached_identity[handle.path] = ident
+            # The cache is kept only for the snapshot that filled it, which this
+            # open now holds: the pages the kernel drops are read again from it.
+            keep = self._cache_source.get(handle.path) is handle.snapshot
+            assert handle.snapshot is not None
+            self._cache_source[handle.path] = handle.snapshot
         elif not direct:
-            self._cached_identity.pop(handle.path, None)  # a writer fills the cache
+            self._cache_source.pop(handle.path, None)  # a writer fills the cache
         handle.cached = not direct
         fh = self._next_fh
         self._next_fh += 1
@@ -135,11 +151,33 @@ class OpenFiles(Generic[E]):
         handle = self._handles.pop(fh, None)
         if handle is None:
             return None
-        if handle.snapshot is not None:
-            handle.snapshot.refs -= 1
-            if handle.snapshot.refs == 0 and self._snapshots.get(handle.path) is handle.snapshot:
-                del self._snapshots[handle.path]
+        snap = handle.snapshot
+        if snap is not None:
+            snap.refs -= 1
+            if snap.refs == 0 and self._snapshots.get(handle.path) is snap:
+                if snap.whole and self._cache_source.get(handle.path) is snap:
+                    self._keep(handle.path, snap)
+                else:
+                    del self._snapshots[handle.path]
         return handle
+
+    def _keep(self, path: str, snap: Snapshot) -> None:
+        """Keep a snapshot no open holds for the next open of its version, within
+        ``keep_limit`` (the least recently used go first)."""
+        self._kept[path] = snap
+        self._kept.move_to_end(path)
+        total = sum(s.nbytes for s in self._kept.values())
+        while self._kept and total > self.keep_limit:
+            old_path, old = self._kept.popitem(last=False)
+            total -= old.nbytes
+            self._let_go(old_path, old)
+
+    def _let_go(self, path: str, snap: Snapshot) -> None:
+        """``snap`` is no longer kept: the next open of ``path`` reads afresh."""
+        if self._snapshots.get(path) is snap:
+            del self._snapshots[path]
+        if self._cache_source.get(path) is snap:
+            del self._cache_source[path]
 
     # -- files created here, not yet pushed -----------------------------------
 
@@ -171,8 +209,11 @@ class OpenFiles(Generic[E]):
         """The snapshot a new reader of ``path`` shares (a new one if the content
         changed), counted as held by one more reader."""
         snap = self._snapshots.get(path)
+        kept = self._kept.pop(path, None)
         if snap is None or snap.identity != identity(info):
-            snap = Snapshot(identity(info))  # streamed in from open, or the first read
+            if kept is not None:
+                self._let_go(path, kept)
+            snap = Snapshot(identity(info))  # streamed in from open
             self._snapshots[path] = snap
         snap.refs += 1
         return snap
@@ -180,13 +221,16 @@ class OpenFiles(Generic[E]):
     def move_snapshot(self, old: str, new: str, target_name: str) -> None:
         """``old``'s shared snapshot is now ``new``'s, of tensor ``target_name``."""
         snap = self._snapshots.pop(old, None)
-        if snap is not None:
+        kept = self._kept.pop(old, None)
+        self._cache_source.pop(old, None)
+        if snap is not None and kept is None:
             snap.target_name = target_name
             self._snapshots[new] = snap
 
     def drop_snapshot(self, path: str) -> None:
         """New readers of ``path`` get a snapshot of their own."""
         self._snapshots.pop(path, None)
+        self._kept.pop(path, None)
 
     async def quiesce(self, name: str) -> None:
         """Wait until snapshots of tensor ``name`` streaming in are complete, so a
@@ -198,7 +242,10 @@ class OpenFiles(Generic[E]):
 
     def forget(self, path: str) -> None:
         """``path``'s content changed: what the page cache holds of it is stale."""
-        self._cached_identity.pop(path, None)
+        self._cache_source.pop(path, None)
+        kept = self._kept.pop(path, None)
+        if kept is not None:
+            self._let_go(path, kept)
 
     # -- directory handles -------------------------------------------------------
 

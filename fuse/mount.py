@@ -112,13 +112,15 @@ class Served:
     close: Callable[[], None]
 
 
-def pyfuse3_session(fs_args: dict, mountpoint: Path, allow_other: bool) -> Served:
+def pyfuse3_session(
+    fs_args: dict, mountpoint: Path, allow_other: bool, backing_memory: int
+) -> Served:
     """The mount served by pyfuse3 (libfuse)."""
     import pyfuse3
 
     from .ops import IrdmaOperations
 
-    ops = IrdmaOperations(**fs_args)
+    ops = IrdmaOperations(**fs_args, keep_memory=backing_memory)
     options = set(pyfuse3.default_options) | {"fsname=irdma", "subtype=irdma"}
     if allow_other:
         options.add("allow_other")
@@ -155,8 +157,9 @@ async def serve(
 
     ``shared_memory``: the address space of the region the mount's large
     buffers come from (0: none; buffers are then pushed through staging).
-    ``session``: "pyfuse3", or "own" (irdma's own, with passthrough reads;
-    ``backing_memory`` bounds the readers' files it keeps unopened).
+    ``session``: "pyfuse3", or "own" (irdma's own, with passthrough reads).
+    ``backing_memory`` bounds the readers' files kept while no open holds them
+    (for the next open of the same version: the page cache, or passthrough).
     """
     # The mount's large buffers live in memory the same-host daemons map: a
     # writer's bytes are pushed from its buffer without a copy into staging.
@@ -165,7 +168,7 @@ async def serve(
     if session == "own":
         served = own_session(fs_args, mountpoint, allow_other, backing_memory)
     else:
-        served = pyfuse3_session(fs_args, mountpoint, allow_other)
+        served = pyfuse3_session(fs_args, mountpoint, allow_other, backing_memory)
     fs = served.fs
     notifier = Notifier.from_environ()  # under systemd (deploy/irdma-mount.service)
     # Recorded before mounting, so `irdma status` shows it as soon as it is mounted
@@ -384,8 +387,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=size_argument,
         default=BACKING_MEMORY,
         metavar="SIZE",
-        help="--session own: memory for files no open holds, kept for the next open of "
-        f"the same version (default: {BACKING_MEMORY >> 30}GiB)",
+        help="memory for readers' files no open holds, kept for the next open of the same "
+        "version: the kernel's page cache or passthrough serves it from memory "
+        f"(default: {BACKING_MEMORY >> 30}GiB; 0: every open reads the daemons again)",
     )
     p.add_argument(
         "--log",

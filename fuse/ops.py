@@ -79,9 +79,12 @@ class IrdmaOperations(pyfuse3.Operations):
         uid: int | None = None,
         gid: int | None = None,
         shared: SharedRegion | None = None,
+        keep_memory: int = 0,
     ) -> None:
         super().__init__()
-        self.fs = Filesystem(direct_io=direct_io, uid=uid, gid=gid, shared=shared)
+        self.fs = Filesystem(
+            direct_io=direct_io, uid=uid, gid=gid, shared=shared, keep_memory=keep_memory
+        )
         self.backend = self.fs.backend
 
     async def flush_all(self) -> None:

@@ -68,6 +68,15 @@ class Snapshot:
     def started(self) -> bool:
         return self.data is not None
 
+    @property
+    def whole(self) -> bool:
+        """Filled without an error: it can serve any read of its version."""
+        return self._filled.is_set() and self._error is None and self.data is not None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.data is None else self.data.nbytes
+
     def start(
         self,
         nursery: trio.Nursery,

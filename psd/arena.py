@@ -5,12 +5,14 @@ the whole arena can be registered for RDMA once, mapped by same-host clients,
 and sent with ``sendfile`` without copying through user space. Past the
 ``capacity`` bytes of blocks, the memfd holds the shard directory
 (``psd/directory.py``), so a client that maps the arena can also find where
-each shard is and check that it is reading one version of it.
+each shard is and check that it is reading one version of it; after the
+directory, the tokens of bytes lent to same-host backups (``psd/loans.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from irdma.extents import PAGE, Allocator, ArenaFullError, round_up
 from irdma.protocol.directory import directory_bytes, slots_for
 
 from .directory import Directory
+from .loans import LOAN_BYTES, Loans
 
 __all__ = ["PAGE", "Allocator", "Arena", "ArenaFullError", "Block", "round_up"]
 
@@ -47,13 +50,16 @@ class Arena:
     def __init__(self, capacity: int, name: str = "irdma-arena") -> None:
         capacity = round_up(capacity)
         slots = slots_for(capacity, PAGE)
-        size = capacity + round_up(directory_bytes(slots))
-        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        loans_at = capacity + round_up(directory_bytes(slots))
+        size = loans_at + round_up(LOAN_BYTES)
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self.fd, size)
             # Reserve the memory now, so a host without it fails at start
             # rather than on some later write.
             os.posix_fallocate(self.fd, 0, size)
+            # Never cut shorter under a mapping (a same-host backup maps it too).
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
             self._map = mmap.mmap(self.fd, size)
         except BaseException:
             os.close(self.fd)
@@ -63,6 +69,17 @@ class Arena:
         self.buf = np.frombuffer(self._map, dtype=np.uint8)
         self.allocator = Allocator(capacity)
         self.directory = Directory(self.buf, capacity, slots)
+        self.loans = Loans(self.buf, loans_at)
+        self._base = self.buf.ctypes.data
+        st = os.fstat(self.fd)
+        self.identity = (st.st_dev, st.st_ino)  # how a same-host backup knows it
+
+    def offset_of(self, array: np.ndarray) -> int | None:
+        """Where ``array``'s bytes start in the arena, if it is a contiguous view of it."""
+        if not array.flags.c_contiguous:
+            return None
+        offset = array.ctypes.data - self._base
+        return offset if offset >= 0 and offset + array.nbytes <= self.capacity else None
 
     @property
     def used(self) -> int:

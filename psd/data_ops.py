@@ -248,12 +248,9 @@ class DataOps:
         if block is not None:
             self.store.unpin(block)
 
-    async def receive_update(
-        self, conn: Conn, msg: Update | ReplicaUpdate, *, wire: int = 0, staged: bool = False
-    ) -> PendingUpdate:
-        """Validate an update and take in its payload (inline or STAGED); not applied yet."""
-        location = await staged_location(conn) if staged else None
-        update = self.store.begin_update(
+    def begin_update(self, msg: Update | ReplicaUpdate, wire: int = 0) -> PendingUpdate:
+        """Validate the update a message makes and stage room for its payload."""
+        return self.store.begin_update(
             msg.op,
             msg.key,
             msg.shard,
@@ -264,6 +261,13 @@ class DataOps:
             dtype=msg.dtype,
             wire=wire,
         )
+
+    async def receive_update(
+        self, conn: Conn, msg: Update | ReplicaUpdate, *, wire: int = 0, staged: bool = False
+    ) -> PendingUpdate:
+        """Validate an update and take in its payload (inline or STAGED); not applied yet."""
+        location = await staged_location(conn) if staged else None
+        update = self.begin_update(msg, wire)
         try:
             landing = update.landing
             if location is None:

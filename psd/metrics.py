@@ -245,7 +245,15 @@ class StateCollector(Collector):
         copies.add_metric(["received"], st.copies.received)
         copy_bytes.add_metric(["sent"], st.copies.sent_bytes)
         copy_bytes.add_metric(["received"], st.copies.received_bytes)
-        yield from (copies, copy_bytes)
+        lent = CounterMetricFamily(
+            "irdma_replication_lent_bytes",
+            "Bytes of forwarded updates a same-host backup read out of the primary's "
+            "arena: lent by this daemon, or borrowed from its primaries.",
+            labels=["direction"],
+        )
+        lent.add_metric(["lent"], st.copies.lent_bytes)
+        lent.add_metric(["borrowed"], st.copies.borrowed_bytes)
+        yield from (copies, copy_bytes, lent)
         if st.epoch is not None:
             yield gauge("irdma_epoch", "The cluster epoch this daemon follows.", st.epoch.number)
             yield gauge(

@@ -14,7 +14,9 @@ from .conn import Conn, Replies, payload_json
 from .data_ops import DataOps
 from .errors import Refusal
 from .replication import Item, Replicator
-from .store import Store
+from .replication.bodies import BadBody, LentBytes
+from .replication.lending import LentUnreadable, LoanRevoked
+from .store import PendingUpdate, Store
 
 
 class PeerOps:
@@ -29,6 +31,8 @@ class PeerOps:
         self.vetting = replicator.vetting
         self.replies = replies
         self.data = data  # receives a forwarded update's payload as a client's
+        self.borrower = replicator.borrower  # reads a same-host primary's lent bytes
+        self.copies = replicator.copies
 
     async def replica_update(self, conn: Conn, header: Header, msg: ReplicaUpdate) -> None:
         self.vetting.check_sender(msg.sender, msg.key, msg.shard)
@@ -40,7 +44,10 @@ class PeerOps:
                 Status.BEHIND,
                 f"shard {msg.shard} of {tensor.meta.name!r} is placed here and not copied yet",
             )
-        update = await self.data.receive_update(conn, msg)
+        if msg.lent:
+            update = await self._receive_lent(conn, msg)
+        else:
+            update = await self.data.receive_update(conn, msg)
         update.txn = msg.txn
         update.stamp = msg.stamp
         try:
@@ -56,6 +63,36 @@ class PeerOps:
             pushed = (msg.pushed_by, msg.pushed_step) if msg.pushed_by != NO_WORKER else None
             version = self.store.commit_replica(update, msg.produces, step, pushed)
         await self.replies.reply(conn, header, [], version=version)
+
+    async def _receive_lent(self, conn: Conn, msg: ReplicaUpdate) -> PendingUpdate:
+        """A forwarded update whose bytes the primary lent from its arena: read into a
+        block of this daemon's, then the loan checked (``replication.lending``).
+
+        Refusal BEHIND when the loan was revoked before the bytes were read (the
+        primary sends the shard whole), BAD_ARGUMENT when its arena cannot be read
+        from here at all (it forwards bytes from then on).
+        """
+        if conn.payload.left != LentBytes.SIZE:
+            raise Refusal(Status.BAD_FRAME, f"a lent update's body is {LentBytes.SIZE} bytes")
+        try:
+            lent = LentBytes.decode(await conn.payload.read_bytes(LentBytes.SIZE))
+        except BadBody as exc:
+            raise Refusal(Status.BAD_FRAME, str(exc)) from None
+        update = self.data.begin_update(msg)
+        try:
+            self.borrower.read(lent, update.landing)
+        except LoanRevoked as exc:
+            self.store.abort(update)
+            raise Refusal(Status.BEHIND, str(exc)) from None
+        except LentUnreadable as exc:
+            self.store.abort(update)
+            raise Refusal(Status.BAD_ARGUMENT, str(exc)) from None
+        except BaseException:
+            self.store.abort(update)
+            raise
+        self.copies.borrowed += 1
+        self.copies.borrowed_bytes += msg.size
+        return update
 
     async def ping(self, conn: Conn, header: Header, msg: Ping) -> None:
         body = await payload_json(conn)

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from irdma_psd.arena import PAGE, Allocator, Arena, ArenaFullError, Block, round_up
+from irdma_psd.loans import LOAN_BYTES
 
 from irdma.protocol.directory import directory_bytes, slots_for
 
@@ -233,9 +234,11 @@ def test_arena_capacity_rounding() -> None:
         try:
             assert a.capacity == got
             assert a.allocator.capacity == got
-            # The shard directory follows the blocks in the same memfd.
+            # The shard directory follows the blocks in the same memfd, then the
+            # loans of bytes lent to same-host backups.
             table = round_up(directory_bytes(slots_for(got)))
-            assert a.size == got + table
+            assert a.size == got + table + round_up(LOAN_BYTES)
+            assert a.loans.offset == got + table
             assert len(a.buf) == a.size
             assert a.buf.dtype == np.uint8
             assert os.fstat(a.fd).st_size == a.size

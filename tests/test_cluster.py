@@ -222,6 +222,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert cfg.replicas == 1
     assert cfg.timeout == DEFAULT_TIMEOUT
     assert cfg.secret_file is None
+    assert cfg.lend_forwards is True
 
 
 def test_unknown_node_name(tmp_path: Path) -> None:
@@ -318,6 +319,8 @@ BAD_CONFIGS = [
     ("rdma_gid_index = true\n" + nodes_toml(node(1)), "rdma_gid_index", "GID table index"),
     ("rdma_mtu = 9000\n" + nodes_toml(node(1)), "rdma_mtu", "one of 256, 512"),
     ('rdma_mtu = "4096"\n' + nodes_toml(node(1)), "rdma_mtu", "one of 256, 512"),
+    ("lend_forwards = 1\n" + nodes_toml(node(1)), "lend_forwards", "true or false"),
+    ('lend_forwards = "no"\n' + nodes_toml(node(1)), "lend_forwards", "true or false"),
 ]
 
 
@@ -416,8 +419,10 @@ def test_render_config_round_trip(tmp_path: Path) -> None:
         shard_size=1 << 20,
         replicas=2,
         timeout=1.5,
+        extra={"heartbeat": 0.25, "lend_forwards": False},
     )
     cfg = load_config(write(tmp_path, text))
+    assert (cfg.heartbeat, cfg.lend_forwards) == (0.25, False)
     assert cfg.shard_size == 1 << 20
     assert cfg.replicas == 2
     assert cfg.timeout == 1.5

@@ -7,6 +7,7 @@ for every reader: all its shards, or all of the write before, never a mix.
 
 from __future__ import annotations
 
+import io
 import signal
 import threading
 import time
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 import irdma
+from fuse.attributes import ATTR_TIMEOUT, OPEN_ATTR_REUSE
 from irdma import Client
 from irdma.client.shells import drive
 from irdma.client.stamps import StampClock
@@ -444,5 +446,33 @@ def test_the_mount_serves_one_write_whole(cluster: Cluster, tmp_path: Path) -> N
                     break
             else:
                 pytest.fail("no load overlapped a write")
+    finally:
+        m.unmount()
+
+
+@pytest.mark.timeout(120)
+def test_an_open_the_page_cache_serves_keeps_its_version_when_the_kernel_drops_pages(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """An open of an unchanged file is served by the page cache (keep_cache). The
+    tensor is rewritten while it is open and, once the mount's reuse of the open's
+    attributes runs out, the kernel sees the new mtime and drops the cached pages
+    (auto_inval_data): the rest of the open's reads reach the mount, and must come
+    from the version the open saw, not the new one."""
+    n = 3 * (4 << 20) // 4  # three of the mount's chunks
+    w = cluster.client()
+    w.write("atomic/cached", np.full(n, 1, np.float32))
+    m = start_mount(cluster, tmp_path / "mnt")
+    try:
+        path = m.path / "atomic" / "cached.npy"
+        assert uniform(np.load(path))  # the page cache now holds write 1
+        with open(path, "rb") as f:  # unchanged since: the page cache serves it
+            head = f.read(4 << 20)
+            w.write("atomic/cached", np.full(n, 2, np.float32))
+            time.sleep(OPEN_ATTR_REUSE + 2 * ATTR_TIMEOUT)
+            rest = f.read()
+        data = np.frombuffer(head + rest, np.uint8)
+        y = np.lib.format.read_array(io.BytesIO(data.tobytes()))
+        assert uniform(y), f"one open read two writes: {np.unique(y)}"
     finally:
         m.unmount()

@@ -67,14 +67,45 @@ def test_writers_and_step_files_and_direct_io_mounts_skip_the_page_cache() -> No
     assert direct.register(reader(direct)).direct_io
 
 
+def filled(handle: Handle, info: TensorInfo = V1) -> Handle:
+    """``handle`` with its snapshot read whole (as the open's stream leaves it)."""
+    assert handle.snapshot is not None
+    whole = Snapshot.of(np.zeros(4096, np.uint8), info)
+    handle.snapshot.data, handle.snapshot._filled = whole.data, whole._filled
+    return handle
+
+
 def test_a_changed_file_is_not_served_from_the_page_cache_again() -> None:
-    files: OpenFiles[str] = OpenFiles()
-    files.close(files.register(reader(files)).fh)
-    again = files.register(reader(files))
+    files: OpenFiles[str] = OpenFiles(keep_limit=1 << 20)
+    first = filled(reader(files))
+    files.close(files.register(first).fh)
+    again_handle = reader(files)
+    assert again_handle.snapshot is first.snapshot  # kept: no open held it
+    again = files.register(again_handle)
     assert again.keep_cache  # unchanged since the first open filled the cache
     files.close(again.fh)
     files.forget("m/w.npy")  # changed through the mount
     assert not files.register(reader(files)).keep_cache
+
+
+def test_the_page_cache_is_kept_only_for_a_snapshot_the_mount_still_holds() -> None:
+    """The kernel drops cached pages when it sees the file change, and the open's
+    reads then reach the mount: an open is served from the cache only if it holds
+    the snapshot that filled it. One not kept (past the limit, or never filled
+    whole) makes the next open of the same version read afresh, cache dropped."""
+    files: OpenFiles[str] = OpenFiles(keep_limit=4096)
+    files.close(files.register(filled(reader(files))).fh)
+    files.close(files.register(filled(reader(files, path="m/x.npy"), V1)).fh)
+    # The limit holds one: m/w.npy, used least recently, went.
+    w = reader(files)
+    assert not files.register(w).keep_cache
+    assert files.register(reader(files, path="m/x.npy")).keep_cache
+    unfilled: OpenFiles[str] = OpenFiles(keep_limit=1 << 20)
+    unfilled.close(unfilled.register(reader(unfilled)).fh)  # its stream never completed
+    assert not unfilled.register(reader(unfilled)).keep_cache
+    nothing_kept: OpenFiles[str] = OpenFiles()
+    nothing_kept.close(nothing_kept.register(filled(reader(nothing_kept))).fh)
+    assert not nothing_kept.register(reader(nothing_kept)).keep_cache
 
 
 def test_closing_the_last_reader_drops_the_shared_snapshot() -> None:
@@ -85,7 +116,8 @@ def test_closing_the_last_reader_drops_the_shared_snapshot() -> None:
     assert first.snapshot is not None and first.snapshot.refs == 1
     files.close(b)
     assert first.snapshot.refs == 0
-    assert reader(files).snapshot is not first.snapshot  # a new reader starts afresh
+    # Never filled whole (and nothing is kept by default): a new reader starts afresh.
+    assert reader(files).snapshot is not first.snapshot
     with pytest.raises(FsError) as caught:
         files.get(a)
     assert caught.value.errno == errno.EBADF

@@ -40,6 +40,7 @@ def test_passthrough_is_agreed_when_offered_and_asked() -> None:
     major, minor, readahead, flags, _, _, max_write, gran, pages, _, flags2, depth, _ = out
     assert (major, minor, readahead, max_write, gran, pages) == (7, 40, 128 << 10, 1 << 20, 1, 256)
     assert flags | flags2 << 32 == n.flags and flags2 & (1 << 5)  # PASSTHROUGH, in flags2
+    assert flags2 & (1 << 4)  # DIRECT_IO_ALLOW_MMAP: direct-I/O files map shared
     assert depth == abi.BACKING_STACK_DEPTH
 
 

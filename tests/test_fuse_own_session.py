@@ -9,6 +9,7 @@ session's own promises.
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import shutil
 import signal
@@ -112,6 +113,25 @@ def test_reads_and_mmap_of_an_open_file_never_reach_the_mount(cluster: Cluster, 
         os.close(fd)
     assert got.returncode == 0, got.stderr.decode()
     assert np.array_equal(np.load(io.BytesIO(got.stdout)), x)
+
+
+@pytest.mark.timeout(120)
+def test_files_opened_for_direct_io_can_be_mapped(cluster: Cluster, tmp_path: Path) -> None:
+    """With --direct-io an open for reading and writing bypasses the page cache (no
+    passthrough for writers); the session asks the kernel for
+    FUSE_DIRECT_IO_ALLOW_MMAP, so a shared mapping of it works (np.memmap and
+    np.load(mmap_mode=...) map shared; without the flag the kernel refuses with
+    ENODEV)."""
+    x = np.arange(1 << 20, dtype=np.float32)
+    with Client(cluster.config_path) as c:
+        c.write("dio/x", x)
+    m = start_mount(cluster, tmp_path / "mnt", "--direct-io", session="own")
+    try:
+        path = m.path / "dio" / "x.npy"
+        with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            assert np.array_equal(np.load(io.BytesIO(mapped[:])), x)
+    finally:
+        m.unmount()
 
 
 def test_an_open_keeps_its_version_whole_while_the_tensor_is_rewritten(

@@ -152,6 +152,11 @@ def test_each_op_decodes_to_its_kind() -> None:
     assert decode_request(h).min_version == 11
     assert decode_request(Header(Op.AUTH, shard=2)) == Auth(step=2)
     assert decode_request(Header(Op.WRITE, flags=Flag.STAGED)).staged
+    lent = decode_request(Header(Op.WRITE, version=4, worker=2, flags=Flag.REPLICA | Flag.STAGED))
+    assert isinstance(lent, ReplicaUpdate) and lent.lent and not lent.held
+    assert ReplicaUpdate(Op.WRITE, 1, 0, 0, 8, 1.0, 0, 0, 4, 2, lent=True).frame(72).flags == (
+        Flag.REPLICA | Flag.STAGED
+    )
 
 
 @pytest.mark.parametrize(
@@ -164,7 +169,7 @@ def test_each_op_decodes_to_its_kind() -> None:
         (Header(Op.READ, flags=Flag.STAGED), Status.BAD_FRAME),
         (Header(Op.CREATE, flags=Flag.STAGED), Status.BAD_FRAME),
         (Header(Op.WRITE, flags=Flag.PINNED), Status.BAD_FRAME),
-        (Header(Op.WRITE, flags=Flag.REPLICA | Flag.STAGED), Status.BAD_FRAME),
+        (Header(Op.WRITE, flags=Flag.REPLICA | Flag.STAGED, wire=10), Status.BAD_FRAME),
         (Header(Op.ACCUMULATE, flags=Flag.REPLICA, wire=10), Status.BAD_FRAME),
         (Header(Op.WRITE_BATCH, flags=Flag.REPLICA), Status.BAD_FRAME),
         (Header(Op.ACCUMULATE, flags=Flag.REPLICA | Flag.HELD), Status.BAD_FRAME),

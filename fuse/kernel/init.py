@@ -41,6 +41,9 @@ WANTED = (
     | InitFlag.PARALLEL_DIROPS
     | InitFlag.MAX_PAGES
     | InitFlag.INIT_EXT
+    # A shared mapping of a file opened with direct I/O (--direct-io, writers) is
+    # allowed (else ENODEV): np.memmap and np.load(mmap_mode=...) map shared.
+    | InitFlag.DIRECT_IO_ALLOW_MMAP
 )
 
 

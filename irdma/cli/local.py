@@ -94,7 +94,7 @@ def write_config(
     host: str = "127.0.0.1",
     ports: list[int] | None = None,
     timeout: float = DEFAULT_TIMEOUT,
-    extra: dict[str, float] | None = None,
+    extra: dict[str, float | bool] | None = None,
     scheme: str = "tcp",
     secret_file: Path | None = None,
 ) -> Path:

@@ -97,6 +97,9 @@ class ClusterConfig:
     failure_timeout: float = DEFAULT_FAILURE_TIMEOUT
     snapshot_interval: float = DEFAULT_SNAPSHOT_INTERVAL
     read_lease: float = DEFAULT_READ_LEASE
+    # A backup on the primary's kernel copies large forwards out of the primary's
+    # arena (psd/replication/lending.py); False: every forward's bytes are sent.
+    lend_forwards: bool = True
     secret_file: Path | None = None
     log_level: str | None = None
     # RDMA: the GID index to use (default: the RoCE v2 GID of the address)

@@ -9,6 +9,8 @@ Example::
     failure_timeout = 1.0    # a daemon silent this long is taken as down
     snapshot_interval = 60   # seconds between snapshots to data_dir (0: only on stop)
     read_lease = 10.0        # seconds a reader's lease on a write lasts unless renewed
+    lend_forwards = true     # a backup on the primary's kernel copies large updates out of
+                             # its memory; false: sent over the network, as between hosts
     log_level = "INFO"       # psd's log level (psd --log-level wins; SIGHUP re-reads it)
     secret_file = "/etc/irdma/secret"  # connections prove it (irdma.auth); set in production
     rdma_gid_index = 1       # optional; default: the RoCE v2 GID of each address
@@ -156,6 +158,7 @@ _TOP_KEYS = {
     "failure_timeout",
     "snapshot_interval",
     "read_lease",
+    "lend_forwards",
     "secret_file",
     "log_level",
     "rdma_gid_index",
@@ -247,6 +250,9 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig
         raw, "snapshot_interval", DEFAULT_SNAPSHOT_INTERVAL, fail, zero_ok=True
     )
     read_lease = _seconds(raw, "read_lease", DEFAULT_READ_LEASE, fail)
+    lend_forwards = raw.get("lend_forwards", True)
+    if not isinstance(lend_forwards, bool):
+        raise fail("lend_forwards", f"{lend_forwards!r} must be true or false")
     secret = raw.get("secret_file")
     if secret is not None and not isinstance(secret, str):
         raise fail("secret_file", "must be a path string")
@@ -273,6 +279,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> ClusterConfig
         failure_timeout=failure_timeout,
         snapshot_interval=snapshot_interval,
         read_lease=read_lease,
+        lend_forwards=lend_forwards,
         secret_file=_resolve(Path(secret), path) if secret else None,
         log_level=log_level.upper() if log_level else None,
         rdma_gid_index=gid_index,
@@ -371,14 +378,16 @@ def render_config(
     shard_size: int = DEFAULT_SHARD_SIZE,
     replicas: int = 1,
     timeout: float = DEFAULT_TIMEOUT,
-    extra: dict[str, float] | None = None,
+    extra: dict[str, float | bool] | None = None,
 ) -> str:
     """TOML text for a cluster of (name, address, data_dir, arena_size) nodes.
 
-    ``extra`` adds top-level numeric keys (heartbeat, failure_timeout, ...).
+    ``extra`` adds top-level numeric or boolean keys (heartbeat, lend_forwards, ...).
     """
     lines = [f"shard_size = {shard_size}", f"replicas = {replicas}", f"timeout = {timeout}"]
-    lines += [f"{k} = {v}" for k, v in (extra or {}).items()]
+    lines += [
+        f"{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in (extra or {}).items()
+    ]
     lines.append("")
     for name, address, data_dir, arena in nodes:
         lines += [

@@ -204,6 +204,8 @@ class Flag(enum.IntFlag):
     MAPPED = 32
     # WRITE / ACCUMULATE on a shm or rdma connection: the payload is LOCATION
     # (where the data sits in the connection's staging memory), not the data.
+    # With REPLICA: the payload says where the bytes lie in the sending daemon's
+    # arena, lent to a backup on its host (psd/replication/lending.py).
     STAGED = 64
     # REPLICA ACCUMULATE: a training worker's push, forwarded so a backup that
     # takes over knows it; ``step`` carries the push's step << 16 | its worker

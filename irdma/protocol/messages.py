@@ -335,7 +335,9 @@ class ReplicaUpdate:
     A training worker's push (``pushed_by``) carries its worker and step, so
     the backup's training-mode bookkeeping (ssp clocks, held deltas) follows
     the primary's; a ``held`` one is not applied but held for its lockstep
-    step, on top of version ``produces`` itself.
+    step, on top of version ``produces`` itself. A ``lent`` one (flag STAGED)
+    carries where its bytes lie in the sender's arena instead of the bytes (a
+    backup on the sender's host: ``psd/replication/lending.py``).
     """
 
     op: Op  # WRITE or ACCUMULATE
@@ -358,6 +360,7 @@ class ReplicaUpdate:
     pushed_by: int = NO_WORKER  # the training worker whose push it is
     pushed_step: int = 0  # and the step it is that worker's gradient for
     held: bool = False  # held for its lockstep step, not applied
+    lent: bool = False  # the payload is where the bytes lie in the sender's arena
 
     def __post_init__(self) -> None:
         pushed = self.pushed_by != NO_WORKER
@@ -367,7 +370,7 @@ class ReplicaUpdate:
             raise ValueError("a held update is a worker's push")
 
     def frame(self, length: int) -> Header:
-        flags = _REPLICA
+        flags = _REPLICA | (_STAGED if self.lent else 0)
         if self.pushed_by != NO_WORKER:
             flags |= _PUSHED | (_HELD if self.held else 0)
             step = self.pushed_step << 16 | self.pushed_by
@@ -395,8 +398,8 @@ class ReplicaUpdate:
 
     @classmethod
     def decode(cls, h: Header) -> ReplicaUpdate:
-        if h.flags & _STAGED or h.wire:
-            raise BadRequest(Status.BAD_FRAME, "a replica update is neither STAGED nor narrowed")
+        if h.wire:
+            raise BadRequest(Status.BAD_FRAME, "a replica update is not narrowed")
         pushed = bool(h.flags & _PUSHED)
         if h.flags & _HELD and not pushed:
             raise BadRequest(Status.BAD_FRAME, "HELD without PUSHED on a replica update")
@@ -422,6 +425,7 @@ class ReplicaUpdate:
             low if pushed else NO_WORKER,
             high if pushed else 0,
             bool(h.flags & _HELD),
+            bool(h.flags & _STAGED),
         )
 
 
@@ -705,7 +709,7 @@ def decode_request(h: Header) -> Request:
     flags = h.flags
     if op in _UPDATES:
         if flags & _REPLICA:
-            if flags & ~(_REPLICA | _PUSHED | _HELD):
+            if flags & ~(_REPLICA | _PUSHED | _HELD | _STAGED):
                 raise BadRequest(Status.BAD_FRAME, f"flags {flags:#x} on a replica update")
             return ReplicaUpdate.decode(h)
         if flags & ~_STAGED:

@@ -10,11 +10,16 @@ the same order. A body that is not what its message carries raises
 - ``CatchupQuestion`` / ``CatchupAnswer``: CATCHUP, what a catching-up daemon
   asks each peer and what the peer holds for it (``Holding``s);
 - ``CopyRequest``: SYNC_REQUEST, the shards a daemon asks a peer to send whole;
-- ``ShardCopyBody``: the metadata that leads a SYNC (a whole shard's copy).
+- ``ShardCopyBody``: the metadata that leads a SYNC (a whole shard's copy);
+- ``LentBytes``: the body of a REPLICA_UPDATE sent STAGED to a backup on the
+  sender's host: where the update's bytes lie in the sender's arena, and the
+  loan that says they still do (``psd/loans.py``). Fixed-size binary, not
+  JSON: it rides with every large forward.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Self
@@ -85,6 +90,9 @@ class Heartbeat:
     seq: int | None = None
     epoch: int | None = None
     resync: bool = False
+    # The boot id of the kernel the sender runs on: a primary lends large forwards
+    # to a backup on its own kernel (``lending``). None: unsaid.
+    kernel: str | None = None
 
     @property
     def stamp(self) -> tuple[int, int] | None:
@@ -103,6 +111,8 @@ class Heartbeat:
         }
         if self.resync:
             body["resync"] = True
+        if self.kernel is not None:
+            body["kernel"] = self.kernel
         return encode_json(body)
 
     @classmethod
@@ -116,6 +126,7 @@ class Heartbeat:
             seq=_optional_int(rec.get("seq")),
             epoch=_optional_int(rec.get("epoch")),
             resync=rec.get("resync") is True,
+            kernel=k if isinstance(k := rec.get("kernel"), str) else None,
         )
 
     @classmethod
@@ -281,3 +292,51 @@ def _flat_ints(values: Iterable[Any], what: str) -> tuple[int, ...]:
         return tuple(int(n) for n in values)
     except (TypeError, ValueError, OverflowError):
         raise BadBody(f"{what} is not a list of integers") from None
+
+
+_LENT = struct.Struct("<16s8q")
+
+
+@dataclass(frozen=True, slots=True)
+class LentBytes:
+    """Where a forwarded update's bytes lie in its sender's arena, lent until revoked.
+
+    ``boot`` (the kernel's boot id), ``pid`` and ``fd`` say how a process on the
+    same host opens the arena (``/proc/<pid>/fd/<fd>``); ``dev`` and ``ino``
+    which file it must turn out to be (a pid reused since opens another);
+    ``offset`` and ``nbytes`` the bytes; ``word`` and ``token`` the loan.
+    """
+
+    boot: bytes
+    pid: int
+    fd: int
+    dev: int
+    ino: int
+    offset: int
+    nbytes: int
+    word: int
+    token: int
+
+    SIZE = _LENT.size
+
+    def encode(self) -> bytes:
+        return _LENT.pack(
+            self.boot,
+            self.pid,
+            self.fd,
+            self.dev,
+            self.ino,
+            self.offset,
+            self.nbytes,
+            self.word,
+            self.token,
+        )
+
+    @classmethod
+    def decode(cls, data: bytes | bytearray | memoryview) -> Self:
+        if len(data) != _LENT.size:
+            raise BadBody(f"a lent update's body is {_LENT.size} bytes, not {len(data)}")
+        body = cls(*_LENT.unpack(data))
+        if min(body.pid, body.fd, body.offset, body.nbytes, body.word) < 0:
+            raise BadBody("a lent update's body has a negative pid, descriptor or offset")
+        return body

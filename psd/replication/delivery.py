@@ -15,7 +15,8 @@ from irdma.protocol import Header, Status
 from irdma.protocol.messages import ReplicaUpdate, ShardCopy
 
 from ..store import Commit, Store, held_commit
-from .bodies import ShardCopyBody
+from .bodies import LentBytes, ShardCopyBody
+from .lending import Lender
 from .links import Link, PeerError, Refused
 
 # The rate a peer that is up takes and sends bytes at, at the least (bytes per
@@ -32,26 +33,48 @@ class CopyCounts:
     sent_bytes: int = 0
     received: int = 0
     received_bytes: int = 0
+    # Forwarded updates whose bytes a same-host peer read out of the sender's
+    # arena (``lending``): lent by this daemon, and borrowed from its primaries.
+    lent: int = 0
+    lent_bytes: int = 0
+    borrowed: int = 0
+    borrowed_bytes: int = 0
 
 
 class Delivery:
     """Sends updates and whole shards from ``store`` to peers, as daemon ``sender``."""
 
     def __init__(
-        self, store: Store, sender: int, failure_timeout: float, copies: CopyCounts
+        self,
+        store: Store,
+        sender: int,
+        failure_timeout: float,
+        copies: CopyCounts,
+        *,
+        lend: bool = True,
     ) -> None:
         self.store = store
         self.sender = sender  # how messages name this daemon (``vetting.sender_id``)
         self.failure_timeout = failure_timeout
         self.copies = copies
+        self.lender = Lender(store.arena, enabled=lend)
 
     def budget(self, nbytes: int) -> float:
         """How long a peer that is up may take to answer a request of ``nbytes``."""
         return self.failure_timeout + nbytes / MODEST_RATE
 
-    def update_request(self, c: Commit) -> tuple[Header, list[np.ndarray]]:
-        """The REPLICA_UPDATE that forwards one update: its header and payload."""
-        header = ReplicaUpdate(
+    def update_request(
+        self, c: Commit, lent: LentBytes | None = None
+    ) -> tuple[Header, list[np.ndarray | bytes]]:
+        """The REPLICA_UPDATE that forwards one update: its header and payload (with
+        ``lent``, where its bytes lie in this daemon's arena instead of the bytes)."""
+        if lent is not None:
+            body = lent.encode()
+            return self._replica_update(c, lent=True).frame(len(body)), [body]
+        return self._replica_update(c).frame(c.payload.nbytes), [c.payload]
+
+    def _replica_update(self, c: Commit, *, lent: bool = False) -> ReplicaUpdate:
+        return ReplicaUpdate(
             c.op,
             c.key,
             c.shard,
@@ -69,8 +92,8 @@ class Delivery:
             pushed_by=c.pushed_by,
             pushed_step=c.pushed_step,
             held=c.held,
-        ).frame(c.payload.nbytes)
-        return header, [c.payload]
+            lent=lent,
+        )
 
     async def update(self, link: Link, c: Commit) -> tuple[int, bytes]:
         """Forward one update and wait for the answer: the peer's status and, for a

@@ -29,6 +29,7 @@ from ..errors import Refusal
 from ..membership import Membership
 from .bodies import BadBody, Heartbeat
 from .forwarding import Forwarding
+from .lending import kernel
 from .links import PeerError
 from .peers import Peer, Peers
 from .vetting import epoch_number, refuse_unless_replicated
@@ -55,6 +56,7 @@ class Heartbeats:
         self._boot = secrets.randbits(63)
         self._seq = 0
         self._announcing = False
+        self._kernel = kernel()  # peers on the same one are lent large forwards
 
     @contextmanager
     def announcing(self) -> Iterator[None]:
@@ -77,6 +79,7 @@ class Heartbeats:
             self._seq,
             epoch_number(self.in_force.config),
             resync=self.forwarding.debts.owes(to),
+            kernel=self._kernel,
         ).encode()
 
     async def received(self, body: Any) -> bytes:
@@ -92,6 +95,7 @@ class Heartbeats:
             raise Refusal(Status.BAD_ARGUMENT, str(exc)) from None
         if not self.peers.is_peer(beat.node):
             raise Refusal(Status.BAD_ARGUMENT, f"heartbeat from an unknown node {beat.node!r}")
+        self.peers[beat.node].kernel = beat.kernel
         believed = self.membership.heard(beat.node, beat.ready, stamp=beat.stamp, epoch=beat.epoch)
         if believed and beat.resync:
             self._owed_resync(beat.node)
@@ -127,6 +131,7 @@ class Heartbeats:
             reply = Heartbeat.decode(data)
         except BadBody:
             return True  # it answered, without a state this daemon can read
+        peer.kernel = reply.kernel
         believed = self.membership.heard(
             peer.name, reply.ready, stamp=reply.stamp, epoch=reply.epoch
         )

@@ -23,6 +23,11 @@ class Peer:
     queue: ForwardQueue = field(default_factory=ForwardQueue)
     # Forwards sent to it whose answers are not in yet (``pipeline``).
     in_flight: int = 0
+    # The boot id of the kernel it runs on, as its heartbeats say (None: not heard,
+    # or an older release): large forwards are lent to it when it is this one's.
+    kernel: str | None = None
+    # False once it could not read lent bytes at all (``lending.LentUnreadable``).
+    borrows: bool = True
     # Its heartbeat and forwarding tasks (ended when it leaves the cluster).
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
 

@@ -136,7 +136,14 @@ class Pipeline:
                 # replica may have taken over since. Not sent.
                 self._add(Flight(item, None))
                 continue
-            requests.append(self.delivery.update_request(item.commit))
+            lender = self.delivery.lender
+            if item.lent is None and self.peer.borrows and self.peer.kernel == lender.kernel:
+                item.lent = lender.lend(item.commit.payload)
+                if item.lent is not None:
+                    self.delivery.copies.lent += 1
+                    self.delivery.copies.lent_bytes += item.commit.payload.nbytes
+            lent = item.lent[1] if item.lent is not None else None
+            requests.append(self.delivery.update_request(item.commit, lent))
             to_send.append(item)
         if not requests:
             return
@@ -209,6 +216,16 @@ class Pipeline:
             raise Refused(
                 f"{self.peer.name} refused an update to shard {item.shard} of tensor "
                 f"{item.key:#x}: {why.decode(errors='replace')}"
+            )
+        if item.lent is not None and reply.status == Status.BAD_ARGUMENT:
+            # It cannot read this daemon's arena (another pid namespace, no access):
+            # later forwards carry their bytes.
+            self.peer.borrows = False
+            log.warning(
+                "%s: %s cannot read lent bytes (%s); forwarding bytes to it from now on",
+                self.me,
+                self.peer.name,
+                why.decode(errors="replace"),
             )
         synced = self.synced.get((item.key, item.shard))
         if synced is not None and commit.version <= synced:

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 import trio
 
+from ..loans import Loan
 from ..store import Commit
+from .bodies import LentBytes
 
 
 @dataclass(eq=False)
@@ -33,12 +35,17 @@ class Item:
     losses: int = 0
     sending: bool = False  # its bytes are being written to the peer's socket now
     finished: bool = False  # its hold on the commit's payload is let go
+    # The commit's bytes lent to a same-host peer (``lending``), the same loan for
+    # every send of it; revoked before the hold is let go.
+    lent: tuple[Loan, LentBytes] | None = None
 
     def finish(self) -> None:
         """Let go of the commit's payload once the item is done and no send reads it
         (whoever ends the later of the two calls this)."""
         if self.done.is_set() and not self.sending and not self.finished:
             self.finished = True
+            if self.lent is not None:
+                self.lent[0].revoke()  # a peer reading late sees it; the bytes may go now
             if self.commit is not None:
                 self.commit.let_go()
 

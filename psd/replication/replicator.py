@@ -24,6 +24,7 @@ from .delivery import CopyCounts, Delivery
 from .following import EpochFollower
 from .forwarding import Forwarding
 from .heartbeats import Heartbeats
+from .lending import Borrower
 from .links import Dialer
 from .peers import Peer, Peers
 from .vetting import Vetting, sender_id
@@ -51,7 +52,15 @@ class Replicator(MembershipListener):
         dialer = Dialer(me, cluster_secret(config), config.failure_timeout)
         self.peers = Peers(config.nodes, me, dialer)
         self.copies = CopyCounts()
-        delivery = Delivery(store, sender_id(config, me), config.failure_timeout, self.copies)
+        # Reads the bytes same-host primaries lend this daemon (``lending``).
+        self.borrower = Borrower()
+        delivery = Delivery(
+            store,
+            sender_id(config, me),
+            config.failure_timeout,
+            self.copies,
+            lend=config.lend_forwards,
+        )
         self.forwarding = Forwarding(
             me, self.membership, self.peers, delivery, retry_pause=config.heartbeat / 2
         )
@@ -112,6 +121,7 @@ class Replicator(MembershipListener):
         while True:
             self.membership.observe()
             self.forwarding.let_go_of_down_peers()
+            self.borrower.prune()  # a primary that exited: its arena's memory goes
             await trio.sleep(self.in_force.config.heartbeat / 2)
 
     async def _recovery_loop(self) -> None:

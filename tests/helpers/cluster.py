@@ -144,7 +144,7 @@ def make_cluster(
     shard_size: int = 64 << 10,
     timeout: float = 10.0,
     replicas: int = 1,
-    extra: dict[str, float] | None = None,
+    extra: dict[str, float | bool] | None = None,
     secret: bytes | None = None,
     host: str = "127.0.0.1",
     scheme: str = "tcp",

@@ -317,6 +317,8 @@ def run(config: RunConfig, workdir: Path, log: Callable[[str], None] = print) ->
                     proc.wait(max(0.0, until - time.monotonic()) + 120)
             cluster.heal_everything()
             final = cluster.wait_ready(90)
+            if final.get("lent") is not None:
+                log(f"forwards lent to a backup since each daemon started: {final['lent']}")
             writer.write(
                 history.Record(
                     "fault",

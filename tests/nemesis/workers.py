@@ -301,6 +301,7 @@ async def _all_ready(config_path: str, timeout: float) -> dict[str, Any]:
     config = load_config(config_path)
     started = time.monotonic()
     last: dict[str, str] = {}
+    lent: dict[str, int] = {}  # forwards each daemon lent a backup since it started
     epochs: set[int | None] = set()
     async with AsyncClient(config, timeout=1.0, transport=TRANSPORT) as client:
         while True:
@@ -311,6 +312,7 @@ async def _all_ready(config_path: str, timeout: float) -> dict[str, Any]:
                     last[node.name] = type(exc).__name__
                     continue
                 ok = hello.get("ready") and hello.get("quorum")
+                lent[node.name] = int(hello.get("copies", {}).get("lent", 0))
                 epoch = hello.get("epoch")
                 if ok and config.etcd is not None:
                     # After a drain or a replacement: every daemon a member of one
@@ -330,7 +332,7 @@ async def _all_ready(config_path: str, timeout: float) -> dict[str, Any]:
                 and all(v == "ready" for v in last.values())
                 and len(last) == len(config.nodes)
             ):
-                return {"ready": True, "waited": time.monotonic() - started}
+                return {"ready": True, "waited": time.monotonic() - started, "lent": lent}
             if time.monotonic() - started > timeout:
                 return {"ready": False, "waited": time.monotonic() - started, "last": last}
             await trio.sleep(0.05)
