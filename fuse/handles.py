@@ -55,8 +55,9 @@ class OpenFiles(Generic[E]):
         self._pending: dict[str, Handle] = {}  # created, not yet pushed
         self._dir_handles: dict[int, list[tuple[str, E]]] = {}
         self._snapshots: dict[str, Snapshot] = {}  # readers' content, one per path
-        # Those no open holds, oldest first (each also in ``_snapshots``).
+        # Those no open holds, oldest first (each also in ``_snapshots``), and their bytes.
         self._kept: OrderedDict[str, Snapshot] = OrderedDict()
+        self._kept_bytes = 0
         # The snapshot whose reads filled the kernel page cache of a path.
         self._cache_source: dict[str, Snapshot] = {}
 
@@ -165,12 +166,23 @@ class OpenFiles(Generic[E]):
         """Keep a snapshot no open holds for the next open of its version, within
         ``keep_limit`` (the least recently used go first)."""
         self._kept[path] = snap
-        self._kept.move_to_end(path)
-        total = sum(s.nbytes for s in self._kept.values())
-        while self._kept and total > self.keep_limit:
+        self._kept_bytes += snap.nbytes
+        while self._kept and self._kept_bytes > self.keep_limit:
             old_path, old = self._kept.popitem(last=False)
-            total -= old.nbytes
+            self._kept_bytes -= old.nbytes
             self._let_go(old_path, old)
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes of the snapshots kept while no open holds them."""
+        return self._kept_bytes
+
+    def _unkeep(self, path: str) -> Snapshot | None:
+        """Take ``path``'s kept snapshot off the kept list (held again, or dropped)."""
+        kept = self._kept.pop(path, None)
+        if kept is not None:
+            self._kept_bytes -= kept.nbytes
+        return kept
 
     def _let_go(self, path: str, snap: Snapshot) -> None:
         """``snap`` is no longer kept: the next open of ``path`` reads afresh."""
@@ -209,7 +221,7 @@ class OpenFiles(Generic[E]):
         """The snapshot a new reader of ``path`` shares (a new one if the content
         changed), counted as held by one more reader."""
         snap = self._snapshots.get(path)
-        kept = self._kept.pop(path, None)
+        kept = self._unkeep(path)
         if snap is None or snap.identity != identity(info):
             if kept is not None:
                 self._let_go(path, kept)
@@ -221,7 +233,7 @@ class OpenFiles(Generic[E]):
     def move_snapshot(self, old: str, new: str, target_name: str) -> None:
         """``old``'s shared snapshot is now ``new``'s, of tensor ``target_name``."""
         snap = self._snapshots.pop(old, None)
-        kept = self._kept.pop(old, None)
+        kept = self._unkeep(old)
         self._cache_source.pop(old, None)
         if snap is not None and kept is None:
             snap.target_name = target_name
@@ -230,7 +242,7 @@ class OpenFiles(Generic[E]):
     def drop_snapshot(self, path: str) -> None:
         """New readers of ``path`` get a snapshot of their own."""
         self._snapshots.pop(path, None)
-        self._kept.pop(path, None)
+        self._unkeep(path)
 
     async def quiesce(self, name: str) -> None:
         """Wait until snapshots of tensor ``name`` streaming in are complete, so a
@@ -243,7 +255,7 @@ class OpenFiles(Generic[E]):
     def forget(self, path: str) -> None:
         """``path``'s content changed: what the page cache holds of it is stale."""
         self._cache_source.pop(path, None)
-        kept = self._kept.pop(path, None)
+        kept = self._unkeep(path)
         if kept is not None:
             self._let_go(path, kept)
 

@@ -100,6 +100,8 @@ def test_the_page_cache_is_kept_only_for_a_snapshot_the_mount_still_holds() -> N
     w = reader(files)
     assert not files.register(w).keep_cache
     assert files.register(reader(files, path="m/x.npy")).keep_cache
+    assert files.kept_bytes == 0  # m/x.npy is held again: off the kept list
+    files.forget("m/x.npy")
     unfilled: OpenFiles[str] = OpenFiles(keep_limit=1 << 20)
     unfilled.close(unfilled.register(reader(unfilled)).fh)  # its stream never completed
     assert not unfilled.register(reader(unfilled)).keep_cache
