@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from irdma_fuse.attributes import ATTR_TIMEOUT, OPEN_ATTR_REUSE
 
 import irdma
-from fuse.attributes import ATTR_TIMEOUT, OPEN_ATTR_REUSE
 from irdma import Client
 from irdma.client.shells import drive
 from irdma.client.stamps import StampClock
