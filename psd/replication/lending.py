@@ -68,8 +68,8 @@ class Lender:
     def __init__(self, arena: Arena, *, enabled: bool = True) -> None:
         self.arena = arena
         self.enabled = enabled  # the config's lend_forwards
-        self.kernel = kernel()
         self._boot = boot_id()
+        self.kernel = self._boot.hex()  # as ``kernel()`` says it: one read of the boot id
         self._pid = os.getpid()
 
     def lend(self, payload: np.ndarray) -> tuple[Loan, LentBytes] | None:
