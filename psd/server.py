@@ -43,6 +43,7 @@ from irdma.protocol.messages import (
     Catchup,
     Create,
     Delete,
+    Diff,
     Hello,
     Lease,
     ListTensors,
@@ -67,6 +68,7 @@ from .admission import Admission
 from .auth import admit
 from .conn import Conn, Replies
 from .data_ops import DataOps
+from .diff_ops import DiffOps
 from .errors import Refusal
 from .lease_ops import LeaseOps
 from .membership import MembershipListener
@@ -152,6 +154,7 @@ class Server(MembershipListener, EpochListener):
         )
         peers = PeerOps(store, self.replicator, replies, data)
         self.leases = LeaseOps(store, replies)
+        diffs = DiffOps(store, replies)
         # One handler per message kind (irdma.protocol.messages); each role in its module.
         self._handlers: dict[type, Callable[[Conn, Header, Any], Awaitable[None]]] = {
             Auth: meta.auth,
@@ -168,6 +171,7 @@ class Server(MembershipListener, EpochListener):
             UpdateBatch: data.update_batch,
             Release: data.release,
             Lease: self.leases.lease,
+            Diff: diffs.diff,
             ReplicaUpdate: peers.replica_update,
             Ping: peers.ping,
             Catchup: peers.catchup,
@@ -362,7 +366,7 @@ class Server(MembershipListener, EpochListener):
 
 # Client requests routed by placement: with etcd they must carry the daemon's epoch.
 _ROUTED = frozenset(
-    {Read, Update, ReadBatch, UpdateBatch, Stat, Create, Delete, Rename, ListTensors}
+    {Read, Update, ReadBatch, UpdateBatch, Stat, Create, Delete, Rename, ListTensors, Diff}
 )
 
 

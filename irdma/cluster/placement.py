@@ -2,7 +2,8 @@
 
 Placement is rendezvous (highest random weight) hashing of (tensor key,
 shard index) over the node names, so every client and daemon computes the
-same replica list without a lookup service, and a change of members moves
+same replica list without a lookup service (the versions of a model's tensor
+share their placement), and a change of members moves
 only the shards whose replica list it changes. The static config places
 over its ``[[nodes]]``; an epoch (``irdma.cluster.epochs``) over its members.
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 from typing import Generic, Protocol, TypeVar
+
+from ..protocol.frame import placement_key
 
 
 class Named(Protocol):
@@ -27,10 +30,11 @@ PLACEMENT_CACHE = 1 << 16
 
 
 def rendezvous_weight(node_name: str, key: int, shard: int) -> int:
-    """A node's weight for (key, shard): the highest weights hold the shard."""
+    """A node's weight for (key, shard): the highest weights hold the shard (a model
+    version's tensor weighs by its group's key: ``protocol.frame.placement_key``)."""
     h = hashlib.blake2b(digest_size=8)
     h.update(node_name.encode())
-    h.update(key.to_bytes(8, "little"))
+    h.update(placement_key(key).to_bytes(8, "little"))
     h.update(shard.to_bytes(8, "little"))
     return int.from_bytes(h.digest(), "little")
 

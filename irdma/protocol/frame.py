@@ -129,6 +129,14 @@ class Op(enum.IntEnum):
     # granted lease in ms as ``version``. A daemon from before leases answers
     # BAD_OP: its reader gets what it got then (TornRead once the write is gone).
     LEASE = 21
+    # Client to daemon: bytes [offset, offset+size) of shard ``shard`` of the
+    # tensor at ``key`` (a model version b) as what changed since the same range
+    # of the tensor at ``txn`` (version a of the same tensor, on the same daemons:
+    # ``version_group``). Answer: OK with the changes (``deltas``: indices or a
+    # bitmap and the new values, or the whole range when that is no larger) and
+    # b's shard version; NOT_FOUND if this daemon holds no such shard of a (a
+    # pruned version): the reader reads the range whole.
+    DIFF = 22
 
 
 # The payload of a MAPPED answer or a STAGED request: one byte offset.
@@ -347,13 +355,57 @@ def dtype_from_code(code: int) -> np.dtype:
         raise ValueError(f"unknown dtype code {code}") from None
 
 
+# A model version's tensors (``policy/@7/w``: a name with one ``@<number>``
+# part, ``irdma.client.manifests``) are placed by their group (``policy/@/w``),
+# so every version of one tensor has its shards on the same daemons and one
+# daemon can compare two versions (DIFF). Their keys carry the mark in their top
+# bits, then a hash of the group, then the version's low bits; placement takes
+# such a key without the version's bits (``placement_key``), any other key whole.
+GROUP_MARK = 0xD1FF5E
+GROUP_MARK_SHIFT = 40
+GROUP_VERSION_BITS = 16
+_GROUP_HASH_MASK = (1 << (GROUP_MARK_SHIFT - GROUP_VERSION_BITS)) - 1
+_VERSION_MASK = (1 << GROUP_VERSION_BITS) - 1
+
+
+def version_group(name: str) -> tuple[str, int] | None:
+    """(group, version) of a model version's tensor name (``("policy/@/w", 7)`` for
+    ``policy/@7/w``); None for any other name."""
+    if "/@" not in name:
+        return None
+    parts = name.split("/")
+    for i, part in enumerate(parts):
+        if len(part) > 1 and part[0] == "@" and part[1:].isdigit() and int(part[1:]) > 0:
+            return "/".join([*parts[:i], "@", *parts[i + 1 :]]), int(part[1:])
+    return None
+
+
+def placement_key(key: int) -> int:
+    """What placement hashes for ``key``: a version tensor's group (its key without
+    the version's bits), any other key as it is."""
+    if key >> GROUP_MARK_SHIFT == GROUP_MARK:
+        return key & ~_VERSION_MASK
+    return key
+
+
 def tensor_key(name: str, salt: int = 0) -> int:
     """The 64-bit key a tensor of that name is placed by, the same in every process.
 
     Salt 0 is the name's own key. A tensor renamed keeps the key it had, so
     a new tensor of the old name finds that key taken and takes the first
-    free salted key instead (``TensorMeta.place``).
+    free salted key instead (``TensorMeta.place``). A model version's tensor
+    has a grouped key (``version_group``) unless salted.
     """
+    if not salt:
+        grouped = version_group(name)
+        if grouped is not None:
+            group, version = grouped
+            h = int.from_bytes(hashlib.blake2b(group.encode(), digest_size=8).digest(), "little")
+            return (
+                (GROUP_MARK << GROUP_MARK_SHIFT)
+                | ((h & _GROUP_HASH_MASK) << GROUP_VERSION_BITS)
+                | (version & _VERSION_MASK)
+            )
     raw = name.encode() if not salt else f"{name}\0{salt}".encode()
     return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
 

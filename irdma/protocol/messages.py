@@ -557,6 +557,40 @@ class Lease:
         return cls(h.key, h.txn, h.stamp, h.size, h.request_id)
 
 
+@dataclass(frozen=True, slots=True)
+class Diff:
+    """Bytes ``[offset, offset+size)`` of one shard of tensor ``key`` as the changes
+    since the same range of tensor ``against`` (``Op.DIFF``, ``protocol.deltas``)."""
+
+    key: int
+    shard: int
+    offset: int
+    size: int
+    against: int
+    layout: int = 0  # the layout fingerprint the client assumes (0: unchecked)
+    request_id: int = 0
+    op: ClassVar[Op] = Op.DIFF
+
+    def frame(self, length: int = 0) -> Header:
+        return Header(
+            op=Op.DIFF,
+            request_id=self.request_id,
+            key=self.key,
+            shard=self.shard,
+            offset=self.offset,
+            size=self.size,
+            length=length,
+            layout=self.layout,
+            txn=self.against,
+        )
+
+    @classmethod
+    def decode(cls, h: Header) -> Diff:
+        if not h.txn:
+            raise BadRequest(Status.BAD_ARGUMENT, "a DIFF needs the key of the version to compare")
+        return cls(h.key, h.shard, h.offset, h.size, h.txn, h.layout, h.request_id)
+
+
 def lease_granted(answer: Header) -> float:
     """Seconds a LEASE answer says the daemon keeps the lease (0: released)."""
     return answer.version / 1000
@@ -665,6 +699,7 @@ Request = (
     | UpdateBatch
     | Release
     | Lease
+    | Diff
     | Ping
     | Catchup
     | SyncRequest
@@ -687,6 +722,7 @@ _DECODERS: dict[Op, Callable[[Header], Request]] = {
     Op.ACCUMULATE_BATCH: UpdateBatch.decode,
     Op.RELEASE: Release.decode,
     Op.LEASE: Lease.decode,
+    Op.DIFF: Diff.decode,
     Op.PING: Ping.decode,
     Op.CATCHUP: Catchup.decode,
     Op.SYNC_REQUEST: SyncRequest.decode,
