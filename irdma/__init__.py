@@ -16,6 +16,7 @@ from .errors import (
     DaemonError,
     DaemonTimeout,
     DaemonUnavailable,
+    DigestMismatch,
     DtypeMismatch,
     IrdmaError,
     OutOfRange,
@@ -23,6 +24,9 @@ from .errors import (
     TensorExists,
     TensorNotFound,
     TornRead,
+    VersionGone,
+    VersionNotFound,
+    VersionsWentBack,
 )
 from .names import DIR_MARKER
 from .sdnotify import Notifier
@@ -43,6 +47,7 @@ __all__ = [
     "DaemonError",
     "DaemonTimeout",
     "DaemonUnavailable",
+    "DigestMismatch",
     "DtypeMismatch",
     "IrdmaError",
     "Mode",
@@ -56,6 +61,9 @@ __all__ = [
     "TensorInfo",
     "TensorNotFound",
     "TornRead",
+    "VersionGone",
+    "VersionNotFound",
+    "VersionsWentBack",
     "describe_options",
     "load_config",
     "mounts",

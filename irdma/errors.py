@@ -256,3 +256,24 @@ def error_for_status(status: int, message: str) -> DaemonError:
         return DaemonError(f"unknown status {status}: {message}")
     cls = _BY_STATUS.get(st, DaemonError)
     return cls(message, st)
+
+
+class VersionNotFound(IrdmaError, LookupError):
+    """A model version asked for is not committed (not yet, or its writer died
+    before the commit), or the model has no committed version at all."""
+
+
+class VersionGone(VersionNotFound):
+    """A model version was committed and has since been pruned (older than the
+    versions the model keeps, and not pinned)."""
+
+
+class VersionsWentBack(IrdmaError):
+    """The newest committed version the daemons show is older than one this client
+    already saw: its manifest is unreachable (its daemons down), never a newer
+    version taken back."""
+
+
+class DigestMismatch(IrdmaError):
+    """A tensor read from a model version does not match the digest its manifest
+    keeps: the bytes were changed after the commit, or damaged."""

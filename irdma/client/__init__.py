@@ -22,6 +22,9 @@ One role per module:
 - ``routing``: replica order and failover; ``retry``: every retry's deadline
   and pause; ``stamps``: whole-write stamps, unique and ordered; ``leases``:
   a reader's lease on one whole-tensor write (the daemons keep it).
+- ``versions``: a model's tensors committed together as numbered versions;
+  ``manifests`` (no I/O): the names they are stored under, and the
+  manifest that commits one.
 """
 
 from .arrays import as_stored_array
@@ -30,5 +33,15 @@ from .datapath import Contention
 from .facade import AsyncClient
 from .leases import ReadLease
 from .lookup import TensorInfo
+from .versions import ModelVersions, Snapshot
 
-__all__ = ["AsyncClient", "Client", "Contention", "ReadLease", "TensorInfo", "as_stored_array"]
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "Contention",
+    "ModelVersions",
+    "ReadLease",
+    "Snapshot",
+    "TensorInfo",
+    "as_stored_array",
+]

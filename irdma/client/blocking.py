@@ -25,7 +25,9 @@ from ..transport.select import may_use_rdma
 from ..transport.shared import SharedRegion
 from .facade import AsyncClient
 from .lookup import TensorInfo
+from .manifests import DEFAULT_KEEP
 from .shells import drive
+from .versions import BlockingModelVersions
 
 
 class _LoopThread:
@@ -151,6 +153,11 @@ class Client:
     def shared_empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> np.ndarray:
         """See AsyncClient.shared_empty."""
         return self._client.shared_empty(shape, dtype)
+
+    def model(self, prefix: str, *, keep: int = DEFAULT_KEEP) -> BlockingModelVersions:
+        """The model under ``prefix``, committed and read as numbered versions
+        (``AsyncClient.model``)."""
+        return BlockingModelVersions(self._client.model(prefix, keep=keep), self._call)
 
     def create(
         self, name: str, shape: Sequence[int] | int, dtype: Any = np.float32, **kwargs: Any

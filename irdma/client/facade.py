@@ -22,7 +22,7 @@ from .. import narrowing
 from ..cluster import ClusterConfig, Node, load_config, parse_size
 from ..devices import Transfers, is_device_array
 from ..errors import ConfigError
-from ..protocol import Op, decode_json
+from ..protocol import Op, TensorMeta, decode_json
 from ..protocol.bodies import StatRecord
 from ..protocol.messages import Hello
 from ..training.modes import Mode
@@ -35,11 +35,13 @@ from .cache import MetaCache
 from .datapath import Contention, DataPath
 from .leases import ReadLease
 from .lookup import Lookup, TensorInfo
+from .manifests import DEFAULT_KEEP
 from .namespace import Namespace
 from .onesided import OneSidedReader
 from .retry import redefined
 from .routing import Router
 from .session import Session
+from .versions import ModelVersions
 
 Progress = Callable[[int], None]
 
@@ -164,6 +166,12 @@ class AsyncClient:
             raise ConfigError("this client has no shared memory: make it with shared_memory=SIZE")
         return shared_array(self.shared, shape, dtype)
 
+    def model(self, prefix: str, *, keep: int = DEFAULT_KEEP) -> ModelVersions:
+        """The model under ``prefix``: its tensors committed together as numbered
+        versions (``irdma.client.versions``); ``keep``: how many versions its
+        commits keep."""
+        return ModelVersions(self, prefix, keep=keep)
+
     def transport_of(self, node: Node) -> str | None:
         """How this client reaches ``node`` ("tcp", "shm" or "rdma"); None before it connects."""
         return self.session.transport_of(node)
@@ -218,6 +226,11 @@ class AsyncClient:
         only if it is not there (renamed to the name) or to add their shards.
         """
         return await self._lookup.stat_rerouted(name, everywhere=everywhere)
+
+    async def meta(self, name: str) -> TensorMeta:
+        """Tensor ``name``'s layout and key (cached; asked for when not): for code
+        that makes its own requests of the daemons, as ``irdma.client.versions``."""
+        return await self._lookup.meta_for(name)
 
     async def list(self, prefix: str = "", *, limit: int = 0) -> builtins.list[TensorInfo]:
         """Every tensor whose name starts with ``prefix``, sorted by name; only the
