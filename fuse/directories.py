@@ -2,7 +2,8 @@
 
 A directory is a name prefix; mkdir stores a marker tensor so an empty one
 exists for every mount. Listings hide ``.shards``, ``.accumulate`` and
-``.worker`` (opened by path only) and show the files this mount is creating.
+``.worker`` (opened by path only), a model's bookkeeping and its versions not
+committed, and show the files this mount is creating.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import errno
 
 import numpy as np
 
+from irdma.client.manifests import version_of_dir, version_of_manifest
 from irdma.errors import TensorNotFound
 
 from . import paths
@@ -61,6 +63,11 @@ class Directories:
                 out[str(i)] = of(Resolved(p, Target(Kind.SHARD, t.name, index=i), res.info))
             return list(out.items())
         infos = await self._backend.c.list(prefix + "/" if prefix else "")
+        # The model versions committed under this directory (their manifests are
+        # in the same listing): the others are being written, or abandoned.
+        committed = {
+            v for i in infos if i.nbytes and (v := version_of_manifest(prefix, i.name)) is not None
+        }
         for info in infos:
             entry = paths.entry_name(info.name, is_raw(info), prefix)
             if entry is None:
@@ -68,6 +75,11 @@ class Directories:
             if entry.endswith("/"):
                 name = entry[:-1]
                 if name in paths.RESERVED or t.kind in (Kind.ACCUMULATE_DIR, Kind.WORKER_DIR):
+                    continue
+                if name in paths.MODEL_INTERNAL:
+                    continue
+                version = version_of_dir(name)
+                if version is not None and version not in committed:
                     continue
                 if t.kind == Kind.SHARDS_DIR:
                     continue

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from irdma import SharedRegion
 from irdma.errors import ClientClosed, DaemonUnavailable, IrdmaError
 
+from . import paths
 from .attributes import Attributes, AttributeTable, Changes
 from .backend import Backend
 from .buffers import BufferPool
@@ -110,6 +111,12 @@ class Filesystem:
     def _child(self, parent: int, name: bytes) -> str:
         return self.inodes.child(parent, os.fsdecode(name))
 
+    @staticmethod
+    def _changeable(*changed: str) -> None:
+        """EROFS for a change under a model's versions (immutable once committed)."""
+        if any(paths.read_only(p) for p in changed):
+            raise FsError(errno.EROFS)
+
     async def flush_all(self) -> None:
         """Push every handle with unsaved writes (before unmounting)."""
         await self.fileops.flush_all()
@@ -130,7 +137,9 @@ class Filesystem:
         return await self.attrs.current(path, self.resolver.resolve)
 
     async def setattr(self, inode: int, changes: Changes, fh: int | None) -> Attributes:
-        return await self.fileops.setattr(self.inodes.path(inode), fh, changes)
+        path = self.inodes.path(inode)
+        self._changeable(path)
+        return await self.fileops.setattr(path, fh, changes)
 
     # -- directories ------------------------------------------------------------
 
@@ -145,25 +154,35 @@ class Filesystem:
         self.files.close_dir(fh)
 
     async def mkdir(self, parent: int, name: bytes, mode: int) -> Attributes:
-        return await self.dirs.make(self._child(parent, name), mode)
+        path = self._child(parent, name)
+        self._changeable(path)
+        return await self.dirs.make(path, mode)
 
     async def rmdir(self, parent: int, name: bytes) -> None:
-        await self.dirs.remove(self._child(parent, name))
+        path = self._child(parent, name)
+        self._changeable(path)
+        await self.dirs.remove(path)
 
     # -- files --------------------------------------------------------------------
 
     async def unlink(self, parent: int, name: bytes) -> None:
-        await self.fileops.unlink(self._child(parent, name))
+        path = self._child(parent, name)
+        self._changeable(path)
+        await self.fileops.unlink(path)
 
     async def open(self, inode: int, flags: int) -> Opened:
         await self.renames.settled(self.inodes.path(inode))
         path = self.inodes.path(inode)  # a rename may have moved it meanwhile
+        if flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC:
+            self._changeable(path)
         return await self.fileops.open(path, flags)
 
     async def create(
         self, parent: int, name: bytes, mode: int, flags: int
     ) -> tuple[Opened, Attributes]:
-        return await self.fileops.create(self._child(parent, name), mode, flags)
+        path = self._child(parent, name)
+        self._changeable(path)
+        return await self.fileops.create(path, mode, flags)
 
     async def read(self, fh: int, off: int, size: int) -> memoryview:
         return await self.fileops.read(fh, off, size)
@@ -195,12 +214,9 @@ class Filesystem:
         noreplace: bool,
         exchange: bool,
     ) -> None:
-        await self.renames.rename(
-            self._child(parent_old, name_old),
-            self._child(parent_new, name_new),
-            noreplace=noreplace,
-            exchange=exchange,
-        )
+        old, new = self._child(parent_old, name_old), self._child(parent_new, name_new)
+        self._changeable(old, new)
+        await self.renames.rename(old, new, noreplace=noreplace, exchange=exchange)
 
     # -- extended attributes and statfs -------------------------------------------
 

@@ -9,9 +9,15 @@
                                        training mode says), writing it pushes R's
                                        gradient for step T
     <dir>/                             a directory: a name prefix (mkdir leaves a marker tensor)
+    <model>/@<V>/<tensor>.npy          tensor <tensor> of committed version V of the model
+                                       under <model> (``irdma.client.versions``): read-only
 
 ``.shards``, ``.accumulate`` and ``.worker`` are not listed by readdir (so
 ``cp -r`` and ``rsync`` do not copy data twice) but can be opened by path.
+A model's own bookkeeping (``@versions``, ``@pins``, ``@parts``) and versions
+not committed (being written, or left by a writer that died) are neither
+listed nor found; nothing under a model's ``@`` directories can be changed
+through the mount (EROFS): a version is immutable once committed.
 """
 
 from __future__ import annotations
@@ -22,12 +28,15 @@ from dataclasses import dataclass
 # mkdir stores this zero-size tensor so an empty directory exists for every
 # mount (one definition with the command line, which hides it from listings).
 from irdma import DIR_MARKER
+from irdma.client.manifests import PARTS_DIR, PINS_DIR, VERSIONS_DIR, version_of_dir
 
 NPY = ".npy"
 SHARDS = ".shards"
 ACCUMULATE = ".accumulate"
 WORKER = ".worker"
 RESERVED = frozenset({SHARDS, ACCUMULATE, WORKER, DIR_MARKER})
+# A model's bookkeeping directories: never listed or changed through the mount.
+MODEL_INTERNAL = frozenset({VERSIONS_DIR, PINS_DIR, PARTS_DIR})
 # Tensors created through the mount from a file without .npy carry this option.
 RAW_OPTION = "raw"
 
@@ -176,3 +185,19 @@ def moved_target(target: Target, path: str) -> Target:
         candidates = file_candidates(path)
         return candidates[0] if target.typed else candidates[-1]
     return parse(path) or target
+
+
+def model_version(path: str) -> tuple[str, int] | None:
+    """(model prefix, version) of a path in a model version's directory
+    (``m/@3/w.npy``: ``("m", 3)``), None for any other path."""
+    parts = [p for p in path.split("/") if p]
+    for i, part in enumerate(parts):
+        version = version_of_dir(part)
+        if version is not None:
+            return "/".join(parts[:i]), version
+    return None
+
+
+def read_only(path: str) -> bool:
+    """Whether ``path`` is in a model version or a model's bookkeeping (EROFS)."""
+    return any(version_of_dir(p) is not None or p in MODEL_INTERNAL for p in path.split("/") if p)

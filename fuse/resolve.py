@@ -17,6 +17,7 @@ from typing import Any
 import trio
 
 from irdma import TensorInfo
+from irdma.client.manifests import manifest_name
 from irdma.errors import TensorNotFound
 
 from . import paths
@@ -44,6 +45,9 @@ class Resolver:
         self._files = files
         # Layouts of tensors pulled and pushed through .worker paths.
         self._step_infos: dict[str, TensorInfo] = {}
+        # Model versions found committed (they stay so until pruned, and then
+        # their tensors are gone).
+        self._committed: set[tuple[str, int]] = set()
 
     def keep_step_info(self, name: str, info: TensorInfo) -> None:
         """A step's pull found tensor ``name``'s layout: its later step paths use it."""
@@ -59,6 +63,26 @@ class Resolver:
             return None
         except ValueError:  # not a valid tensor name: nothing can be there
             return None
+
+    async def shown(self, path: str) -> bool:
+        """Whether ``path`` may be found: not a model's bookkeeping, and not in a
+        model version that is not committed (being written, or left by a
+        writer that died). A version once committed is remembered as such."""
+        parts = [p for p in path.split("/") if p]
+        if any(p in paths.MODEL_INTERNAL for p in parts):
+            return False
+        found = paths.model_version(path)
+        if found is None or found in self._committed:
+            return True
+        prefix, version = found
+        try:
+            info = await self._backend.c.stat(manifest_name(prefix, version))
+        except (TensorNotFound, ValueError):
+            return False
+        if not info.nbytes:
+            return False
+        self._committed.add(found)
+        return True
 
     async def dir_exists(self, prefix: str) -> bool:
         if not prefix:
@@ -77,6 +101,8 @@ class Resolver:
             raise FsError(errno.ENOENT)
         if t.kind == Kind.ROOT:
             return Resolved(path, t)
+        if not await self.shown(path):
+            raise FsError(errno.ENOENT)
         if t.kind == Kind.WORKER_DIR:
             # Virtual: the kernel resolved the model directory above it, and a
             # pull or push opens a new step directory every step (no listing).

@@ -22,7 +22,11 @@ from .helpers.processes import processes_with
 
 
 def irdma(
-    cluster: Cluster | None, *args: str, check: bool = True, env: dict[str, str] | None = None
+    cluster: Cluster | None,
+    *args: str,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess:
     env = dict(os.environ, **(env or {}))
     if cluster is not None:
@@ -33,6 +37,7 @@ def irdma(
         text=True,
         env=env,
         timeout=60,
+        cwd=cwd,
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"irdma {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")

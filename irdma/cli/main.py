@@ -7,6 +7,7 @@ examples:
   irdma put resnet/fc.weight w.npy            one array; .npz/.safetensors: each under NAME/
   irdma get resnet -o resnet.safetensors      .npy, .npz, .safetensors, DIR/ or - (stdout)
   irdma ls -lh 'resnet/*'                     names, patterns (* ? [] **) or prefixes
+  irdma versions policy; irdma get policy@3   a model's committed versions; one of them
   irdma cp -r resnet backup/resnet; irdma rm -r backup
   irdma status                                every daemon; exit 1 if any is down
   irdma drain n3                              move n3's shards off it (membership in etcd)
@@ -34,6 +35,7 @@ from . import doctor as doctormod
 from . import drain as drainmod
 from . import local as localmod
 from . import status as statusmod
+from . import versioncmds as versionmod
 from .boundary import guarded
 from .tensorcmds import COMMANDS as TENSOR_COMMANDS
 from .tensorcmds import put_argument_problem
@@ -88,6 +90,7 @@ async def cmd_bench(client: AsyncClient, args: argparse.Namespace) -> int:
 
 CLIENT_COMMANDS: dict[str, Callable] = {
     **TENSOR_COMMANDS,
+    "versions": versionmod.cmd_versions,
     "status": cmd_status,
     "bench": cmd_bench,
 }
@@ -188,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = command(
         "get",
         "fetch tensors into a file, a directory or stdout",
-        "Fetch tensor NAME, every tensor under NAME/, or every tensor a pattern matches.\n"
+        "Fetch tensor NAME, every tensor under NAME/, or every tensor a pattern matches;\n"
+        "NAME@V: version V (or latest) of model NAME, or that tensor of the model above it.\n"
         "The output's type comes from -o: FILE.npy (one tensor), FILE.npz or "
         "FILE.safetensors\n(named by their path below NAME/), DIR/ (one .npy per tensor) or "
         "- (one .npy on stdout).\nWithout -o: into the current directory, named after NAME's "
@@ -203,6 +207,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="FILE.npy, .npz, .safetensors, DIR/ or - (default: ./LAST.npy, or ./LAST.npz "
         "for several tensors)",
     )
+
+    s = command(
+        "versions",
+        "list a model's committed versions",
+        "The versions of model MODEL (the tensors under it committed together) that are\n"
+        "kept: number, when committed, tensors, size, writers. Fetch one with get MODEL@V.",
+    )
+    versionmod.add_arguments(s)
 
     s = command(
         "cp",

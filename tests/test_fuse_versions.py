@@ -1,0 +1,55 @@
+"""A model's versions in a real mount: one read-only directory per committed version,
+its bookkeeping and its versions still being written neither listed nor found."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from irdma import Client
+
+from .helpers.cluster import Cluster
+
+
+def fails_with(code: int, fn, *args) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(OSError) as caught:
+        fn(*args)
+    assert caught.value.errno == code, caught.value
+
+
+def test_committed_versions_are_read_only_directories(
+    cluster: Cluster, client: Client, mount: Path
+) -> None:
+    model = client.model("mv")
+    w1, w2 = np.arange(5000, dtype=np.float32), np.arange(5000, dtype=np.float32) * 2
+    model.commit({"w": w1, "enc/b": np.ones(3, np.int64)})
+    model.commit({"w": w2, "enc/b": np.ones(3, np.int64) * 2})
+    # A third version claimed and half written by a writer still at it.
+    draft = model.draft()
+    draft.write("w", np.zeros(5000, np.float32))
+    assert sorted(os.listdir(mount / "mv")) == ["@1", "@2"]
+    assert sorted(os.listdir(mount / "mv" / "@2")) == ["enc", "w.npy"]
+    assert (np.load(mount / "mv" / "@1" / "w.npy") == w1).all()
+    assert (np.load(mount / "mv" / "@2" / "w.npy") == w2).all()
+    assert (np.load(mount / "mv" / "@2" / "enc" / "b.npy") == 2).all()
+    for hidden in ("@3", "@3/w.npy", "@versions", "@pins", "@parts"):
+        fails_with(errno.ENOENT, os.stat, mount / "mv" / hidden)
+    # Nothing in a version changes.
+    v2 = mount / "mv" / "@2"
+    fails_with(errno.EROFS, open, v2 / "w.npy", "r+b")
+    fails_with(errno.EROFS, open, v2 / "new.npy", "wb")
+    fails_with(errno.EROFS, os.unlink, v2 / "w.npy")
+    fails_with(errno.EROFS, os.rename, v2 / "w.npy", mount / "mv" / "moved.npy")
+    fails_with(errno.EROFS, os.rename, mount / "mv" / "@1", mount / "mv" / "@9")
+    fails_with(errno.EROFS, os.mkdir, v2 / "sub")
+    fails_with(errno.EROFS, os.truncate, v2 / "w.npy", 0)
+    fails_with(errno.EROFS, open, v2 / ".accumulate" / "w.npy", "wb")
+    assert (np.load(v2 / "w.npy") == w2).all()
+    # Committed, the third version shows up.
+    draft.commit()
+    assert sorted(os.listdir(mount / "mv")) == ["@1", "@2", "@3"]
+    assert (np.load(mount / "mv" / "@3" / "w.npy") == 0).all()
