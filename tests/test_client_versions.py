@@ -275,7 +275,7 @@ def test_readers_never_see_two_versions_in_one_read(cluster: Cluster) -> None:
         try:
             with Client(cluster.config_path) as c:
                 model = c.model("ver/race-read", keep=3)
-                for v in range(1, 41):
+                for v in range(1, 26):
                     model.commit({n: np.full(2000, v, np.float32) for n in names})
         except BaseException as exc:
             errors.append(exc)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -53,3 +55,55 @@ def test_committed_versions_are_read_only_directories(
     draft.commit()
     assert sorted(os.listdir(mount / "mv")) == ["@1", "@2", "@3"]
     assert (np.load(mount / "mv" / "@3" / "w.npy") == 0).all()
+
+
+def test_mount_readers_of_the_latest_version_never_see_two(cluster: Cluster, mount: Path) -> None:
+    """A writer commits versions of 60 tensors as fast as it can while a reader of
+    the mount loads the newest version directory whole: every load is one version,
+    and the reader saw several (the race happened)."""
+    names = [f"block{i}" for i in range(60)]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    seen: Counter[int] = Counter()
+
+    def writer() -> None:
+        try:
+            with Client(cluster.config_path) as c:
+                model = c.model("mv-race", keep=6)
+                for v in range(1, 26):
+                    model.commit({n: np.full(500, v, np.float32) for n in names})
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            stop.set()
+
+    def reader() -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    versions = [int(d[1:]) for d in os.listdir(mount / "mv-race")]
+                except FileNotFoundError:
+                    continue  # nothing committed yet
+                if not versions:
+                    continue
+                newest = max(versions)
+                folder = mount / "mv-race" / f"@{newest}"
+                try:
+                    loads = [np.load(folder / f"{n}.npy") for n in names]
+                except FileNotFoundError:
+                    continue  # pruned while read: six newer versions came meanwhile
+                values = {float(a[0]) for a in loads}
+                assert values == {float(newest)}, (newest, sorted(values))
+                assert all((a == newest).all() for a in loads)
+                seen[newest] += 1
+        except BaseException as exc:
+            errors.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=reader)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    assert not errors, errors
+    assert len(seen) >= 3, seen

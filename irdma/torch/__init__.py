@@ -11,6 +11,8 @@
   what goes on the wire, per tensor or per bucket.
 - ``push_state_dict``, ``pull_state_dict``, ``ParameterServerOptimizer``:
   state dicts on the daemons, and plain SGD applied by the daemons.
+- ``publish_state_dict``, ``StateFollower``: weight sync through model
+  versions (a trainer commits each step; readers move only what changed).
 
 Import it as ``import irdma.torch`` (or ``from irdma.torch import ...``);
 ``from irdma import torch`` would shadow the real torch in your module.
@@ -23,6 +25,7 @@ from .ddp import HookState, allreduce_hook
 from .optimizer import DistributedOptimizer
 from .reducer import Reducer, Traffic
 from .state import ParameterServerOptimizer, pull_state_dict, push_state_dict
+from .versions import StateFollower, publish_state_dict
 
 __all__ = [
     "BF16",
@@ -33,8 +36,10 @@ __all__ = [
     "HookState",
     "ParameterServerOptimizer",
     "Reducer",
+    "StateFollower",
     "Traffic",
     "allreduce_hook",
+    "publish_state_dict",
     "pull_state_dict",
     "push_state_dict",
 ]
