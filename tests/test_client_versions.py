@@ -504,3 +504,21 @@ def test_sliced_pulls_are_bit_exact_and_move_the_changes_in_the_slice(
     pieces = max(1, r1 - r0) + x.nbytes // (64 << 10) + 1
     assert diff * item <= snap.bytes_read
     assert snap.bytes_read <= min(nbytes, diff * (item + 4)) + pieces * HEAD.size
+
+
+def test_a_part_created_and_not_yet_filled_is_not_taken_for_finished(client: Client) -> None:
+    """The moment between another writer's create of its part and its write: the
+    committer finds zeros there, and waits for the part instead of failing on it."""
+    from irdma.client.manifests import part_name
+
+    model = client.model("ver/part-zeros")
+    first = model.draft()
+    first.write("a", np.zeros(4, np.float32))
+    client.create(part_name("ver/part-zeros", first.version, "other"), (64,), np.uint8)
+    with pytest.raises(TimeoutError, match="1 of 2 writers"):
+        first.commit(parts=2, patience=0.2)
+    other = model.join(first.version)
+    other.write("b", np.ones(4, np.float32))
+    other.finish()
+    assert first.commit(parts=2) == first.version
+    assert sorted(model.read().arrays) == ["a", "b"]

@@ -257,19 +257,20 @@ class Draft:
         deadline = session.now() + patience
         folder = parts_dir(model.prefix, self.version)
         while True:
-            infos = [i for i in await model.client.list(folder) if i.nbytes]
+            infos = await model.client.list(folder)
             others = [i for i in infos if not i.name.endswith("/" + self._part)]
-            if len(others) + 1 >= parts:
+            found = await session.gather(partial(self._part_of, i.name) for i in others)
+            done = [p for p in found if p is not None]
+            if len(done) + 1 >= parts:
                 break
             if session.now() > deadline:
                 raise TimeoutError(
-                    f"version {self.version} of {model.prefix!r}: {len(others) + 1} of "
+                    f"version {self.version} of {model.prefix!r}: {len(done) + 1} of "
                     f"{parts} writers finished within {patience:g} s"
                 )
             await session.sleep(POLL_SECONDS)
         merged = dict(own)
-        for info in others:
-            part = Part.decode((await model.client.read(info.name)).tobytes())
+        for part in done:
             for name, entry in part.tensors.items():
                 if name in merged:
                     raise ValueError(
@@ -278,6 +279,18 @@ class Draft:
                     )
                 merged[name] = entry
         return merged
+
+    async def _part_of(self, name: str) -> Part | None:
+        """Another writer's part, None while it is still being written (created,
+        not yet filled) or gone."""
+        try:
+            raw = await self.model.client.read(name)
+        except TensorNotFound:
+            return None
+        try:
+            return Part.decode(raw.tobytes())
+        except ManifestError:
+            return None
 
 
 class ModelVersions:

@@ -21,7 +21,11 @@ from ..helpers.rdma import RDMA_IP, SHARD, rdma_problem
 IN_GUEST = os.environ.get("IRDMA_RDMA_GUEST") == "1"
 
 # The device suite, where it can run (or must: in the guest).
-collect_ignore = [] if IN_GUEST or rdma_problem() is None else ["test_rdma_transport.py"]
+collect_ignore = (
+    []
+    if IN_GUEST or rdma_problem() is None
+    else ["test_rdma_transport.py", "test_rdma_versions.py"]
+)
 
 
 @pytest.fixture(scope="session")
