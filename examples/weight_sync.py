@@ -62,7 +62,9 @@ def tp_slices(module: nn.Module, rank: int) -> dict[str, tuple[slice, ...]]:
     return out
 
 
-def follower(config: str, layers: int, width: int, rank: int | None, last: int, q: Any) -> None:
+def follower(
+    config: str, transport: str | None, layers: int, width: int, rank: int | None, last: int, q: Any
+) -> None:
     """A reader process: follow every version up to ``last``, report bytes per sync."""
     module = make_model(layers, width, torch.bfloat16)
     slices = None
@@ -70,7 +72,7 @@ def follower(config: str, layers: int, width: int, rank: int | None, last: int, 
         slices = tp_slices(module, rank)
         for name, p in module.named_parameters():
             p.data = p.data[slices[name]].clone()
-    with Client(config) as c:
+    with Client(config, transport=transport) as c:
         f = StateFollower(c, PREFIX, module, slices=slices)
         moved: list[int] = []
         while f.version < last:
@@ -116,6 +118,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=12, help="versions published (at least 9)")
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--rounds", type=int, default=5, help="timings per figure (median)")
+    ap.add_argument("--transport", help="tcp, shm or rdma (default: the fastest the host has)")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args()
     config = os.environ.get("IRDMA_CONFIG")
@@ -130,18 +133,20 @@ def main() -> int:
     published = make_model(args.layers, args.width, torch.bfloat16)
     full = model_bytes(published)
     opt = torch.optim.AdamW(master.parameters(), lr=args.lr)
-    with Client(config) as c:
+    with Client(config, transport=args.transport) as c:
         for info in c.list(PREFIX + "/"):  # a fresh model each run
             c.delete(info.name)
         first = publish_state_dict(c, PREFIX, published, keep=args.steps + 1)
         last = first + args.steps
         readers = [
-            ctx.Process(target=follower, args=(config, args.layers, args.width, r, last, q))
+            ctx.Process(
+                target=follower, args=(config, args.transport, args.layers, args.width, r, last, q)
+            )
             for r in (None, 0, 1)
         ]
         for p in readers:
             p.start()
-        changed = []
+        changed, publishes = [], []
         for _ in range(args.steps):
             loss = master(torch.randn(64, args.width)).square().mean()
             opt.zero_grad()
@@ -152,13 +157,16 @@ def main() -> int:
                     new = src.to(torch.bfloat16)
                     changed.append((new.view(torch.int16) != dst.view(torch.int16)).float().mean())
                     dst.copy_(new)
+            t0 = time.perf_counter()
             publish_state_dict(c, PREFIX, published, keep=args.steps + 1)
+            publishes.append(time.perf_counter() - t0)
         follow = [q.get(timeout=600) for _ in readers]
         for p in readers:
             p.join(60)
         print(
             f"model: {full / 2**20:.1f} MiB of bf16, {len(published.state_dict())} tensors; "
-            f"elements changed per step: {100 * float(torch.stack(changed).mean()):.2f}%"
+            f"elements changed per step: {100 * float(torch.stack(changed).mean()):.2f}%; "
+            f"a commit took {statistics.median(publishes) * 1e3:.0f} ms (median)"
         )
         for rank, mine, moved in sorted(follow, key=lambda f: (f[0] is not None, f[0] or 0)):
             who = "whole model" if rank is None else f"tensor-parallel rank {rank} of 2"
@@ -172,7 +180,7 @@ def main() -> int:
         model = c.model(PREFIX)
         rows = []
         for lag in (1, 3, 8):
-            syncs, reads, moved = [], [], 0
+            syncs, unchecked, reads, moved = [], [], [], 0
             for _ in range(args.rounds):
                 t0 = time.perf_counter()
                 have = model.read(last - lag)
@@ -181,12 +189,17 @@ def main() -> int:
                 snap = model.pull(have, last)
                 syncs.append(time.perf_counter() - t0)
                 moved = snap.bytes_read
+                have = model.read(last - lag)
+                t0 = time.perf_counter()
+                model.pull(have, last, check=False)
+                unchecked.append(time.perf_counter() - t0)
             rows.append(
                 {
                     "behind": lag,
                     "bytes": moved,
                     "fraction": moved / full,
                     "sync_s": statistics.median(syncs),
+                    "sync_unchecked_s": statistics.median(unchecked),
                     "full_read_s": statistics.median(reads),
                 }
             )
@@ -201,22 +214,29 @@ def main() -> int:
     for p in procs:
         p.join(60)
     print()
+    print("(sync and full read check every tensor's SHA-256; 'unchecked' is a sync without)")
     print(
-        f"{'behind':>6}  {'bytes moved':>11}  {'of full':>7}  {'sync':>8}  "
+        f"{'behind':>6}  {'bytes moved':>11}  {'of full':>7}  {'sync':>8}  {'unchecked':>9}  "
         f"{'full read':>9}  {'Gloo bcast':>10}  {'sync/full':>9}  {'sync/Gloo':>9}"
     )
     for r in rows:
         print(
             f"{r['behind']:>6}  {r['bytes'] / 2**10:>8.0f} KiB  {r['fraction']:>7.3f}  "
-            f"{r['sync_s'] * 1e3:>6.1f}ms  {r['full_read_s'] * 1e3:>7.1f}ms  "
-            f"{gloo * 1e3:>8.1f}ms  {r['sync_s'] / r['full_read_s']:>9.2f}  "
-            f"{r['sync_s'] / gloo:>9.2f}"
+            f"{r['sync_s'] * 1e3:>6.1f}ms  {r['sync_unchecked_s'] * 1e3:>7.1f}ms  "
+            f"{r['full_read_s'] * 1e3:>7.1f}ms  {gloo * 1e3:>8.1f}ms  "
+            f"{r['sync_s'] / r['full_read_s']:>9.2f}  {r['sync_s'] / gloo:>9.2f}"
         )
     print("digests: every whole tensor of every sync matched its commit")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"model_bytes": full, "rows": rows, "gloo_broadcast_s": gloo, "followers": follow},
+                {
+                    "model_bytes": full,
+                    "rows": rows,
+                    "gloo_broadcast_s": gloo,
+                    "commit_s": statistics.median(publishes),
+                    "followers": follow,
+                },
                 f,
                 indent=2,
             )

@@ -107,3 +107,46 @@ def test_byte_runs_select_exactly_what_numpy_slicing_does(data: st.DataObject) -
     runs = list(byte_runs(shape, x.itemsize, index))
     # Adjacent runs are merged: no run ends where the next starts.
     assert all(a[0] + a[1] < b[0] for a, b in itertools.pairwise(runs))
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_a_delta_applied_to_the_old_range_gives_the_new_bit_for_bit(data: st.DataObject) -> None:
+    from irdma.protocol import deltas
+
+    dtype = data.draw(st.sampled_from(["int8", "float16", "float32", "float64", "complex128"]))
+    n = data.draw(st.integers(0, 3000))
+    itemsize = np.dtype(dtype).itemsize
+    old = np.frombuffer(data.draw(st.binary(min_size=n * itemsize, max_size=n * itemsize)), dtype)
+    new = old.copy()
+    flat = new.view(np.uint8).reshape(n, itemsize) if n else new.view(np.uint8)
+    for i in data.draw(st.lists(st.integers(0, max(0, n - 1)), max_size=n)) if n else []:
+        flat[i, data.draw(st.integers(0, itemsize - 1))] ^= 0x40  # NaN payloads, -0.0 too
+    payload = b"".join(
+        bytes(b) for b in deltas.encode(old.data.cast("B"), new.data.cast("B"), itemsize)
+    )
+    into = bytearray(old.tobytes())
+    deltas.apply(payload, memoryview(into), itemsize)
+    assert bytes(into) == new.tobytes()
+    changed = int((old.view(np.uint8).reshape(n, itemsize) != flat).any(axis=1).sum()) if n else 0
+    # Never more than the whole range; the values of the changed elements at least.
+    assert changed * itemsize <= len(payload) - deltas.HEAD.size <= max(n * itemsize, 0)
+
+
+def test_a_malformed_delta_is_refused_by_name() -> None:
+    from irdma.protocol import ProtocolError, deltas
+
+    old = np.zeros(100, np.float32)
+    new = old.copy()
+    new[7] = 1
+    good = b"".join(bytes(b) for b in deltas.encode(old.data.cast("B"), new.data.cast("B"), 4))
+    into = memoryview(bytearray(old.tobytes()))
+    cases = [
+        (good[:10], into, 4, "no head"),
+        (good[:-1], into, 4, "indices has"),
+        (good, memoryview(bytearray(200)), 2, "4-byte elements for 2-byte ones"),
+        (good, memoryview(bytearray(8)), 4, "past the range's 2 elements"),
+    ]
+    for payload, target, itemsize, why in cases:
+        with pytest.raises(ProtocolError, match=why):
+            deltas.apply(payload, target, itemsize)
