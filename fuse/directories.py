@@ -13,7 +13,7 @@ import errno
 
 import numpy as np
 
-from irdma.client.manifests import version_of_dir, version_of_manifest
+from irdma import manifests
 from irdma.errors import TensorNotFound
 
 from . import paths
@@ -65,9 +65,8 @@ class Directories:
         infos = await self._backend.c.list(prefix + "/" if prefix else "")
         # The model versions committed under this directory (their manifests are
         # in the same listing): the others are being written, or abandoned.
-        committed = {
-            v for i in infos if i.nbytes and (v := version_of_manifest(prefix, i.name)) is not None
-        }
+        found = (manifests.version_of_manifest(prefix, i.name) for i in infos if i.nbytes)
+        committed = {v for v in found if v is not None}
         for info in infos:
             entry = paths.entry_name(info.name, is_raw(info), prefix)
             if entry is None:
@@ -78,7 +77,7 @@ class Directories:
                     continue
                 if name in paths.MODEL_INTERNAL:
                     continue
-                version = version_of_dir(name)
+                version = manifests.version_of_dir(name)
                 if version is not None and version not in committed:
                     continue
                 if t.kind == Kind.SHARDS_DIR:

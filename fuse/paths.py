@@ -27,8 +27,7 @@ from dataclasses import dataclass
 
 # mkdir stores this zero-size tensor so an empty directory exists for every
 # mount (one definition with the command line, which hides it from listings).
-from irdma import DIR_MARKER
-from irdma.client.manifests import PARTS_DIR, PINS_DIR, VERSIONS_DIR, version_of_dir
+from irdma import DIR_MARKER, manifests
 
 NPY = ".npy"
 SHARDS = ".shards"
@@ -36,7 +35,7 @@ ACCUMULATE = ".accumulate"
 WORKER = ".worker"
 RESERVED = frozenset({SHARDS, ACCUMULATE, WORKER, DIR_MARKER})
 # A model's bookkeeping directories: never listed or changed through the mount.
-MODEL_INTERNAL = frozenset({VERSIONS_DIR, PINS_DIR, PARTS_DIR})
+MODEL_INTERNAL = frozenset({manifests.VERSIONS_DIR, manifests.PINS_DIR, manifests.PARTS_DIR})
 # Tensors created through the mount from a file without .npy carry this option.
 RAW_OPTION = "raw"
 
@@ -192,7 +191,7 @@ def model_version(path: str) -> tuple[str, int] | None:
     (``m/@3/w.npy``: ``("m", 3)``), None for any other path."""
     parts = [p for p in path.split("/") if p]
     for i, part in enumerate(parts):
-        version = version_of_dir(part)
+        version = manifests.version_of_dir(part)
         if version is not None:
             return "/".join(parts[:i]), version
     return None
@@ -200,4 +199,6 @@ def model_version(path: str) -> tuple[str, int] | None:
 
 def read_only(path: str) -> bool:
     """Whether ``path`` is in a model version or a model's bookkeeping (EROFS)."""
-    return any(version_of_dir(p) is not None or p in MODEL_INTERNAL for p in path.split("/") if p)
+    return any(
+        manifests.version_of_dir(p) is not None or p in MODEL_INTERNAL for p in path.split("/") if p
+    )

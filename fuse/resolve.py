@@ -16,8 +16,7 @@ from typing import Any
 
 import trio
 
-from irdma import TensorInfo
-from irdma.client.manifests import manifest_name
+from irdma import TensorInfo, manifests
 from irdma.errors import TensorNotFound
 
 from . import paths
@@ -76,7 +75,7 @@ class Resolver:
             return True
         prefix, version = found
         try:
-            info = await self._backend.c.stat(manifest_name(prefix, version))
+            info = await self._backend.c.stat(manifests.manifest_name(prefix, version))
         except (TensorNotFound, ValueError):
             return False
         if not info.nbytes:

@@ -5,7 +5,7 @@ create, read, write and accumulate tensors held by ``psd`` daemons.
 """
 
 from . import mounts, spawn
-from .client import AsyncClient, Client, ReadLease, TensorInfo
+from .client import AsyncClient, Client, ReadLease, TensorInfo, manifests
 from .cluster import ClusterConfig, load_config, parse_size
 from .dtypes import npy_header
 from .errors import (
@@ -66,6 +66,7 @@ __all__ = [
     "VersionsWentBack",
     "describe_options",
     "load_config",
+    "manifests",
     "mounts",
     "npy_header",
     "parse_size",

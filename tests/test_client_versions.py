@@ -522,3 +522,39 @@ def test_a_part_created_and_not_yet_filled_is_not_taken_for_finished(client: Cli
     other.finish()
     assert first.commit(parts=2) == first.version
     assert sorted(model.read().arrays) == ["a", "b"]
+
+
+def test_a_daemon_killed_mid_commit_leaves_the_version_whole_and_numbers_up(
+    tmp_path: Path,
+) -> None:
+    """Two copies; a writer has written half of version 2's tensors when the primary
+    of its manifest is killed with SIGKILL. Until the commit a reader sees version 1
+    whole; the commit then goes on through the backups; readers see version 2
+    whole, and the latest number any reader saw never went down."""
+    cluster = make_cluster(tmp_path, replicas=2, timeout=2.0)
+    try:
+        with Client(cluster.config_path) as c, Client(cluster.config_path) as r:
+            model = c.model("ver/killed")
+            names = [f"t{i}" for i in range(20)]
+            model.commit({n: np.full(3000, 1.0, np.float32) for n in names})
+            reader = r.model("ver/killed")
+            seen = [reader.latest()]
+            draft = model.draft()
+            for n in names[:10]:
+                draft.write(n, np.full(3000, 2.0, np.float32))
+            key = c.stat(manifest_name("ver/killed", draft.version)).meta.key
+            cluster.kill(c.config.primary_for(key, 0).name)
+            snap = reader.read()
+            seen.append(snap.version)
+            assert snap.version == 1 and all((a == 1.0).all() for a in snap.arrays.values())
+            for n in names[10:]:
+                draft.write(n, np.full(3000, 2.0, np.float32))
+            assert draft.commit() == 2
+            snap = reader.read()
+            seen.append(snap.version)
+            assert snap.version == 2 and all((a == 2.0).all() for a in snap.arrays.values())
+            assert set(snap.arrays) == set(names)
+            seen.append(reader.latest())
+            assert seen == sorted(seen), seen
+    finally:
+        cluster.close()

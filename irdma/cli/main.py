@@ -90,6 +90,7 @@ async def cmd_bench(client: AsyncClient, args: argparse.Namespace) -> int:
 
 CLIENT_COMMANDS: dict[str, Callable] = {
     **TENSOR_COMMANDS,
+    "get": versionmod.cmd_get,  # NAME@V, else the tensor command
     "versions": versionmod.cmd_versions,
     "status": cmd_status,
     "bench": cmd_bench,

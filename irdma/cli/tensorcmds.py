@@ -24,7 +24,7 @@ from ..errors import DtypeMismatch, IrdmaError, ShapeMismatch, TensorNotFound
 from ..names import base_name, is_internal, is_pattern, literal_prefix, matches, relative
 from ..protocol import validate_name
 from ..training.modes import describe_options
-from . import tensorfiles, versioncmds
+from . import tensorfiles
 from .tensorfiles import FileProblem, Kind
 
 PROGRESS_MIN_BYTES = 4 << 20
@@ -306,8 +306,6 @@ def default_output(name: str, sel: Selection) -> str:
 
 
 async def cmd_get(client: AsyncClient, args: argparse.Namespace) -> int:
-    if versioncmds.versioned(args.name) is not None:
-        return await versioncmds.cmd_get_version(client, args)
     out = args.output
     if out is not None:
         kind = tensorfiles.kind_of(out, reading=False)  # before asking the daemons anything

@@ -20,7 +20,7 @@ import numpy as np
 from ..client import AsyncClient
 from ..client.manifests import manifests_dir
 from ..errors import VersionNotFound
-from . import tensorfiles
+from . import tensorcmds, tensorfiles
 from .tensorcmds import human
 from .tensorfiles import FileProblem
 
@@ -46,6 +46,13 @@ async def find_model(client: AsyncClient, name: str) -> tuple[str, str | None]:
             rest = "/".join(parts[cut:])
             return prefix, rest or None
     raise VersionNotFound(f"no model with versions at {name!r} or above it")
+
+
+async def cmd_get(client: AsyncClient, args: argparse.Namespace) -> int:
+    """``irdma get``: ``NAME@V`` here, any other NAME as ``tensorcmds.cmd_get``."""
+    if versioned(args.name) is None:
+        return await tensorcmds.cmd_get(client, args)
+    return await cmd_get_version(client, args)
 
 
 async def cmd_get_version(client: AsyncClient, args: argparse.Namespace) -> int:
