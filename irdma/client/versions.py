@@ -23,6 +23,7 @@ ones); an older one stays while a reader holds a pin on it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 import time
@@ -86,7 +87,7 @@ class Tensors(Protocol):
     def config(self) -> ClusterConfig: ...
 
     async def create(
-        self, name: str, shape: Sequence[int] | int, dtype: Any = ...
+        self, name: str, shape: Sequence[int] | int, dtype: Any = ..., *, exist_ok: bool = ...
     ) -> TensorInfo: ...
 
     async def stat(self, name: str) -> TensorInfo: ...
@@ -105,6 +106,8 @@ class Tensors(Protocol):
 
     async def write(self, name: str, array: Any, *, replace: bool = False) -> None: ...
 
+    async def write_bytes(self, name: str, offset: int, data: Buffer) -> None: ...
+
 
 # How long a pin keeps a version from being pruned unless renewed.
 PIN_SECONDS = 600.0
@@ -118,7 +121,10 @@ PARTS_PATIENCE = 120.0
 ABANDONED_SECONDS = 600.0
 # Pause between looks for what another process has not done yet.
 POLL_SECONDS = 0.02
-# Byte runs of a sliced read in flight at once.
+# A draft's record of a tensor its writers write in blocks: its digest is taken
+# from the whole tensor at the commit.
+SLICED = ""
+# Byte runs of a sliced read or write in flight at once.
 RUNS_IN_FLIGHT = 64
 
 
@@ -181,6 +187,34 @@ class Draft:
         self.tensors[name] = entry
         return entry
 
+    async def write_slice(
+        self, name: str, index: Sequence[slice], array: Any, *, shape: Sequence[int]
+    ) -> None:
+        """Store ``array`` as block ``index`` of tensor ``name`` of this version, whose
+        whole shape is ``shape`` (a tensor-parallel rank's part: one step-1 slice
+        per leading dimension). Every writer of the tensor gives the same shape and
+        dtype (DtypeMismatch, ShapeMismatch otherwise); the blocks should not
+        overlap, and bytes no block covers are zeros. The commit reads the whole
+        tensor once to record its digest."""
+        check_tensor_name(name)
+        client = self.model.client
+        arr = as_stored_array(client.transfers.source(array))
+        shape = tuple(shape)
+        want = slice_shape(shape, index)
+        if arr.shape != want:
+            raise ValueError(f"block {index} of a {shape} tensor is {want}, the array {arr.shape}")
+        stored = stored_name(self.model.prefix, self.version, name)
+        await client.create(stored, shape, arr.dtype, exist_ok=True)
+        data = byte_view(arr)
+        calls = []
+        at = 0
+        for offset, size in byte_runs(shape, arr.itemsize, index):
+            calls.append(partial(client.write_bytes, stored, offset, data[at : at + size]))
+            at += size
+        for i in range(0, len(calls), RUNS_IN_FLIGHT):
+            await client.session.gather(calls[i : i + RUNS_IN_FLIGHT])
+        self.tensors[name] = TensorEntry(name, arr.dtype.name, shape, SLICED)
+
     async def write_many(self, arrays: Mapping[str, Any]) -> None:
         """Store every array of ``arrays`` (a state dict), the writes in flight together."""
         calls = [partial(self.write, n, a) for n, a in arrays.items()]
@@ -211,6 +245,10 @@ class Draft:
         tensors = dict(self.tensors)
         if parts > 1:
             tensors = await self._gather_parts(parts, tensors, patience)
+        sliced = [n for n, e in tensors.items() if e.digest == SLICED]
+        found = await model.client.session.gather(partial(self._whole_digest, n) for n in sliced)
+        for name, dig in zip(sliced, found, strict=True):
+            tensors[name] = dataclasses.replace(tensors[name], digest=dig)
         manifest = Manifest(
             model.prefix,
             self.version,
@@ -249,6 +287,11 @@ class Draft:
         await model.prune()
         return self.version
 
+    async def _whole_digest(self, name: str) -> str:
+        """The digest of a tensor its writers wrote in blocks, read back whole."""
+        stored = stored_name(self.model.prefix, self.version, name)
+        return digest(await self.model.client.read(stored))
+
     async def _gather_parts(
         self, parts: int, own: dict[str, TensorEntry], patience: float
     ) -> dict[str, TensorEntry]:
@@ -272,7 +315,16 @@ class Draft:
         merged = dict(own)
         for part in done:
             for name, entry in part.tensors.items():
-                if name in merged:
+                held = merged.get(name)
+                if held is not None and held.digest == entry.digest == SLICED:
+                    if (held.dtype, held.shape) != (entry.dtype, entry.shape):
+                        raise ValueError(
+                            f"version {self.version} of {model.prefix!r}: blocks of tensor "
+                            f"{name!r} written as {held.dtype} {held.shape} and "
+                            f"{entry.dtype} {entry.shape}"
+                        )
+                    continue  # blocks of one tensor by several writers
+                if held is not None:
                     raise ValueError(
                         f"version {self.version} of {model.prefix!r}: tensor {name!r} "
                         "written by two writers"
@@ -807,6 +859,11 @@ class BlockingDraft:
 
     def write_many(self, arrays: Mapping[str, Any]) -> None:
         self._call(self.draft.write_many, arrays)
+
+    def write_slice(
+        self, name: str, index: Sequence[slice], array: Any, *, shape: Sequence[int]
+    ) -> None:
+        self._call(self.draft.write_slice, name, index, array, shape=shape)
 
     def finish(self) -> None:
         self._call(self.draft.finish)
