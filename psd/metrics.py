@@ -165,6 +165,12 @@ class StateCollector(Collector):
     - ``irdma_shard_copies_total{direction}``, ``irdma_shard_copy_bytes_total{direction}``:
       whole shards sent to peers or received from them (``sent``, ``received``):
       catch-up, backups found behind, and moves between epochs.
+    - Models (``irdma.manifests``) whose bookkeeping this daemon holds:
+      ``irdma_model_version{model}`` (the newest version whose manifest is here),
+      ``irdma_model_pins{model}`` and ``irdma_model_oldest_pinned_version{model}``
+      (readers holding versions: a ``StateFollower`` pins the one it holds). Over
+      the cluster, readers' lag is ``max by (model) (irdma_model_version) -
+      min by (model) (irdma_model_oldest_pinned_version > 0)``.
     - With etcd: ``irdma_epoch`` (the epoch number followed), ``irdma_epoch_moving``
       (1 while it names a target: copies under way), ``irdma_epoch_settled``.
     """
@@ -254,6 +260,24 @@ class StateCollector(Collector):
         lent.add_metric(["lent"], st.copies.lent_bytes)
         lent.add_metric(["borrowed"], st.copies.borrowed_bytes)
         yield from (copies, copy_bytes, lent)
+        newest = GaugeMetricFamily(
+            "irdma_model_version",
+            "The newest version of a model whose manifest this daemon holds.",
+            labels=["model"],
+        )
+        pins = GaugeMetricFamily(
+            "irdma_model_pins", "Pins on a model's versions held here.", labels=["model"]
+        )
+        oldest = GaugeMetricFamily(
+            "irdma_model_oldest_pinned_version",
+            "The oldest version of a model pinned here (0: none).",
+            labels=["model"],
+        )
+        for m in self.reader.models():
+            newest.add_metric([m.model], m.newest)
+            pins.add_metric([m.model], m.pins)
+            oldest.add_metric([m.model], m.oldest_pinned)
+        yield from (newest, pins, oldest)
         if st.epoch is not None:
             yield gauge("irdma_epoch", "The cluster epoch this daemon follows.", st.epoch.number)
             yield gauge(

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 
-from irdma import __version__
+from irdma import __version__, manifests
 from irdma.cluster.epochs import Epoch
 from irdma.protocol import PROTOCOL_VERSION
 
@@ -105,6 +106,38 @@ class DaemonState:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class ModelFigures:
+    """What one daemon holds of a model's bookkeeping (``irdma.manifests``)."""
+
+    model: str
+    newest: int  # the newest version whose manifest is written here (0: none)
+    pins: int  # pins on its versions held here (run-out ones until the next prune)
+    oldest_pinned: int  # the oldest version pinned here (0: none)
+
+
+def model_figures(names: Iterable[tuple[str, int]]) -> list[ModelFigures]:
+    """Figures of every model among (tensor name, bytes) of the tensors a daemon holds."""
+    newest: dict[str, int] = {}
+    pinned: dict[str, list[int]] = {}
+    for name, nbytes in names:
+        if "/@" not in name:
+            continue
+        found = manifests.bookkeeping_of(name)
+        if found is None:
+            continue
+        model, kind, version = found
+        if kind == manifests.PINS_DIR:
+            pinned.setdefault(model, []).append(version)
+            newest.setdefault(model, 0)
+        elif nbytes:  # a claim is empty until its commit writes it
+            newest[model] = max(newest.get(model, 0), version)
+    return [
+        ModelFigures(m, v, len(pinned.get(m, ())), min(pinned.get(m, ()), default=0))
+        for m, v in sorted(newest.items())
+    ]
+
+
 class StateReader:
     """Reads a daemon's state from its replicator (which knows the store and membership)."""
 
@@ -112,6 +145,11 @@ class StateReader:
         self.replicator = replicator
         self.started = time.time()
         self.history = snapshot_history(replicator.node.data_dir)
+
+    def models(self) -> list[ModelFigures]:
+        """The models whose bookkeeping this daemon holds (scanned when asked: metrics)."""
+        tensors = self.replicator.store.tensors.values()
+        return model_figures((t.meta.name, t.meta.nbytes) for t in tensors)
 
     def read(self) -> DaemonState:
         r = self.replicator

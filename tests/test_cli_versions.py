@@ -26,8 +26,12 @@ def test_versions_lists_and_get_fetches_one(cluster: Cluster, tmp_path: Path) ->
     assert [r["version"] for r in rows] == [2, 3]  # the last two kept
     assert rows[-1]["tensors"] == 2 and rows[-1]["bytes"] == 80 + 24
     assert rows[-1]["extra"] == {"step": 2}
+    assert [r["pins"] for r in rows] == [0, 0]
+    with Client(cluster.config_path) as c, c.model("clim/policy").pin(2):
+        rows = json.loads(irdma(cluster, "versions", "clim/policy", "--json").stdout)
+        assert [r["pins"] for r in rows] == [1, 0]
     table = irdma(cluster, "versions", "clim/policy").stdout.splitlines()
-    assert table[0].split() == ["VERSION", "COMMITTED", "TENSORS", "SIZE", "WRITERS"]
+    assert table[0].split() == ["VERSION", "COMMITTED", "TENSORS", "SIZE", "WRITERS", "PINS"]
     assert [line.split()[0] for line in table[1:]] == ["2", "3"]
     # A whole version, the latest, and one tensor of a given version.
     irdma(cluster, "get", "clim/policy@2", "-o", str(tmp_path / "v2.npz"))

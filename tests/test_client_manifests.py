@@ -150,3 +150,12 @@ def test_a_malformed_delta_is_refused_by_name() -> None:
     for payload, target, itemsize, why in cases:
         with pytest.raises(ProtocolError, match=why):
             deltas.apply(payload, target, itemsize)
+
+
+def test_bookkeeping_names_parse_back_to_their_model_and_version() -> None:
+    from irdma.client.manifests import PINS_DIR, VERSIONS_DIR, bookkeeping_of, pin_name
+
+    assert bookkeeping_of(manifest_name("runs/7/policy", 12)) == ("runs/7/policy", VERSIONS_DIR, 12)
+    assert bookkeeping_of(pin_name("p", 3, "host-1-ab")) == ("p", PINS_DIR, 3)
+    for other in ("p/@3/w", "p/w", "@versions/0001", "p/@versions/x", "p/@pins/0/id"):
+        assert bookkeeping_of(other) is None, other

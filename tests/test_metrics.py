@@ -332,3 +332,19 @@ def test_bad_metrics_address_is_refused_naming_the_key(metrics: tuple, problem: 
         parse_config(nodes_with(*metrics))
     assert f"nodes[{len(metrics) - 1}].metrics_address" in str(err.value)
     assert problem in str(err.value)
+
+
+def test_a_models_newest_version_and_its_pins_are_gauges(daemon: Cluster) -> None:
+    with Client(daemon.config_path) as c:
+        model = c.model("mx/policy")
+        for k in range(3):
+            model.commit({"w": np.full(10, k, np.float32)})
+        model.draft()  # version 4 claimed, not committed: not counted
+        with model.pin(1), model.pin(2), model.pin(2):
+            samples = scrape(daemon)
+            assert value(samples, "irdma_model_version", model="mx/policy") == 3
+            assert value(samples, "irdma_model_pins", model="mx/policy") == 3
+            assert value(samples, "irdma_model_oldest_pinned_version", model="mx/policy") == 1
+        samples = scrape(daemon)
+        assert value(samples, "irdma_model_pins", model="mx/policy") == 0
+        assert value(samples, "irdma_model_oldest_pinned_version", model="mx/policy") == 0

@@ -51,6 +51,11 @@ def test_a_follower_loads_each_version_bit_exact_moving_only_changes(cluster: Cl
             assert follower.sync() == v
             assert same(follower_module, published)
             assert 0 < follower.last_bytes < full / 2, (follower.last_bytes, full)
+            # The follower pins the version it holds, and only that one.
+            pins = [i.name for i in c.list("tv/policy/@pins/")]
+            assert len(pins) == 1 and pins[0].startswith(f"tv/policy/@pins/{v}/")
+        follower.close()
+        assert c.list("tv/policy/@pins/") == []
 
 
 def test_a_tensor_parallel_follower_moves_only_its_half(cluster: Cluster) -> None:

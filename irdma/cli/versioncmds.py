@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..client import AsyncClient
+from ..client import AsyncClient, manifests
 from ..client.manifests import manifests_dir
 from ..errors import VersionNotFound
 from . import tensorcmds, tensorfiles
@@ -95,6 +95,11 @@ async def cmd_versions(client: AsyncClient, args: argparse.Namespace) -> int:
     """``irdma versions MODEL``: the committed versions kept, oldest first."""
     model = client.model(args.model)
     rows: list[dict[str, Any]] = []
+    pins: dict[int, int] = {}
+    for info in await client.list(manifests.pins_dir(model.prefix)):
+        found = manifests.bookkeeping_of(info.name)
+        if found is not None:
+            pins[found[2]] = pins.get(found[2], 0) + 1
     for v in await model.versions():
         m = await model.manifest(v)
         nbytes = 0
@@ -110,6 +115,7 @@ async def cmd_versions(client: AsyncClient, args: argparse.Namespace) -> int:
                 "tensors": len(m.tensors),
                 "bytes": nbytes,
                 "writers": m.parts,
+                "pins": pins.get(v, 0),
                 "extra": dict(m.extra),
             }
         )
@@ -118,11 +124,14 @@ async def cmd_versions(client: AsyncClient, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'VERSION':>8}  {'COMMITTED':19}  {'TENSORS':>7}  {'SIZE':>10}  WRITERS")
+    print(f"{'VERSION':>8}  {'COMMITTED':19}  {'TENSORS':>7}  {'SIZE':>10}  WRITERS  PINS")
     for r in rows:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["committed_at"]))
         size = human(r["bytes"])
-        print(f"{r['version']:>8}  {when:19}  {r['tensors']:>7}  {size:>10}  {r['writers']}")
+        print(
+            f"{r['version']:>8}  {when:19}  {r['tensors']:>7}  {size:>10}  "
+            f"{r['writers']:>7}  {r['pins']:>4}"
+        )
     return 0
 
 

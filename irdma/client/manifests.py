@@ -103,6 +103,19 @@ def version_of_manifest(prefix: str, name: str) -> int | None:
     return int(digits) or None
 
 
+def bookkeeping_of(name: str) -> tuple[str, str, int] | None:
+    """(model prefix, ``VERSIONS_DIR`` or ``PINS_DIR``, version) of a manifest's or a
+    pin's tensor name; None for any other name (what a daemon counts for metrics)."""
+    for kind in (VERSIONS_DIR, PINS_DIR):
+        head, sep, rest = name.partition(f"/{kind}/")
+        if not sep or not head:
+            continue
+        digits = rest.split("/", 1)[0]
+        if digits.isdigit() and int(digits) > 0:
+            return head, kind, int(digits)
+    return None
+
+
 def version_of_dir(part: str) -> int | None:
     """The version a ``@7`` path part names, or None."""
     m = _VERSION_DIR.match(part)

@@ -22,6 +22,8 @@ import torch
 
 from irdma.client import Client, Snapshot
 from irdma.client.manifests import DEFAULT_KEEP
+from irdma.client.versions import BlockingPin
+from irdma.errors import VersionNotFound
 
 from .arrays import from_numpy, to_numpy
 
@@ -51,11 +53,16 @@ class StateFollower:
         module: torch.nn.Module,
         *,
         slices: Mapping[str, Sequence[slice]] | None = None,
+        pin: bool = True,
     ) -> None:
         self.model = client.model(prefix)
         self.module = module
         self.slices = dict(slices or {})
         self.held: Snapshot | None = None
+        # The version held is pinned (renewed at each sync), so the next sync can
+        # move only what changed, and the daemons' metrics show how far behind.
+        self.pins = pin
+        self._pin: BlockingPin | None = None
         # Bytes the last sync moved from the daemons.
         self.last_bytes = 0
 
@@ -78,4 +85,22 @@ class StateFollower:
                 v.copy_(from_numpy(snap.arrays[k]).reshape(v.shape))
         self.held = snap
         self.last_bytes = snap.bytes_read
+        if self.pins:
+            self._hold(snap.version)
         return snap.version
+
+    def _hold(self, version: int) -> None:
+        """Pin ``version`` in place of the version held before."""
+        old = self._pin
+        try:
+            self._pin = self.model.pin(version)
+        except VersionNotFound:
+            self._pin = None  # pruned already: the next sync reads whole where it must
+        if old is not None:
+            old.release()
+
+    def close(self) -> None:
+        """Release the pin on the version held."""
+        if self._pin is not None:
+            self._pin.release()
+            self._pin = None
