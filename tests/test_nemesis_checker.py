@@ -14,6 +14,7 @@ from .nemesis.workload import (
     COUNTERS,
     DIGITS,
     ELEMENTS_PER_SHARD,
+    MODEL,
     REGISTERS,
     counts_array,
     decode,
@@ -258,3 +259,66 @@ def test_a_register_read_mixing_two_writes() -> None:
               1: {"outcome": "ok", "version": 3, "value": b}}  # fmt: skip
     s._op(2, "rreg", REG, 0, "ok", shards)
     assert "mixed-read" in kinds(check(s.records, None))
+
+
+class VersionStory(Story):
+    """A history of a model's commits and reads of its latest version."""
+
+    def commit(self, process: int, version: int, kind: str = "ok") -> int:
+        value = register_value(process, self.index.get(process, 0))
+        self._versioned(process, "commit", value, kind, {"version": version})
+        return value
+
+    def vread(self, process: int, version: int, values: list[int]) -> None:
+        self._versioned(process, "vread", 0, "ok", {"version": version, "values": values})
+
+    def _versioned(self, process: int, f: str, value: int, kind: str, detail: dict) -> None:
+        i = self.index.get(process, 0)
+        self.index[process] = i + 1
+        self.records.append(Record("invoke", process, i, f, self.t, MODEL, value))
+        self.records.append(Record(kind, process, i, f, self.t + 0.5, MODEL, value, {}, "", detail))
+        self.t += 1.0
+
+
+def version_kinds(s: VersionStory) -> set[str]:
+    return {v.kind for v in check(s.records, None).violations if v.kind.startswith("version")}
+
+
+def test_model_versions_read_whole_and_in_order_pass() -> None:
+    s = VersionStory()
+    a = s.commit(0, 1)
+    s.vread(1, 1, [a])
+    b = s.commit(0, 2)
+    s.vread(1, 2, [b])
+    s.vread(2, 2, [b])
+    report = check(s.records, None)
+    assert not version_kinds(s), report.summary()
+    assert report.ops["commit"]["ok"] == 2 and report.ops["vread"]["ok"] == 3
+
+
+@pytest.mark.parametrize(
+    ("story", "kind"),
+    [
+        ("mixed", "version-mixed"),
+        ("back-after-commit", "version-went-back"),
+        ("back-after-read", "version-went-back"),
+        ("two-numbers", "version-twice"),
+        ("unknown", "version-unknown"),
+    ],
+)
+def test_model_version_violations_are_named(story: str, kind: str) -> None:
+    s = VersionStory()
+    a = s.commit(0, 1)
+    b = s.commit(0, 2)
+    if story == "mixed":
+        s.vread(1, 2, [a, b])
+    elif story == "back-after-commit":
+        s.vread(1, 1, [a])  # began after version 2's commit was acknowledged
+    elif story == "back-after-read":
+        s.vread(1, 2, [b])
+        s.vread(2, 1, [a])
+    elif story == "two-numbers":
+        s.vread(1, 2, [a])  # a's commit was acknowledged as version 1
+    else:
+        s.vread(1, 2, [12345])
+    assert kind in version_kinds(s)

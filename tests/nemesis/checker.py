@@ -23,6 +23,12 @@ proves, per operation and not only per sum:
 - **versions**: a client's acknowledged updates of a shard get increasing versions,
   and no version of a shard is acknowledged for two different operations (two
   primaries handing out the same version).
+- **model versions** (commits and reads of the latest version): a read holds one
+  commit whole (every tensor the same operation's value), a commit that was
+  invoked before the read ended, under the number that commit got; no number is
+  given to two commits; and the latest number never goes down: a read returns at
+  least the number of every commit acknowledged, and of every read completed,
+  before it began.
 - **recovery**: the cluster became ready again after every fault.
 
 What is not promised (docs/semantics.md) is counted as an *observation*, not a
@@ -68,7 +74,7 @@ class Report:
 
     def summary(self) -> str:
         lines = []
-        for f in ("acc", "read", "write", "rreg"):
+        for f in ("acc", "read", "write", "rreg", "commit", "vread"):
             c = self.ops.get(f, Counter())
             lines.append(f"  {f:6} ok={c['ok']} fail={c['fail']} info={c['info']}")
         lines.append("faults: " + (", ".join(f"{k}={n}" for k, n in sorted(self.faults.items()))))
@@ -126,11 +132,66 @@ def check(records: list[Record], copies: dict[str, Any] | None) -> Report:
             report.add("no-recovery", f"fault #{r.index} {r.f}: {r.detail.get('last')}")
     acked = _acked_versions(ctx, report)
     _check_reads(ctx, report, acked)
+    _check_model_versions(ctx, report)
     if copies is None:
         report.add("final-unreadable", "the final copies could not be read")
     else:
         _check_final(ctx, report, copies, acked)
     return report
+
+
+def _check_model_versions(ctx: _Context, report: Report) -> None:
+    """The model's commits and reads (see the module doc)."""
+    commits = {op.value: op for op in ctx.ops if op.f == "commit"}
+    number_of: dict[int, tuple[int, Op]] = {}  # version -> (value, the op that showed it)
+
+    def numbered(version: int, value: int, op: Op) -> None:
+        held = number_of.setdefault(version, (value, op))
+        if held[0] != value:
+            report.add(
+                "version-twice",
+                f"version {version} holds {held[0]:#x} ({ctx.describe(held[1])}) "
+                f"and {value:#x} ({ctx.describe(op)})",
+            )
+
+    for op in ctx.ops:
+        if op.f == "commit" and op.type == "ok":
+            numbered(int(op.detail["version"]), op.value, op)
+    # Operations that fix a floor for reads that begin after they end.
+    floors = sorted(
+        (
+            (op.end, int(op.detail["version"]), op)
+            for op in ctx.ops
+            if op.f in ("commit", "vread") and op.type == "ok" and op.end is not None
+        ),
+        key=lambda t: t[0],
+    )
+    # In order of their start, as ``pair`` gives operations.
+    reads = [op for op in ctx.ops if op.f == "vread" and op.type == "ok"]
+    i, floor, floor_op = 0, 0, None
+    for op in reads:
+        while i < len(floors) and floors[i][0] < op.start:
+            if floors[i][1] > floor:
+                floor, floor_op = floors[i][1], floors[i][2]
+            i += 1
+        version, values = int(op.detail["version"]), op.detail.get("values", [])
+        if len(values) != 1:
+            report.add("version-mixed", f"{ctx.describe(op)}: version {version} holds {values}")
+            continue
+        writer = commits.get(values[0])
+        if writer is None:
+            report.add("version-unknown", f"{ctx.describe(op)}: {values[0]:#x} from no commit")
+        elif writer.start > (op.end or math.inf):
+            report.add("version-future", f"{ctx.describe(op)} read {ctx.describe(writer)}")
+        else:
+            numbered(version, values[0], op)
+        if version < floor:
+            assert floor_op is not None
+            report.add(
+                "version-went-back",
+                f"{ctx.describe(op)} read version {version} after {ctx.describe(floor_op)} "
+                f"had ended with version {floor}",
+            )
 
 
 def _updates(op: Op) -> Iterable[tuple[int, dict[str, Any]]]:

@@ -73,6 +73,7 @@ class Op:
     error: str = ""
     unexpected: bool = False  # the client raised something other than an IrdmaError
     where: str = ""  # its traceback
+    detail: dict[str, Any] = field(default_factory=dict)  # commit, vread: version, values
 
     @property
     def name(self) -> str:
@@ -144,6 +145,7 @@ def pair(records: Iterable[Record]) -> list[Op]:
             ops[key] = Op(
                 r.process, r.index, inv.f, inv.tensor, inv.value, inv.time, r.time, r.type,
                 r.shards, r.error, bool(r.detail.get("unexpected")), r.detail.get("traceback", ""),
+                r.detail,
             )  # fmt: skip
     for key, inv in open_ops.items():
         ops[key] = Op(inv.process, inv.index, inv.f, inv.tensor, inv.value, inv.time, None,

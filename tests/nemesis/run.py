@@ -47,7 +47,8 @@ class RunConfig:
     clients: int = 4
     kinds: Sequence[str] = SYMMETRIC
     think: float = 0.01  # longest pause of a client between operations
-    weights: tuple[float, ...] = (5, 3, 1, 1)  # of accumulates, reads, writes, register reads
+    # Of accumulates, reads, writes, register reads, model commits, model version reads.
+    weights: tuple[float, ...] = (5, 3, 1, 1, 1, 1)
     shared_registers: bool = False  # every client writes one register (else one writer each)
     # Membership in etcd (an etcd member on a host of its own, out of the nemesis's
     # reach): daemons are up while their 1 s leases are, not by heartbeats.

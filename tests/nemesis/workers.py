@@ -35,13 +35,17 @@ import trio
 from irdma import AsyncClient, Client
 from irdma.client.sinks import IntoSink
 from irdma.cluster import load_config
-from irdma.errors import DaemonError, IrdmaError
+from irdma.errors import DaemonError, IrdmaError, VersionNotFound
 from irdma.protocol import Header, Op, Status, tensor_key
 from tests.nemesis.history import HistoryWriter, Record
 from tests.nemesis.workload import (
     ACC_ELEMENTS,
     COUNTERS,
     ELEMENTS_PER_SHARD,
+    MODEL,
+    MODEL_ELEMENTS,
+    MODEL_KEEP,
+    MODEL_TENSORS,
     REG_ELEMENTS,
     REGISTERS,
     SlotPlan,
@@ -55,7 +59,7 @@ from tests.nemesis.workload import (
 # Refusals a daemon gives before it applies anything (psd/admission.py). NO_QUORUM is
 # not one: a primary also answers it after applying, when its backups did not get it.
 REFUSED_BEFORE_APPLYING = {Status.NOT_OWNER, Status.RECOVERING}
-KINDS = ["acc", "read", "write", "rreg"]
+KINDS = ["acc", "read", "write", "rreg", "commit", "vread"]
 # The hosts are network namespaces on one machine, and a daemon's unix socket sits in
 # its data directory, which every namespace sees: "auto" would first try shared
 # memory through it (and be refused: another namespace). A client on another host
@@ -149,6 +153,8 @@ class ClientProcess:
         self.recorder = Recorder(client)
         self.rng = random.Random(f"{args.seed}:{args.process}")
         self.weights = [float(x) for x in args.weights.split(",")]
+        self.weights += [0.0] * (len(KINDS) - len(self.weights))  # kinds not named: none
+        self.model = client.model(MODEL, keep=MODEL_KEEP)
         self.shared = args.shared_registers
         self.plan = SlotPlan(args.clients)
         self.used = dict.fromkeys(COUNTERS, 0)
@@ -158,6 +164,9 @@ class ClientProcess:
 
     def step(self) -> None:
         f = self.rng.choices(KINDS, self.weights)[0]
+        if f in ("commit", "vread"):
+            self._version_op(f)
+            return
         if f == "acc":
             tensor = self.rng.choice(COUNTERS)
             slot = self.plan.slot(self.process, self.used[tensor])
@@ -213,6 +222,38 @@ class ClientProcess:
         detail = {"unexpected": True, "traceback": where} if unexpected else {}
         self.history.write(
             Record(kind, self.process, index, f, end, tensor, value, shards, error, detail)
+        )
+
+    def _version_op(self, f: str) -> None:
+        """A commit of a version (every tensor filled with this operation's value), or
+        a read of the latest version (its number, and the values its tensors hold)."""
+        index = self.index
+        self.index += 1
+        value = register_value(self.process, index) if f == "commit" else 0
+        self.history.write(Record("invoke", self.process, index, f, time.monotonic(), MODEL, value))
+        error, unexpected, where, kind = "", False, "", "ok"
+        detail: dict[str, Any] = {}
+        try:
+            if f == "commit":
+                data = {t: np.full(MODEL_ELEMENTS, value, np.int64) for t in MODEL_TENSORS}
+                detail["version"] = self.model.commit(data)
+            else:
+                snap = self.model.read()
+                values = np.unique(np.concatenate([snap.arrays[t] for t in MODEL_TENSORS]))
+                detail["version"] = snap.version
+                detail["values"] = [int(v) for v in values[:4]]
+                detail["tensors"] = sorted(snap.arrays)
+        except VersionNotFound as exc:  # nothing committed yet: a read that found none
+            error, kind = f"{type(exc).__name__}: {exc}", "fail"
+        except IrdmaError as exc:  # a commit may have happened: ambiguous
+            error, kind = f"{type(exc).__name__}: {exc}", "info"
+        except Exception as exc:  # a client bug: recorded, and judged by the checker
+            error, unexpected, kind = f"{type(exc).__name__}: {exc}", True, "info"
+            where = traceback.format_exc(limit=-12)
+        if unexpected:
+            detail |= {"unexpected": True, "traceback": where}
+        self.history.write(
+            Record(kind, self.process, index, f, time.monotonic(), MODEL, value, {}, error, detail)
         )
 
     def _contents(
@@ -402,7 +443,9 @@ def main() -> None:
             p.add_argument("--go", required=True, help="file holding when the run ends")
             p.add_argument("--history", required=True)
             p.add_argument("--think", type=float, default=0.01, help="longest pause between ops")
-            p.add_argument("--weights", default="5,3,1,1", help="of acc, read, write, rreg")
+            p.add_argument(
+                "--weights", default="5,3,1,1", help="of acc, read, write, rreg, commit, vread"
+            )
             p.add_argument("--shared-registers", action="store_true", help="all write reg0")
         if name == "copies":
             p.add_argument("--out", required=True)

@@ -7,6 +7,11 @@ increases by ``8 ** digit``. Each element holds 21 slots, one per octal digit
 it was applied: 0, 1, or more (a double shows as digit 2). A lost or doubled update
 is named exactly, not inferred from a sum.
 
+**A model** (``nemesis/model``, four int64 tensors) takes commits of versions
+(``irdma.client.versions``): every tensor of a commit is filled with one value,
+unique to the operation, so a read of a version shows which commit it holds, and
+whether it holds one commit whole.
+
 **Registers** (``nemesis/reg<k>``, int64) take whole-tensor writes: every element of
 the write is the same value, unique to the operation, so each shard read shows which
 write it holds (or that it is torn). Each register has one writer (client ``k``,
@@ -24,6 +29,10 @@ SHARD_SIZE = 16 << 10  # bytes: counters have 4 shards, registers 2
 ACC_ELEMENTS = 8192
 REG_ELEMENTS = 4096
 COUNTERS = [f"nemesis/acc{k}" for k in range(3)]
+MODEL = "nemesis/model"
+MODEL_TENSORS = [f"layer{k}" for k in range(4)]
+MODEL_ELEMENTS = 1024
+MODEL_KEEP = 8
 REGISTERS = [f"nemesis/reg{k}" for k in range(4)]
 ELEMENTS_PER_SHARD = SHARD_SIZE // 8
 
