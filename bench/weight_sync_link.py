@@ -45,7 +45,7 @@ DAEMONS = ["h1", "h2", "h3"]
 def publish(args: argparse.Namespace) -> dict:
     """The trainer: ``--steps`` AdamW steps, each published as a version."""
     import torch
-    from weight_sync import make_model, model_bytes
+    from weight_sync import make_model, model_bytes, train_step
 
     from irdma import Client
     from irdma.torch import publish_state_dict
@@ -56,13 +56,7 @@ def publish(args: argparse.Namespace) -> dict:
     with Client(args.config, transport="tcp") as c:
         publish_state_dict(c, PREFIX, published, keep=args.steps + 1)
         for _ in range(args.steps):
-            loss = master(torch.randn(64, args.width)).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            with torch.no_grad():
-                for dst, src in zip(published.parameters(), master.parameters(), strict=True):
-                    dst.copy_(src.to(torch.bfloat16))
+            train_step(master, published, opt, args.width)
             last = publish_state_dict(c, PREFIX, published, keep=args.steps + 1)
     return {"last": last, "model_bytes": model_bytes(published)}
 

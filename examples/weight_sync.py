@@ -49,6 +49,24 @@ def make_model(layers: int, width: int, dtype: torch.dtype) -> nn.Module:
     return nn.Sequential(*body).to(dtype)
 
 
+def train_step(
+    master: nn.Module, published: nn.Module, opt: torch.optim.Optimizer, width: int
+) -> list[torch.Tensor]:
+    """One AdamW step on the fp32 master weights, then their bf16 copy into ``published``;
+    the fraction of each tensor's elements that changed."""
+    loss = master(torch.randn(64, width)).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    changed = []
+    with torch.no_grad():
+        for dst, src in zip(published.parameters(), master.parameters(), strict=True):
+            new = src.to(torch.bfloat16)
+            changed.append((new.view(torch.int16) != dst.view(torch.int16)).float().mean())
+            dst.copy_(new)
+    return changed
+
+
 def model_bytes(module: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in module.state_dict().values())
 
@@ -148,15 +166,7 @@ def main() -> int:
             p.start()
         changed, publishes = [], []
         for _ in range(args.steps):
-            loss = master(torch.randn(64, args.width)).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            with torch.no_grad():
-                for dst, src in zip(published.parameters(), master.parameters(), strict=True):
-                    new = src.to(torch.bfloat16)
-                    changed.append((new.view(torch.int16) != dst.view(torch.int16)).float().mean())
-                    dst.copy_(new)
+            changed += train_step(master, published, opt, args.width)
             t0 = time.perf_counter()
             publish_state_dict(c, PREFIX, published, keep=args.steps + 1)
             publishes.append(time.perf_counter() - t0)

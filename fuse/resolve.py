@@ -26,6 +26,10 @@ from .errors import FsError
 from .handles import OpenFiles
 from .paths import Kind, Target
 
+# Model versions the resolver remembers as committed (a long-lived mount sees
+# one per step of a trainer that publishes every step).
+COMMITTED_KEPT = 4096
+
 
 @dataclass
 class Resolved:
@@ -45,7 +49,7 @@ class Resolver:
         # Layouts of tensors pulled and pushed through .worker paths.
         self._step_infos: dict[str, TensorInfo] = {}
         # Model versions found committed (they stay so until pruned, and then
-        # their tensors are gone).
+        # their tensors are gone); forgotten past COMMITTED_KEPT, at one STAT each.
         self._committed: set[tuple[str, int]] = set()
 
     def keep_step_info(self, name: str, info: TensorInfo) -> None:
@@ -80,6 +84,8 @@ class Resolver:
             return False
         if not info.nbytes:
             return False
+        if len(self._committed) >= COMMITTED_KEPT:
+            self._committed.clear()
         self._committed.add(found)
         return True
 

@@ -107,3 +107,23 @@ def test_mount_readers_of_the_latest_version_never_see_two(cluster: Cluster, mou
         t.join(240)
     assert not errors, errors
     assert len(seen) >= 3, seen
+
+
+async def test_the_versions_found_committed_are_remembered_within_a_bound(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mount living through many versions remembers at most COMMITTED_KEPT of them
+    as committed (one STAT each to find again), and still finds every one."""
+    from irdma_fuse import resolve
+
+    from .helpers.fuse_roles import mount_roles
+
+    monkeypatch.setattr(resolve, "COMMITTED_KEPT", 2)
+    async with mount_roles(cluster.config_path) as r:
+        model = r.backend.c.model("mv-bound", keep=8)
+        for k in range(5):
+            await model.commit({"w": np.full(4, k, np.float32)})
+        for v in range(1, 6):
+            found = await r.resolver.resolve(f"mv-bound/@{v}/w.npy")
+            assert found.info is not None and found.info.name == f"mv-bound/@{v}/w"
+            assert len(r.resolver._committed) <= 2
