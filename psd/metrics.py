@@ -273,7 +273,7 @@ class StateCollector(Collector):
             "The oldest version of a model pinned here (0: none).",
             labels=["model"],
         )
-        for m in self.reader.models():
+        for m in st.models:
             newest.add_metric([m.model], m.newest)
             pins.add_metric([m.model], m.pins)
             oldest.add_metric([m.model], m.oldest_pinned)

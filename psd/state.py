@@ -57,6 +57,8 @@ class DaemonState:
     epoch: Epoch | None = None
     settled: bool = True  # every registered peer reported that epoch (``Membership``)
     copies: CopyCounts = field(default_factory=CopyCounts)
+    # The models whose bookkeeping this daemon holds (``irdma.manifests``).
+    models: tuple[ModelFigures, ...] = ()
 
     @property
     def snapshot_age(self) -> float:
@@ -103,6 +105,7 @@ class DaemonState:
                 "settled": self.settled,
             },
             "copies": asdict(self.copies),
+            "models": [asdict(m) for m in self.models],
         }
 
 
@@ -186,6 +189,7 @@ class StateReader:
             epoch=r.in_force.config.epoch,
             settled=membership.settled(),
             copies=replace(r.copies),
+            models=tuple(self.models()),
         )
 
     def _roles(self) -> tuple[int, int]:

@@ -77,3 +77,21 @@ def test_get_of_a_version_that_is_not_there_says_why(
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
     assert not (tmp_path / "x.npz").exists()
+
+
+def test_status_shows_each_model_its_latest_version_and_readers_lag(cluster: Cluster) -> None:
+    with Client(cluster.config_path) as c:
+        model = c.model("cstat/policy", keep=4)
+        for k in range(3):
+            model.commit({"w": np.full(4, k, np.float32)})
+        with model.pin(2):
+            out = irdma(cluster, "status").stdout.splitlines()
+            rows = json.loads(irdma(cluster, "status", "--json").stdout)
+    heading = next(i for i, line in enumerate(out) if line.startswith("MODEL"))
+    assert out[heading].split() == ["MODEL", "LATEST", "OLDEST", "PINNED", "LAG"]
+    line = next(line for line in out[heading:] if line.startswith("cstat/policy "))
+    assert line.split() == ["cstat/policy", "3", "2", "1"]
+    # Each daemon's own figures: those holding the model's manifests or pins say so.
+    held = [m for r in rows for m in r["models"] if m["model"] == "cstat/policy"]
+    assert held and max(m["newest"] for m in held) == 3
+    assert min(m["oldest_pinned"] for m in held if m["oldest_pinned"]) == 2

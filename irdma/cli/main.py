@@ -71,7 +71,9 @@ async def cmd_status(client: AsyncClient, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
     else:
-        print(statusmod.render(rows, client.config))
+        recorded = await statusmod.recorded_versions(client.config)
+        models = statusmod.model_status(rows, recorded)
+        print(statusmod.render(rows, client.config, models))
         for rec in mounts.live_mounts(client.config.path):
             print(rec.line())
     return 0 if all(r.up for r in rows) else 1

@@ -11,6 +11,10 @@ shard or two behind for the moment an update takes to be forwarded.
 For a cluster run by ``irdma local`` (the config sits in its locked
 directory), the RESTARTS column says how often it restarted each daemon,
 and a down daemon's row says whether it is being restarted or was given up.
+
+Below the rows, the models (``irdma.client.versions``) the daemons hold the
+bookkeeping of: the latest version, the oldest a reader pins and how far
+behind that is, and with ``[etcd]`` the newest commit etcd recorded.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ..client import AsyncClient
 from ..cluster import Address, ClusterConfig, Node
 from ..cluster.etcd import EtcdError
 from ..cluster.registry import ClusterState, Registry
+from ..cluster.version_numbers import VersionNumbers
 from ..errors import AuthFailed, DaemonTimeout, IrdmaError
 from ..protocol.bodies import StatRecord
 from . import localdir
@@ -79,6 +84,8 @@ class NodeStatus:
             "arena_size": h.get("arena_size"),
             "snapshot": h.get("snapshot"),
             "skew": self.skew,
+            # The models whose bookkeeping it holds: newest version, pins, oldest pinned.
+            "models": h.get("models", []),
         }
 
     @property
@@ -214,6 +221,82 @@ async def gather(client: AsyncClient) -> list[NodeStatus]:
     return rows
 
 
+@dataclass(frozen=True, slots=True)
+class ModelStatus:
+    """One model over the daemons that answered (and etcd, with ``[etcd]``)."""
+
+    model: str
+    latest: int  # the newest version whose manifest a daemon holds (0: none)
+    oldest_pinned: int  # the oldest version a reader pins (0: none)
+    recorded: int | None  # the newest commit etcd recorded (None: no etcd, or not read)
+
+    @property
+    def lag(self) -> int | None:
+        """Versions the slowest pinning reader is behind the latest (None: no pins)."""
+        return self.latest - self.oldest_pinned if self.oldest_pinned else None
+
+
+async def recorded_versions(config: ClusterConfig) -> dict[str, int] | None:
+    """Each model's newest commit as etcd records it; None without ``[etcd]`` or
+    when etcd does not answer (the daemons' figures stand alone then)."""
+    if config.etcd is None:
+        return None
+    try:
+        found = await VersionNumbers.of(config.etcd, config.timeout).models()
+    except EtcdError:
+        return None
+    return {m.model: m.committed for m in found}
+
+
+def model_status(rows: list[NodeStatus], recorded: dict[str, int] | None) -> list[ModelStatus]:
+    """The models the answering daemons (and etcd) know of, by name."""
+    latest: dict[str, int] = {}
+    pinned: dict[str, int] = {}
+    for r in rows:
+        for m in (r.hello or {}).get("models", []):
+            name = m["model"]
+            latest[name] = max(latest.get(name, 0), m["newest"])
+            if m["oldest_pinned"]:
+                pinned[name] = min(pinned.get(name, m["oldest_pinned"]), m["oldest_pinned"])
+    names = sorted(set(latest) | set(recorded or {}))
+    return [
+        ModelStatus(
+            n,
+            latest.get(n, 0),
+            pinned.get(n, 0),
+            None if recorded is None else recorded.get(n, 0),
+        )
+        for n in names
+    ]
+
+
+def render_models(models: list[ModelStatus]) -> list[str]:
+    """The models' table (no lines when there are none)."""
+    if not models:
+        return []
+    with_etcd = any(m.recorded is not None for m in models)
+    headings = ["MODEL", "LATEST", *(["ETCD"] if with_etcd else []), "OLDEST PINNED", "LAG"]
+    table = [headings]
+    for m in models:
+        table.append(
+            [
+                m.model,
+                str(m.latest or "-"),
+                *([str(m.recorded or "-")] if with_etcd else []),
+                str(m.oldest_pinned or "-"),
+                "-" if m.lag is None else str(m.lag),
+            ]
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(headings))]
+    return [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in table
+    ]
+
+
 def replica_skew(config: ClusterConfig, holdings: dict[str, list[StatRecord]]) -> dict[str, int]:
     """Per daemon in ``holdings``: shards it should hold that are behind the newest copy.
 
@@ -311,9 +394,12 @@ def _cells(r: NodeStatus, replicated: bool, supervised: bool) -> list[str]:
     ]
 
 
-def render(rows: list[NodeStatus], config: ClusterConfig) -> str:
+def render(
+    rows: list[NodeStatus], config: ClusterConfig, models: list[ModelStatus] | None = None
+) -> str:
     """The table, columns as wide as their widest cell, then why the daemons that are not
-    up are not: one line per explanation, naming the daemons it applies to.
+    up are not: one line per explanation, naming the daemons it applies to; then the
+    models' table, if any (``model_status``).
 
     RESTARTS (after PID) only when ``irdma local`` supervises the daemons.
     """
@@ -341,6 +427,8 @@ def render(rows: list[NodeStatus], config: ClusterConfig) -> str:
         lines.append(skew)
     if config.etcd is not None:
         lines.append(etcd_line(rows, config))
+    if models:
+        lines += ["", *render_models(models)]
     return "\n".join(lines)
 
 

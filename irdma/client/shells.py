@@ -32,6 +32,7 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from ..cluster import ClusterConfig, Node
+from ..cluster.etcd import Post, blocking_post, trio_post
 from ..errors import ClientClosed
 from ..transport.base import Connection, StreamBroken, StreamTimeout
 from ..transport.blocking import (
@@ -79,6 +80,10 @@ class Shell(Protocol):
 
     @property
     def conns(self) -> dict[str, Any]: ...
+
+    @property
+    def http_post(self) -> Post:
+        """How the shell's calls reach etcd (model version numbers)."""
 
 
 async def gather_under_trio(calls: list[Call]) -> list[Any]:
@@ -131,6 +136,7 @@ class TrioShell:
     now = staticmethod(trio.current_time)
     sleep = staticmethod(trio.sleep)
     gather = staticmethod(gather_under_trio)
+    http_post = staticmethod(trio_post)
 
     @staticmethod
     def shielded() -> trio.CancelScope:
@@ -205,6 +211,7 @@ class BlockingShell:
         return self._thread.conns
 
     now = staticmethod(time.monotonic)
+    http_post = staticmethod(blocking_post)
 
     async def sleep(self, seconds: float) -> None:
         if in_fan_out():  # the call's other requests go on meanwhile

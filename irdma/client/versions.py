@@ -14,7 +14,10 @@ manifest holds the list of them. The number is claimed first by an
 exclusive create, which the daemons holding the manifest's name decide, so
 two writers never commit the same number; manifests are tensors like any
 other, so they are replicated, survive a primary's failover, and are in the
-daemons' snapshots across a restart of the whole cluster.
+daemons' snapshots across a restart of the whole cluster. With ``[etcd]`` the
+numbers are also claimed and recorded there (``irdma.cluster.version_numbers``):
+etcd decides a claim when a partition splits the writers, and its record of
+the newest commit outlives the daemons' memory.
 
 The last ``keep`` versions are kept (the newest committer prunes older
 ones); an older one stays while a reader holds a pin on it.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import socket
 import time
@@ -35,6 +39,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..cluster import ClusterConfig
+from ..cluster.etcd import Etcd, EtcdError
+from ..cluster.version_numbers import VersionNumbers
 from ..devices import Transfers
 from ..errors import (
     DaemonError,
@@ -126,6 +132,9 @@ POLL_SECONDS = 0.02
 SLICED = ""
 # Byte runs of a sliced read or write in flight at once.
 RUNS_IN_FLIGHT = 64
+
+
+log = logging.getLogger("irdma.client")
 
 
 def _unique_id() -> str:
@@ -282,6 +291,7 @@ class Draft:
                 await model.client.delete(name)
             raise gone
         model.saw(self.version)
+        await model.record_commit(self.version)
         if parts > 1:
             await model.delete_prefix(parts_dir(model.prefix, self.version))
         await model.prune()
@@ -358,6 +368,23 @@ class ModelVersions:
         # The newest version this object has seen committed: what the daemons
         # show may never go below it.
         self.floor = 0
+        self._numbers: VersionNumbers | None = None
+
+    @property
+    def numbers(self) -> VersionNumbers | None:
+        """The model's numbers in etcd (None: the cluster keeps no membership there),
+        reached as the client's shell reaches daemons (trio, or plain sockets)."""
+        settings = self.client.config.etcd
+        if self._numbers is None and settings is not None:
+            shell = self.client.session.shell
+            post = shell.http_post if shell is not None else None
+            etcd = Etcd(settings.endpoints, self.client.config.timeout, post=post)
+            self._numbers = VersionNumbers(etcd, settings.prefix)
+        return self._numbers
+
+    @numbers.setter
+    def numbers(self, numbers: VersionNumbers) -> None:
+        self._numbers = numbers
 
     def saw(self, version: int) -> None:
         self.floor = max(self.floor, version)
@@ -393,22 +420,39 @@ class ModelVersions:
 
     async def latest_manifest(self) -> Manifest:
         """The newest committed version's manifest; VersionNotFound if there is none,
-        VersionsWentBack if it is older than one this object saw."""
+        VersionsWentBack if it is older than one this object saw or etcd recorded."""
+        # etcd first: what it records was on the daemons before, so a commit
+        # between the two looks cannot make the daemons seem behind it.
+        recorded = await self._recorded()
+        floor = max(self.floor, recorded)
         for v, info in reversed(await self._claims()):
             if not info.nbytes:
                 continue
             m = await self._manifest(v)
             if m is not None:
-                if v < self.floor:
+                if v < floor:
                     break
                 self.saw(v)
                 return m
-        if self.floor:
+        if floor:
+            where = "etcd recorded" if recorded >= self.floor else "seen"
             raise VersionsWentBack(
                 f"the newest version of {self.prefix!r} the daemons show is below "
-                f"version {self.floor}, seen committed: its manifest is unreachable"
+                f"version {floor}, {where} committed: its manifest is unreachable (its "
+                "daemons down, or the cluster restarted without it)"
             )
         raise VersionNotFound(f"model {self.prefix!r} has no committed version")
+
+    async def _recorded(self) -> int:
+        """The newest commit etcd recorded (0 without etcd, or when it does not
+        answer: reads then go on with the daemons' view, as without etcd)."""
+        if self.numbers is None:
+            return 0
+        try:
+            return await self.numbers.committed(self.prefix)
+        except EtcdError as exc:
+            log.warning("model %r: etcd's record of versions not read: %s", self.prefix, exc)
+            return 0
 
     async def latest(self) -> int:
         """The newest committed version's number (see ``latest_manifest``)."""
@@ -435,7 +479,12 @@ class ModelVersions:
         """Claim the next version number for writing (other writers ``join`` it)."""
         for _ in range(CLAIM_TRIES):
             claims = await self._claims()
-            version = max([v for v, _ in claims] + [self.floor]) + 1
+            shown = max([v for v, _ in claims] + [self.floor])
+            # With etcd, etcd decides the number (a writer that reaches other copies
+            # of the manifest's name than another's still gets another number).
+            version = (
+                shown + 1 if self.numbers is None else await self.numbers.claim(self.prefix, shown)
+            )
             try:
                 await self.client.create(manifest_name(self.prefix, version), (0,), np.uint8)
             except TensorExists:
@@ -445,6 +494,22 @@ class ModelVersions:
             f"could not claim a version of {self.prefix!r} in {CLAIM_TRIES} tries "
             "(other writers kept taking the next number)"
         )
+
+    async def record_commit(self, version: int) -> None:
+        """Raise etcd's record of the newest commit to ``version``. The version is
+        committed already (readers see it); if etcd does not answer, the next
+        commit's record covers it, and until then only the daemons keep it."""
+        if self.numbers is None:
+            return
+        try:
+            await self.numbers.record_commit(self.prefix, version)
+        except EtcdError as exc:
+            log.warning(
+                "model %r: version %d committed, not recorded in etcd: %s",
+                self.prefix,
+                version,
+                exc,
+            )
 
     def join(self, version: int) -> Draft:
         """Another writer's draft of ``version`` (claimed by ``draft``): this process

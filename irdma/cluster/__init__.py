@@ -7,6 +7,7 @@
 - ``epochs``: the member list at one moment and the moves between epochs (pure)
 - ``etcd``: a small etcd v3 client (its JSON gateway over HTTP/1.1, trio)
 - ``registry``: membership in etcd: leases, the epoch in force, drain requests
+- ``version_numbers``: model version numbers claimed and recorded in etcd
 - ``in_force``: ``ConfigInForce``, the config of the epoch in force in one process
 """
 

@@ -13,15 +13,19 @@ and a watch of a prefix from a revision. Keys and values are bytes (the
 gateway carries them base64-encoded); numbers arrive as JSON strings
 (int64 in proto3 JSON) and are turned into ints here. Each call opens its
 own connection to the first endpoint that answers (etcd calls are rare on
-irdma's paths: membership changes, lease renewals); a watch keeps one open.
+irdma's paths: membership changes, lease renewals, model version numbers); a
+watch keeps one open. The blocking ``Client`` runs no trio: its calls go over
+plain sockets through the same h11 framing (``blocking_post``).
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Sequence
+import socket
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -150,13 +154,18 @@ def _revision(answer: dict[str, Any]) -> int:
 
 
 class Etcd:
-    """Calls to an etcd cluster at ``endpoints`` ("http://host:port"), each within ``timeout``."""
+    """Calls to an etcd cluster at ``endpoints`` ("http://host:port"), each within ``timeout``,
+    made by ``post`` (``trio_post``, or ``blocking_post`` outside trio)."""
 
-    def __init__(self, endpoints: Sequence[str], timeout: float = 5.0) -> None:
+    def __init__(
+        self, endpoints: Sequence[str], timeout: float = 5.0, post: Post | None = None
+    ) -> None:
         if not endpoints:
             raise ValueError("etcd needs at least one endpoint")
         self.endpoints = [self._address(e) for e in endpoints]
         self.timeout = timeout
+        # How one call reaches etcd: trio's sockets unless the caller runs no trio.
+        self.post = post or trio_post
 
     @staticmethod
     def _address(endpoint: str) -> tuple[str, int]:
@@ -250,64 +259,91 @@ class Etcd:
         """POST ``body`` to ``path`` on the first endpoint that answers; its JSON answer."""
         problems = []
         for host, port in self.endpoints:
+            conn = h11.Connection(h11.CLIENT)
+            request = request_bytes(conn, host, port, path, body)
             try:
-                with trio.fail_after(self.timeout):
-                    return await self._post(host, port, path, body)
+                status, data = await self.post(host, port, conn, request, self.timeout)
+                return _answer(path, status, data)
             except (OSError, trio.TooSlowError, h11.ProtocolError, EtcdUnavailable) as exc:
                 problems.append(f"{host}:{port}: {exc or type(exc).__name__}")
         raise EtcdUnavailable(f"no etcd endpoint answered {path}: " + "; ".join(problems))
 
-    async def _post(self, host: str, port: int, path: str, body: dict[str, Any]) -> dict[str, Any]:
+
+# One HTTP exchange: (host, port, the h11 connection that made the request, the
+# request's bytes, the timeout) -> (status, body). ``trio_post`` under trio;
+# ``blocking_post`` for a caller that runs no trio (the blocking ``Client``).
+Post = Callable[[str, int, h11.Connection, bytes, float], Awaitable[tuple[int, bytes]]]
+
+
+def request_bytes(
+    conn: h11.Connection, host: str, port: int, path: str, body: dict[str, Any]
+) -> bytes:
+    """A POST of ``body`` as JSON to ``path``, as ``conn`` frames it."""
+    payload = json.dumps(body).encode()
+    headers = [
+        ("Host", f"{host}:{port}"),
+        ("Content-Type", "application/json"),
+        ("Content-Length", str(len(payload))),
+    ]
+    out = conn.send(h11.Request(method="POST", target=path, headers=headers))
+    return out + conn.send(h11.Data(data=payload)) + conn.send(h11.EndOfMessage())
+
+
+async def read_answer(
+    conn: h11.Connection, receive: Callable[[], Awaitable[bytes]]
+) -> tuple[int, bytes]:
+    """The status and body of the answer ``receive`` brings, as ``conn`` parses it."""
+    status = 0
+    data = bytearray()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await receive())
+        elif isinstance(event, h11.Response):
+            status = event.status_code
+        elif isinstance(event, h11.Data):
+            data += event.data
+            if len(data) > MAX_ANSWER:
+                raise EtcdError(f"etcd answer over {MAX_ANSWER} bytes")
+        elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+            return status, bytes(data)
+
+
+def _answer(path: str, status: int, data: bytes) -> dict[str, Any]:
+    if status in UNAVAILABLE_STATUSES:
+        raise EtcdUnavailable(f"etcd {path}: HTTP {status}")
+    try:
+        answer = json.loads(data) if data else {}
+    except ValueError:
+        raise EtcdError(f"etcd {path}: HTTP {status}, not JSON: {data[:200]!r}") from None
+    if status != 200:
+        raise EtcdError(f"etcd {path}: HTTP {status}: {answer.get('error', data[:200])}")
+    return answer
+
+
+async def trio_post(
+    host: str, port: int, conn: h11.Connection, request: bytes, timeout: float
+) -> tuple[int, bytes]:
+    """One exchange over a trio stream, within ``timeout``."""
+    with trio.fail_after(timeout):
         stream = await trio.open_tcp_stream(host, port)
         async with stream:
-            conn = h11.Connection(h11.CLIENT)
-            await self._send_request(stream, conn, host, port, path, body)
-            status, data = await self._read_answer(stream, conn)
-        if status in UNAVAILABLE_STATUSES:
-            raise EtcdUnavailable(f"etcd {path}: HTTP {status}")
-        try:
-            answer = json.loads(data) if data else {}
-        except ValueError:
-            raise EtcdError(f"etcd {path}: HTTP {status}, not JSON: {data[:200]!r}") from None
-        if status != 200:
-            raise EtcdError(f"etcd {path}: HTTP {status}: {answer.get('error', data[:200])}")
-        return answer
+            await stream.send_all(request)
+            return await read_answer(conn, partial(stream.receive_some, READ_SIZE))
 
-    @staticmethod
-    async def _send_request(
-        stream: trio.SocketStream,
-        conn: h11.Connection,
-        host: str,
-        port: int,
-        path: str,
-        body: dict[str, Any],
-    ) -> None:
-        payload = json.dumps(body).encode()
-        headers = [
-            ("Host", f"{host}:{port}"),
-            ("Content-Type", "application/json"),
-            ("Content-Length", str(len(payload))),
-        ]
-        out = conn.send(h11.Request(method="POST", target=path, headers=headers))
-        out += conn.send(h11.Data(data=payload)) + conn.send(h11.EndOfMessage())
-        await stream.send_all(out)
 
-    @staticmethod
-    async def _read_answer(stream: trio.SocketStream, conn: h11.Connection) -> tuple[int, bytes]:
-        status = 0
-        data = bytearray()
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                conn.receive_data(await stream.receive_some(READ_SIZE))
-            elif isinstance(event, h11.Response):
-                status = event.status_code
-            elif isinstance(event, h11.Data):
-                data += event.data
-                if len(data) > MAX_ANSWER:
-                    raise EtcdError(f"etcd answer over {MAX_ANSWER} bytes")
-            elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
-                return status, bytes(data)
+async def blocking_post(
+    host: str, port: int, conn: h11.Connection, request: bytes, timeout: float
+) -> tuple[int, bytes]:
+    """One exchange over a plain socket (each wait within ``timeout``): it blocks the
+    calling thread and never suspends, as the blocking client's requests do."""
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(request)
+
+        async def receive() -> bytes:
+            return sock.recv(READ_SIZE)
+
+        return await read_answer(conn, receive)
 
 
 class Watch:
@@ -328,9 +364,8 @@ class Watch:
                 with trio.fail_after(self.etcd.timeout):
                     self._stream = await trio.open_tcp_stream(host, port)
                     self._conn = h11.Connection(h11.CLIENT)
-                    await Etcd._send_request(
-                        self._stream, self._conn, host, port, self.PATH, self.body
-                    )
+                    request = request_bytes(self._conn, host, port, self.PATH, self.body)
+                    await self._stream.send_all(request)
                 return self
             except (OSError, trio.TooSlowError) as exc:
                 await self.aclose()
