@@ -2,12 +2,19 @@
 answers it keeps.
 
 Attributes are built from what a path is now (``resolve``), with the modes
-and modification times set through this mount. The kernel caches them only
-briefly (``ATTR_TIMEOUT``) so every lookup sees the daemons' current state;
-two answers are kept here a little longer, each where asking again would
-cost the most: getattr answers for files held open only for reading, and
-lookups that failed because a daemon did not answer. Both use the clock
-given (``time.monotonic`` by default), so tests can move time themselves.
+and times set through this mount. The times: modification, the tensor's last
+write (or one set with utime(2) for that version); access, the one set with
+utime(2) for that version, else the modification time (reads do not change
+it, as with ``noatime``); change, the later of the modification time and the
+last change of the file's attributes through this mount (a chmod, a utime, a
+rename).
+
+The kernel caches attributes only briefly (``ATTR_TIMEOUT``) so every lookup
+sees the daemons' current state; two answers are kept here a little longer,
+each where asking again would cost the most: getattr answers for files held
+open only for reading, and lookups that failed because a daemon did not
+answer. Both use the clock given (``time.monotonic`` by default), so tests
+can move time themselves.
 """
 
 from __future__ import annotations
@@ -57,7 +64,9 @@ class Attributes:
     st_gid: int
     st_size: int
     st_blocks: int
-    time_ns: int  # access, modification and change time alike
+    mtime_ns: int
+    atime_ns: int
+    ctime_ns: int
     entry_timeout: float
     attr_timeout: float
     st_blksize: int = BLOCK_SIZE
@@ -73,6 +82,7 @@ class Changes:
     uid: int | None = None
     gid: int | None = None
     mtime_ns: int | None = None
+    atime_ns: int | None = None
 
 
 class AttributeTable:
@@ -95,7 +105,12 @@ class AttributeTable:
         self._wall_ns = wall_ns
         self._start_ns = wall_ns()  # directories' times: when the mount began
         self._modes: dict[str, int] = {}
-        self._mtimes: dict[str, tuple[int, int]] = {}  # path -> (version, ns)
+        # Times set with utime(2): path -> (tensor version they are for; None for a
+        # directory, ns). A newer version shows its own write's time again.
+        self._mtimes: dict[str, tuple[int | None, int]] = {}
+        self._atimes: dict[str, tuple[int | None, int]] = {}
+        # When the path's attributes were last changed through this mount (ctime).
+        self._changed: dict[str, int] = {}
         # getattr answers for files held open for reading: path -> (when, attrs).
         self._open_attrs: dict[str, tuple[float, Attributes]] = {}
         # Lookups that failed on an unreachable daemon: path -> (when, errno).
@@ -115,6 +130,7 @@ class AttributeTable:
             # (One removed elsewhere is seen that much later; files in it are
             # looked up afresh all the same.)
             entry_timeout = ATTR_TIMEOUT
+        version: int | None = None
         if t.is_dir:
             mode = stat.S_IFDIR | self._modes.get(res.path, 0o755)
             nlink, size, ns = 2, 0, self._start_ns
@@ -130,9 +146,10 @@ class AttributeTable:
                 assert res.info is not None
                 size = file_size(t, res.info)
                 ns = int(res.info.mtime * 1e9)
-                override = self._mtimes.get(res.path)
-                if override and override[0] == res.info.version:
-                    ns = override[1]
+                version = res.info.version
+        mtime = self._set_time(self._mtimes, res.path, version, ns)
+        atime = self._set_time(self._atimes, res.path, version, mtime)
+        ctime = max(mtime, self._changed.get(res.path, 0))
         return Attributes(
             st_ino=ino,
             st_mode=mode,
@@ -141,10 +158,20 @@ class AttributeTable:
             st_gid=self.gid,
             st_size=size,
             st_blocks=-(-size // 512),
-            time_ns=ns,
+            mtime_ns=mtime,
+            atime_ns=atime,
+            ctime_ns=ctime,
             entry_timeout=entry_timeout,
             attr_timeout=attr_timeout,
         )
+
+    @staticmethod
+    def _set_time(
+        times: dict[str, tuple[int | None, int]], path: str, version: int | None, default: int
+    ) -> int:
+        """A time set for ``path`` at ``version``, else ``default``."""
+        found = times.get(path)
+        return found[1] if found is not None and found[0] == version else default
 
     async def lookup(self, path: str, resolve: Resolve) -> Attributes:
         """``path``'s attributes for a lookup: a failure to reach the daemons in the
@@ -201,16 +228,25 @@ class AttributeTable:
         self._open_attrs.pop(path, None)
 
     def forget(self, path: str) -> None:
-        """``path``'s content changed: its kept answer and set time no longer hold."""
+        """``path``'s content changed: its kept answer and set times no longer hold."""
         self._open_attrs.pop(path, None)
         self._mtimes.pop(path, None)
+        self._atimes.pop(path, None)
 
     def set_mode(self, path: str, mode: int) -> None:
         self._modes[path] = stat.S_IMODE(mode)
+        self._changed[path] = self._wall_ns()
 
-    def set_mtime(self, path: str, version: int, ns: int) -> None:
-        """``path`` shows modification time ``ns`` while its tensor is at ``version``."""
-        self._mtimes[path] = (version, ns)
+    def set_times(
+        self, path: str, version: int | None, *, atime_ns: int | None, mtime_ns: int | None
+    ) -> None:
+        """``path`` shows these times (None: unchanged) while its tensor is at
+        ``version`` (None: a directory, always)."""
+        if mtime_ns is not None:
+            self._mtimes[path] = (version, mtime_ns)
+        if atime_ns is not None:
+            self._atimes[path] = (version, atime_ns)
+        self._changed[path] = self._wall_ns()
 
     def may_own(self, changes: Changes) -> bool:
         """Whether a change of owner only names the owner the mount shows (or none)."""
@@ -226,3 +262,8 @@ class AttributeTable:
         for old, new in pairs:
             if old in self._modes:
                 self._modes[new] = self._modes.pop(old)
+            for times in (self._mtimes, self._atimes):
+                if old in times:
+                    times[new] = times.pop(old)
+            self._changed.pop(old, None)
+            self._changed[new] = self._wall_ns()  # a rename changes the file's ctime

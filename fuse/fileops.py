@@ -265,6 +265,10 @@ class FileOps:
                 handle.truncate(changes.size)
                 await push(self._backend.c, handle)
             res = await self._resolver.resolve(path)
-        if changes.mtime_ns is not None and res.info is not None:
-            self._attrs.set_mtime(path, res.info.version, changes.mtime_ns)
+        if changes.mtime_ns is not None or changes.atime_ns is not None:
+            version = None if res.target.is_dir else res.info.version if res.info else None
+            if res.target.is_dir or version is not None:
+                self._attrs.set_times(
+                    path, version, atime_ns=changes.atime_ns, mtime_ns=changes.mtime_ns
+                )
         return self._attrs.of(res)

@@ -31,6 +31,7 @@ from .fileops import FileOps
 from .files import Handle
 from .handles import Opened, OpenFiles
 from .inodes import InodeTable
+from .paths import NAME_MAX
 from .renames import Renames
 from .resolve import Resolver
 from .xattrs import Xattrs
@@ -39,7 +40,6 @@ log = logging.getLogger("irdma.fuse")
 
 BLOCK = 4096  # statfs's block size
 FILES = 1 << 20  # statfs's file counts: no limit of the mount's own
-NAME_MAX = 255
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,9 @@ keep the table small enough (one entry per path ever seen).
 from __future__ import annotations
 
 import errno
+import os
+
+from irdma import MAX_NAME_BYTES
 
 from . import paths
 from .errors import FsError
@@ -57,10 +60,16 @@ class InodeTable:
 
     def child(self, parent: int, name: str) -> str:
         """The path of ``name`` in directory ``parent``; EINVAL for a name that is
-        not one entry (a slash, ``.`` or ``..``)."""
+        not one entry (a slash, ``.`` or ``..``), ENAMETOOLONG for one over
+        NAME_MAX bytes or a path longer than a tensor's name may be."""
         if "/" in name or name in (".", ".."):
             raise FsError(errno.EINVAL)
-        return paths.join(self.path(parent), name)
+        if len(os.fsencode(name)) > paths.NAME_MAX:
+            raise FsError(errno.ENAMETOOLONG)
+        path = paths.join(self.path(parent), name)
+        if len(os.fsencode(path)) > MAX_NAME_BYTES:
+            raise FsError(errno.ENAMETOOLONG)
+        return path
 
     def detach(self, path: str, to: str) -> None:
         """Point ``path``'s number at ``to`` (a replaced file kept for its open

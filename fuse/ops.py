@@ -58,7 +58,7 @@ def entry(a: Attributes) -> pyfuse3.EntryAttributes:
     out.st_size = a.st_size
     out.st_blksize = a.st_blksize
     out.st_blocks = a.st_blocks
-    out.st_atime_ns = out.st_mtime_ns = out.st_ctime_ns = a.time_ns
+    out.st_atime_ns, out.st_mtime_ns, out.st_ctime_ns = a.atime_ns, a.mtime_ns, a.ctime_ns
     return out
 
 
@@ -112,6 +112,7 @@ class IrdmaOperations(pyfuse3.Operations):
             uid=attr.st_uid if fields.update_uid else None,
             gid=attr.st_gid if fields.update_gid else None,
             mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+            atime_ns=attr.st_atime_ns if fields.update_atime else None,
         )
         return entry(await self.fs.setattr(inode, changes, fh))
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 # mount (one definition with the command line, which hides it from listings).
 from irdma import DIR_MARKER, manifests
 
+# The longest name of one entry (statfs's namemax; ENAMETOOLONG beyond), in bytes.
+NAME_MAX = 255
 NPY = ".npy"
 SHARDS = ".shards"
 ACCUMULATE = ".accumulate"

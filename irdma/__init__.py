@@ -29,6 +29,7 @@ from .errors import (
     VersionsWentBack,
 )
 from .names import DIR_MARKER
+from .protocol import MAX_NAME_BYTES
 from .sdnotify import Notifier
 from .training.modes import Mode, describe_options
 from .transport.shared import SharedMemoryFull, SharedRegion
@@ -37,6 +38,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DIR_MARKER",
+    "MAX_NAME_BYTES",
     "ArenaFull",
     "AsyncClient",
     "AuthFailed",

@@ -60,10 +60,10 @@ def test_a_file_shows_its_tensor_and_a_directory_the_mounts_start() -> None:
     f = attrs.of(Resolved("m/w", W, INFO))
     assert f.st_ino == inodes.ino("m/w") and stat.S_ISREG(f.st_mode)
     assert stat.S_IMODE(f.st_mode) == 0o644 and f.st_size == 1000 and f.st_blocks == 2
-    assert f.time_ns == 5_000_000_000 and (f.st_uid, f.st_gid) == (1000, 100)
+    assert f.mtime_ns == 5_000_000_000 and (f.st_uid, f.st_gid) == (1000, 100)
     assert f.entry_timeout == 0 and f.attr_timeout == ATTR_TIMEOUT
     d = attrs.of(Resolved("m", Target(Kind.DIR, "m")))
-    assert stat.S_ISDIR(d.st_mode) and d.st_nlink == 2 and d.time_ns == START_NS
+    assert stat.S_ISDIR(d.st_mode) and d.st_nlink == 2 and d.mtime_ns == START_NS
     assert d.entry_timeout == ATTR_TIMEOUT
     acc = attrs.of(Resolved("m/.accumulate/w.npy", Target(Kind.ACCUMULATE, "m/w"), INFO))
     assert stat.S_IMODE(acc.st_mode) == 0o200  # written to, never read
@@ -77,19 +77,19 @@ def test_a_file_being_written_here_shows_the_writers_size_and_now() -> None:
     writer.dirty.append((0, 10))
     files.register(writer)
     a = attrs.of(Resolved("m/w", W, INFO))
-    assert a.st_size == 10 and a.time_ns == START_NS
+    assert a.st_size == 10 and a.mtime_ns == START_NS
 
 
 def test_modes_and_times_set_here_are_shown_and_follow_renames() -> None:
     attrs, _, _, _ = table()
     attrs.set_mode("m/w", stat.S_IFREG | 0o600)
-    attrs.set_mtime("m/w", INFO.version, 123)
+    attrs.set_times("m/w", INFO.version, atime_ns=None, mtime_ns=123)
     a = attrs.of(Resolved("m/w", W, INFO))
-    assert stat.S_IMODE(a.st_mode) == 0o600 and a.time_ns == 123
+    assert stat.S_IMODE(a.st_mode) == 0o600 and a.mtime_ns == 123
     newer = replace(INFO, version=INFO.version + 1)  # changed since: its own time again
-    assert attrs.of(Resolved("m/w", W, newer)).time_ns == 5_000_000_000
+    assert attrs.of(Resolved("m/w", W, newer)).mtime_ns == 5_000_000_000
     attrs.forget("m/w")
-    assert attrs.of(Resolved("m/w", W, INFO)).time_ns == 5_000_000_000
+    assert attrs.of(Resolved("m/w", W, INFO)).mtime_ns == 5_000_000_000
     attrs.moved([("m/w", "m/v")])
     assert stat.S_IMODE(attrs.of(Resolved("m/v", W, INFO)).st_mode) == 0o600
     assert stat.S_IMODE(attrs.of(Resolved("m/w", W, INFO)).st_mode) == 0o644

@@ -31,7 +31,9 @@ def attrs(ino: int = 9, mode: int = stat.S_IFREG | 0o644, size: int = 1000) -> A
         st_gid=4,
         st_size=size,
         st_blocks=2,
-        time_ns=1_700_000_000_123_456_789,
+        mtime_ns=1_700_000_000_123_456_789,
+        atime_ns=1_600_000_000_000_000_001,
+        ctime_ns=1_800_000_000_000_000_002,
         entry_timeout=0.0,
         attr_timeout=0.05,
     )
@@ -124,7 +126,9 @@ def test_entry_and_attr_replies_round_trip() -> None:
     nodeid, gen, ev, av, evn, avn = struct.unpack_from("<QQQQII", out)
     assert (nodeid, gen, ev, av, evn, avn) == (9, 0, 0, 0, 0, 50_000_000)
     f = struct.unpack_from("<QQQQQQIIIIIIIIII", out, 40)
-    assert f[:4] == (9, 1000, 2, 1_700_000_000) and f[6] == 123_456_789
+    # ino, size, blocks; atime, mtime, ctime seconds; their nanoseconds.
+    assert f[:6] == (9, 1000, 2, 1_600_000_000, 1_700_000_000, 1_800_000_000)
+    assert f[6:9] == (1, 123_456_789, 2)
     assert (f[9], f[10], f[11], f[12], f[14]) == (a.st_mode, 1, 3, 4, a.st_blksize)
     assert replies.attr_out(a)[16:] == out[40:]  # fuse_attr_out: 16 bytes, then the attr
     assert replies.open_out(5, abi.OpenFlag.PASSTHROUGH, 3) == struct.pack("<QIi", 5, 128, 3)

@@ -407,6 +407,56 @@ def test_errnos(mount: Path) -> None:
     assert errno_of(lambda: (mount / "no" / "dir" / "x.bin").write_bytes(b"x")) == errno.ENOENT
 
 
+@pytest.mark.parametrize("session", ["pyfuse3", "own"])
+def test_posix_corners_names_paths_and_times(
+    cluster: Cluster, tmp_path: Path, session: str
+) -> None:
+    """Names of 255 bytes and paths to 4096 (ENAMETOOLONG past them), and the
+    access, modification and change times kept apart, in both sessions."""
+    m = start_mount(cluster, tmp_path / "mnt", session=session)
+    try:
+        d = m.path / f"px-{session}"
+        d.mkdir()
+        longest = "é" * 127 + "a"  # 255 bytes, 128 characters
+        (d / longest).write_bytes(b"x")
+        assert os.listdir(d) == [longest] and (d / longest).read_bytes() == b"x"
+        assert errno_of(lambda: (d / (longest + "b")).write_bytes(b"x")) == errno.ENAMETOOLONG
+        assert errno_of(lambda: os.stat(d / ("c" * 256))) == errno.ENAMETOOLONG
+        # A path of 3000 bytes is a tensor's name; one past 4096 bytes (made below a
+        # working directory, as the kernel allows) is refused by name.
+        deep = d.joinpath(*(["d" * 250] * 12))
+        deep.mkdir(parents=True)
+        np.save(deep / "w.npy", np.arange(4))
+        assert (np.load(deep / "w.npy") == np.arange(4)).all()
+        here = os.getcwd()
+        try:
+            os.chdir(deep)
+            further = "/".join(["e" * 250] * 4)  # the path is now 4025 bytes
+            os.makedirs(further)
+            os.chdir(further)
+            assert errno_of(lambda: os.mkdir("f" * 250)) == errno.ENAMETOOLONG
+        finally:
+            os.chdir(here)
+        # Times: each as set, and a change time of when they were set.
+        f = d / "t.bin"
+        f.write_bytes(b"abc")
+        before = time.time_ns()
+        os.utime(f, ns=(1_000_000_000, 2_000_000_000))
+        st = os.stat(f)
+        assert (st.st_atime_ns, st.st_mtime_ns) == (1_000_000_000, 2_000_000_000)
+        assert st.st_ctime_ns >= before - 1_000_000_000  # now, not the time set
+        os.utime(f, ns=(3_000_000_000, 2_000_000_000))
+        assert os.stat(f).st_atime_ns == 3_000_000_000
+        os.utime(d, ns=(4_000_000_000, 5_000_000_000))  # a directory's too
+        st = os.stat(d)
+        assert (st.st_atime_ns, st.st_mtime_ns) == (4_000_000_000, 5_000_000_000)
+        f.write_bytes(b"new")  # a new write: its own time again
+        st = os.stat(f)
+        assert st.st_mtime_ns > 2_000_000_000 and st.st_atime_ns == st.st_mtime_ns
+    finally:
+        m.unmount()
+
+
 def test_enospc_when_the_arena_is_full(tmp_path: Path) -> None:
     with lone_daemon_mount(tmp_path, arena_size=2 << 20) as (_, m):
         with pytest.raises(OSError) as ei:

@@ -227,17 +227,22 @@ def _fh(req: rq.Setattr) -> int | None:
 
 def _changes(req: rq.Setattr) -> Changes:
     v = SetattrValid(req.valid)
-    mtime = None
+    mtime = atime = None
     if v & SetattrValid.MTIME_NOW:
         mtime = time.time_ns()
     elif v & SetattrValid.MTIME:
         mtime = req.mtime_ns
+    if v & SetattrValid.ATIME_NOW:
+        atime = time.time_ns()
+    elif v & SetattrValid.ATIME:
+        atime = req.atime_ns
     return Changes(
         mode=req.mode if v & SetattrValid.MODE else None,
         size=req.size if v & SetattrValid.SIZE else None,
         uid=req.uid_to if v & SetattrValid.UID else None,
         gid=req.gid_to if v & SetattrValid.GID else None,
         mtime_ns=mtime,
+        atime_ns=atime,
     )
 
 

@@ -34,6 +34,7 @@ from ..snapshot import Snapshot
 
 log = logging.getLogger("irdma.fuse")
 
+MEMFD_NAME_MAX = 249  # memfd_create(2): NAME_MAX less its "memfd:" prefix
 LOAD_TRIES = 8  # reads of a file that keeps changing layout before giving up
 DEFAULT_LIMIT = 4 << 30  # bytes of unheld backing files kept for later opens
 
@@ -142,7 +143,7 @@ class Backings:
         for _ in range(LOAD_TRIES):
             header, start, length = extent(target, info)
             size = len(header) + length
-            fd = os.memfd_create(f"irdma:{target.name}", os.MFD_CLOEXEC)
+            fd = os.memfd_create(memfd_name(target.name), os.MFD_CLOEXEC)
             memory: mmap.mmap | None = None
             kept = False
             try:
@@ -171,6 +172,13 @@ class Backings:
                 if not kept:
                     _discard(memory, fd)
         raise TornRead(f"{target.name} changed layout {LOAD_TRIES} times while it was read")
+
+
+def memfd_name(tensor: str) -> str:
+    """A backing file's name (shown in /proc only): the tensor's, cut to what
+    memfd_create(2) takes (249 bytes), on a character boundary."""
+    raw = f"irdma:{tensor}".encode()[:MEMFD_NAME_MAX]
+    return raw.decode(errors="ignore")
 
 
 def _discard(memory: mmap.mmap | None, fd: int) -> None:

@@ -34,18 +34,20 @@ def _split(seconds: float) -> tuple[int, int]:
 
 
 def attr(a: Attributes) -> bytes:
-    """``fuse_attr``: access, modification and change time alike (``time_ns``)."""
-    sec, nsec = divmod(a.time_ns, 10**9)
+    """``fuse_attr``: sizes, times (access, modification, change), mode, owner."""
+    asec, ansec = divmod(a.atime_ns, 10**9)
+    msec, mnsec = divmod(a.mtime_ns, 10**9)
+    csec, cnsec = divmod(a.ctime_ns, 10**9)
     return abi.ATTR.pack(
         a.st_ino,
         a.st_size,
         a.st_blocks,
-        sec,
-        sec,
-        sec,
-        nsec,
-        nsec,
-        nsec,
+        asec,
+        msec,
+        csec,
+        ansec,
+        mnsec,
+        cnsec,
         a.st_mode,
         a.st_nlink,
         a.st_uid,

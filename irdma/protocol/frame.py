@@ -67,7 +67,9 @@ assert ENTRY_SIZE == 48
 MAX_ERROR_MESSAGE = 64 << 10
 # Metadata payloads (create, list and stat answers) are JSON; bounded too.
 MAX_META_PAYLOAD = 16 << 20
-MAX_NAME_BYTES = 1024
+# A tensor name's limit: PATH_MAX, so any path the kernel gives the mount names
+# a tensor (a name was 1024 bytes at most before; older daemons refuse longer).
+MAX_NAME_BYTES = 4096
 MAX_DIMS = 32
 # Tensor options are stored and sent back in every stat, list and snapshot:
 # nesting near the interpreter's recursion limit would decode here and fail
