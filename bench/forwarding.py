@@ -11,8 +11,10 @@ and accumulate throughput (median of ``--repeat``) with the async client (as
 ``irdma bench``) and the blocking one (as ``bench/compare.py``), and single 4 KiB
 writes and accumulates timed one by one (median and p99), and the daemons' CPU
 time per MiB of each large op (steady where wall time is not, on a machine
-shared with other work). Prints each figure for R=1 and R=2 and R=2's share of
-R=1's speed (throughput) or its time (latency) or CPU over R=1's.
+shared with other work). Over shm, also large ops of an array already in the
+client's shared memory (``Client.shared_empty``: no staging copy). Prints each
+figure for R=1 and R=2 and R=2's share of R=1's speed (throughput) or its time
+(latency) or CPU over R=1's.
 """
 
 from __future__ import annotations
@@ -126,6 +128,27 @@ def worker(config: str, size: int, repeat: int, small_ops: int, pids: list[int])
             out[f"blocking 4KiB {op} us"] = _lat(times)
         c.delete("big")
         c.delete("tiny")
+    if os.environ.get("IRDMA_TRANSPORT") == "shm":
+        # The array already in the client's shared memory (``shared_empty``): no
+        # staging copy, so each copy a daemon makes is one of the op's only copies.
+        with Client(config, timeout=300, shared_memory=data.nbytes + (64 << 20)) as c:
+            shared = c.shared_empty(data.shape, data.dtype)
+            shared[:] = data
+            c.write("big", shared)
+            for op, bfn in (
+                ("write", lambda: c.write("big", shared)),
+                ("accumulate", lambda: c.accumulate("big", shared, alpha=0.0)),
+            ):
+                times = []
+                cpu = cpu_seconds(pids)
+                for _ in range(repeat):
+                    t = time.perf_counter()
+                    bfn()
+                    times.append(time.perf_counter() - t)
+                out[f"shared-memory {op} GB/s"] = _median_rate(data.nbytes, times)
+                mib = repeat * data.nbytes / (1 << 20)
+                out[f"shared-memory {op} daemon CPU ms/MiB"] = (cpu_seconds(pids) - cpu) * 1e3 / mib
+            c.delete("big")
     return out
 
 
