@@ -147,9 +147,7 @@ class AttributeTable:
                 size = file_size(t, res.info)
                 ns = int(res.info.mtime * 1e9)
                 version = res.info.version
-        mtime = self._set_time(self._mtimes, res.path, version, ns)
-        atime = self._set_time(self._atimes, res.path, version, mtime)
-        ctime = max(mtime, self._changed.get(res.path, 0))
+        mtime, atime, ctime = self._times(res.path, version, ns)
         return Attributes(
             st_ino=ino,
             st_mode=mode,
@@ -164,6 +162,13 @@ class AttributeTable:
             entry_timeout=entry_timeout,
             attr_timeout=attr_timeout,
         )
+
+    def _times(self, path: str, version: int | None, written_ns: int) -> tuple[int, int, int]:
+        """(modification, access, change) times of ``path`` at ``version``, whose
+        content was written at ``written_ns``."""
+        mtime = self._set_time(self._mtimes, path, version, written_ns)
+        atime = self._set_time(self._atimes, path, version, mtime)
+        return mtime, atime, max(mtime, self._changed.get(path, 0))
 
     @staticmethod
     def _set_time(
@@ -232,6 +237,20 @@ class AttributeTable:
         self._open_attrs.pop(path, None)
         self._mtimes.pop(path, None)
         self._atimes.pop(path, None)
+        self._changed.pop(path, None)
+
+    def times_of(self, directory: str) -> dict[str, int]:
+        """A directory's times (as ``of`` gives them), by Attributes field."""
+        mtime, atime, ctime = self._times(directory, None, self._start_ns)
+        return {"mtime_ns": mtime, "atime_ns": atime, "ctime_ns": ctime}
+
+    def entries_changed(self, *dirs: str) -> None:
+        """Entries were made or removed in these directories through this mount:
+        their modification and change times are now."""
+        now = self._wall_ns()
+        for d in dirs:
+            self._mtimes[d] = (None, now)
+            self._changed[d] = now
 
     def set_mode(self, path: str, mode: int) -> None:
         self._modes[path] = stat.S_IMODE(mode)

@@ -169,10 +169,17 @@ class FileOps:
             await snap.wait(off, size)
         return handle.read(off, size)
 
+    def _check_size(self, size: int) -> None:
+        """EFBIG for a file larger than every daemon's arena together could hold."""
+        room = sum(n.arena_size for n in self._backend.c.config.nodes)
+        if room and size > room:
+            raise FsError(errno.EFBIG)
+
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         handle = self._files.get(fh)
         if not handle.writable:
             raise FsError(errno.EBADF)
+        self._check_size(off + len(buf))
         n = handle.write(off, buf)
         if not handle.planned:
             plan_outflow(handle, self._backend.c.config.shard_size)
@@ -257,6 +264,7 @@ class FileOps:
         if changes.size is not None:
             if res.target.is_dir:
                 raise FsError(errno.EISDIR)
+            self._check_size(changes.size)
             handle = self._files.find(fh)
             if handle is not None and handle.writable:
                 handle.truncate(changes.size)

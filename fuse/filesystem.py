@@ -13,6 +13,7 @@ needs logging (one mapping: ``errors.errno_for``).
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -156,12 +157,16 @@ class Filesystem:
     async def mkdir(self, parent: int, name: bytes, mode: int) -> Attributes:
         path = self._child(parent, name)
         self._changeable(path)
-        return await self.dirs.make(path, mode)
+        made = await self.dirs.make(path, mode)
+        self.attrs.entries_changed(path, paths.parent(path))  # made now, in its parent
+        return dataclasses.replace(made, **self.attrs.times_of(path))
 
     async def rmdir(self, parent: int, name: bytes) -> None:
         path = self._child(parent, name)
         self._changeable(path)
         await self.dirs.remove(path)
+        self.attrs.forget(path)
+        self.attrs.entries_changed(paths.parent(path))
 
     # -- files --------------------------------------------------------------------
 
@@ -169,6 +174,7 @@ class Filesystem:
         path = self._child(parent, name)
         self._changeable(path)
         await self.fileops.unlink(path)
+        self.attrs.entries_changed(paths.parent(path))
 
     async def open(self, inode: int, flags: int) -> Opened:
         await self.renames.settled(self.inodes.path(inode))
@@ -182,7 +188,9 @@ class Filesystem:
     ) -> tuple[Opened, Attributes]:
         path = self._child(parent, name)
         self._changeable(path)
-        return await self.fileops.create(path, mode, flags)
+        created = await self.fileops.create(path, mode, flags)
+        self.attrs.entries_changed(paths.parent(path))
+        return created
 
     async def read(self, fh: int, off: int, size: int) -> memoryview:
         return await self.fileops.read(fh, off, size)
@@ -217,6 +225,7 @@ class Filesystem:
         old, new = self._child(parent_old, name_old), self._child(parent_new, name_new)
         self._changeable(old, new)
         await self.renames.rename(old, new, noreplace=noreplace, exchange=exchange)
+        self.attrs.entries_changed(paths.parent(old), paths.parent(new))
 
     # -- extended attributes and statfs -------------------------------------------
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import errno
 import os
 
-from irdma import MAX_NAME_BYTES
-
 from . import paths
 from .errors import FsError
 
@@ -61,13 +59,13 @@ class InodeTable:
     def child(self, parent: int, name: str) -> str:
         """The path of ``name`` in directory ``parent``; EINVAL for a name that is
         not one entry (a slash, ``.`` or ``..``), ENAMETOOLONG for one over
-        NAME_MAX bytes or a path longer than a tensor's name may be."""
+        NAME_MAX bytes or a path over PATH_MAX."""
         if "/" in name or name in (".", ".."):
             raise FsError(errno.EINVAL)
         if len(os.fsencode(name)) > paths.NAME_MAX:
             raise FsError(errno.ENAMETOOLONG)
         path = paths.join(self.path(parent), name)
-        if len(os.fsencode(path)) > MAX_NAME_BYTES:
+        if len(os.fsencode(path)) > paths.PATH_MAX:
             raise FsError(errno.ENAMETOOLONG)
         return path
 

@@ -27,10 +27,13 @@ from dataclasses import dataclass
 
 # mkdir stores this zero-size tensor so an empty directory exists for every
 # mount (one definition with the command line, which hides it from listings).
-from irdma import DIR_MARKER, manifests
+from irdma import DIR_MARKER, MAX_NAME_BYTES, manifests
 
 # The longest name of one entry (statfs's namemax; ENAMETOOLONG beyond), in bytes.
 NAME_MAX = 255
+# The longest path from the mount's root: a tensor name's limit, less room for a
+# directory's marker under it (so a directory that can be named can be made).
+PATH_MAX = MAX_NAME_BYTES - len("/" + DIR_MARKER)
 NPY = ".npy"
 SHARDS = ".shards"
 ACCUMULATE = ".accumulate"
@@ -79,6 +82,11 @@ class Target:
 
 def join(prefix: str, part: str) -> str:
     return f"{prefix}/{part}" if prefix else part
+
+
+def parent(path: str) -> str:
+    """The directory ``path`` is in ('' for the root's entries)."""
+    return path.rpartition("/")[0]
 
 
 def parse(path: str) -> Target | None:

@@ -411,8 +411,9 @@ def test_errnos(mount: Path) -> None:
 def test_posix_corners_names_paths_and_times(
     cluster: Cluster, tmp_path: Path, session: str
 ) -> None:
-    """Names of 255 bytes and paths to 4096 (ENAMETOOLONG past them), and the
-    access, modification and change times kept apart, in both sessions."""
+    """Names of 255 bytes and paths to 4085 (ENAMETOOLONG past them), EFBIG past
+    the arenas, and access, modification and change times kept apart (a
+    directory's moving with its entries), in both sessions."""
     m = start_mount(cluster, tmp_path / "mnt", session=session)
     try:
         d = m.path / f"px-{session}"
@@ -431,12 +432,22 @@ def test_posix_corners_names_paths_and_times(
         here = os.getcwd()
         try:
             os.chdir(deep)
-            further = "/".join(["e" * 250] * 4)  # the path is now 4025 bytes
+            further = "/".join(["e" * 250] * 4)  # the path is now about 4020 bytes
             os.makedirs(further)
             os.chdir(further)
             assert errno_of(lambda: os.mkdir("f" * 250)) == errno.ENAMETOOLONG
+            # A directory whose path from the mount's root is PATH_MAX bytes is made
+            # (its marker tensor's name fits); one byte more is refused by name.
+            room = 4085 - len(os.fsencode(os.path.relpath(os.getcwd(), m.path))) - 1
+            os.mkdir("g" * room)
+            os.rmdir("g" * room)
+            assert errno_of(lambda: os.mkdir("g" * (room + 1))) == errno.ENAMETOOLONG
         finally:
             os.chdir(here)
+        # Larger than every arena together: EFBIG, and the file is kept.
+        (d / "s.bin").write_bytes(b"abc")
+        assert errno_of(lambda: os.truncate(d / "s.bin", 10**15)) == errno.EFBIG
+        assert (d / "s.bin").read_bytes() == b"abc"
         # Times: each as set, and a change time of when they were set.
         f = d / "t.bin"
         f.write_bytes(b"abc")
@@ -453,6 +464,23 @@ def test_posix_corners_names_paths_and_times(
         f.write_bytes(b"new")  # a new write: its own time again
         st = os.stat(f)
         assert st.st_mtime_ns > 2_000_000_000 and st.st_atime_ns == st.st_mtime_ns
+        # A directory's modification and change times move with its entries.
+        sub = d / "sub"
+        seen = {d: os.stat(d).st_mtime_ns}
+        for change, changed in (
+            (lambda: sub.mkdir(), [d]),
+            (lambda: (d / "g.bin").write_bytes(b"g"), [d]),
+            (lambda: os.rename(d / "g.bin", d / "h.bin"), [d]),
+            (lambda: os.rename(d / "h.bin", sub / "h.bin"), [d, sub]),
+            (lambda: os.unlink(sub / "h.bin"), [sub]),
+            (lambda: os.rmdir(sub), [d]),
+        ):
+            seen |= {p: os.stat(p).st_mtime_ns for p in (d, sub) if p.exists()}
+            change()
+            for p in changed:
+                st = os.stat(p)
+                assert st.st_mtime_ns > seen[p] and st.st_ctime_ns == st.st_mtime_ns
+        assert os.stat(d / "t.bin").st_mtime_ns < os.stat(d).st_mtime_ns  # its own stays
     finally:
         m.unmount()
 
