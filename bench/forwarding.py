@@ -60,6 +60,26 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / tick
 
 
+def large_blocking(
+    out: dict[str, Any], label: str, c: Any, data: np.ndarray, repeat: int, pids: list[int]
+) -> None:
+    """Time ``repeat`` large writes and accumulates of ``data`` by the blocking
+    client ``c`` into ``out``, with the daemons' CPU per MiB."""
+    for op, fn in (
+        ("write", lambda: c.write("big", data)),
+        ("accumulate", lambda: c.accumulate("big", data, alpha=0.0)),
+    ):
+        times = []
+        cpu = cpu_seconds(pids)
+        for _ in range(repeat):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        out[f"{label} {op} GB/s"] = _median_rate(data.nbytes, times)
+        mib = repeat * data.nbytes / (1 << 20)
+        out[f"{label} {op} daemon CPU ms/MiB"] = (cpu_seconds(pids) - cpu) * 1e3 / mib
+
+
 def worker(config: str, size: int, repeat: int, small_ops: int, pids: list[int]) -> dict[str, Any]:
     """Runs in a subprocess (transport from $IRDMA_TRANSPORT): the figures of one cluster.
 
@@ -103,19 +123,7 @@ def worker(config: str, size: int, repeat: int, small_ops: int, pids: list[int])
 
     trio.run(run_async)
     with Client(config, timeout=300) as c:
-        for op, bfn in (
-            ("write", lambda: c.write("big", data)),
-            ("accumulate", lambda: c.accumulate("big", data, alpha=0.0)),
-        ):
-            times = []
-            cpu = cpu_seconds(pids)
-            for _ in range(repeat):
-                t = time.perf_counter()
-                bfn()
-                times.append(time.perf_counter() - t)
-            out[f"blocking {op} GB/s"] = _median_rate(data.nbytes, times)
-            mib = repeat * data.nbytes / (1 << 20)
-            out[f"blocking {op} daemon CPU ms/MiB"] = (cpu_seconds(pids) - cpu) * 1e3 / mib
+        large_blocking(out, "blocking", c, data, repeat, pids)
         for op, bfn in (
             ("write", lambda: c.write("tiny", tiny)),
             ("accumulate", lambda: c.accumulate("tiny", tiny, alpha=0.0)),
@@ -135,19 +143,7 @@ def worker(config: str, size: int, repeat: int, small_ops: int, pids: list[int])
             shared = c.shared_empty(data.shape, data.dtype)
             shared[:] = data
             c.write("big", shared)
-            for op, bfn in (
-                ("write", lambda: c.write("big", shared)),
-                ("accumulate", lambda: c.accumulate("big", shared, alpha=0.0)),
-            ):
-                times = []
-                cpu = cpu_seconds(pids)
-                for _ in range(repeat):
-                    t = time.perf_counter()
-                    bfn()
-                    times.append(time.perf_counter() - t)
-                out[f"shared-memory {op} GB/s"] = _median_rate(data.nbytes, times)
-                mib = repeat * data.nbytes / (1 << 20)
-                out[f"shared-memory {op} daemon CPU ms/MiB"] = (cpu_seconds(pids) - cpu) * 1e3 / mib
+            large_blocking(out, "shared-memory", c, shared, repeat, pids)
             c.delete("big")
     return out
 
