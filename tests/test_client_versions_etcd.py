@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import shutil
 import signal
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from irdma.cluster.etcd import Etcd, EtcdError, blocking_post
 from irdma.cluster.version_numbers import ModelNumbers, NumbersError, VersionNumbers
 
 from .helpers.cluster import Cluster, make_cluster
-from .helpers.etcd import EtcdServer, etcd_server, free_port
+from .helpers.etcd import EtcdServer, etcd_server
 from .test_cli import irdma
 
 pytestmark = pytest.mark.timeout(180)
@@ -168,24 +169,47 @@ def test_the_newest_commit_recorded_in_etcd_outlives_the_daemons_memory(
         cluster.close()
 
 
-def test_without_etcd_a_commit_fails_clearly_and_reads_go_on(
+def accepted(listener: socket.socket) -> int:
+    """How many connections wait in ``listener``'s backlog (taken, and closed)."""
+    listener.setblocking(False)
+    n = 0
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            return n
+        conn.close()
+        n += 1
+
+
+def test_an_etcd_that_does_not_answer_stops_commits_not_reads(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A model whose etcd does not answer: a claim needs etcd (EtcdError names it);
-    a read goes on with the daemons' view, and says so in the log."""
+    """etcd accepts connections and never answers: a commit fails naming etcd; a
+    read goes on with the daemons' view, says so, and the reads after it do not
+    wait for etcd again (connections counted)."""
     cluster = make_cluster(tmp_path, 2, replicas=2, timeout=2.0)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
     try:
         with Client(cluster.config_path) as c:
             model = c.model("noetcd/policy")
             assert model.commit(weights(1)) == 1
-            gone = Etcd([f"http://127.0.0.1:{free_port()}"], timeout=1.0, post=blocking_post)
-            model.model.numbers = VersionNumbers(gone, "/irdma/nowhere")
-            with pytest.raises(EtcdError):
+            endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+            etcd = Etcd([endpoint], timeout=0.5, post=blocking_post)
+            model.model.numbers = VersionNumbers(etcd, "/irdma/nowhere")
+            with pytest.raises(EtcdError, match="no etcd endpoint answered"):
                 model.commit(weights(2))
+            assert accepted(silent) == 1
             with caplog.at_level(logging.WARNING, logger="irdma.client"):
                 assert model.latest() == 1
-            assert "etcd's record of versions not read" in caplog.text
+            assert "etcd's record of versions not read (not asked again" in caplog.text
+            assert accepted(silent) == 1
+            assert model.latest() == 1 and model.read().arrays["b"][0] == 1
+            assert accepted(silent) == 0  # within the quiet time: etcd not asked
     finally:
+        silent.close()
         cluster.close()
 
 

@@ -125,6 +125,8 @@ PARTS_PATIENCE = 120.0
 # A claimed version not committed after this long is taken for abandoned (its
 # writer died) and pruned once a newer version is committed.
 ABANDONED_SECONDS = 600.0
+# How long reads leave etcd alone after it did not answer them.
+ETCD_QUIET_SECONDS = 10.0
 # Pause between looks for what another process has not done yet.
 POLL_SECONDS = 0.02
 # A draft's record of a tensor its writers write in blocks: its digest is taken
@@ -369,6 +371,8 @@ class ModelVersions:
         # show may never go below it.
         self.floor = 0
         self._numbers: VersionNumbers | None = None
+        # Until when reads do not ask etcd, which did not answer (session clock).
+        self._etcd_quiet_until = float("-inf")
 
     @property
     def numbers(self) -> VersionNumbers | None:
@@ -445,13 +449,22 @@ class ModelVersions:
 
     async def _recorded(self) -> int:
         """The newest commit etcd recorded (0 without etcd, or when it does not
-        answer: reads then go on with the daemons' view, as without etcd)."""
-        if self.numbers is None:
+        answer: reads then go on with the daemons' view, as without etcd, and do
+        not ask etcd again for ``ETCD_QUIET_SECONDS``, so an etcd that is down
+        costs one timeout, not one per read)."""
+        session = self.client.session
+        if self.numbers is None or session.now() < self._etcd_quiet_until:
             return 0
         try:
             return await self.numbers.committed(self.prefix)
         except EtcdError as exc:
-            log.warning("model %r: etcd's record of versions not read: %s", self.prefix, exc)
+            self._etcd_quiet_until = session.now() + ETCD_QUIET_SECONDS
+            log.warning(
+                "model %r: etcd's record of versions not read (not asked again for %g s): %s",
+                self.prefix,
+                ETCD_QUIET_SECONDS,
+                exc,
+            )
             return 0
 
     async def latest(self) -> int:
