@@ -94,20 +94,13 @@ def gloo(args: argparse.Namespace) -> dict:
     """One side of a Gloo broadcast of the model's bf16 state dict (rank 0: the source)."""
     import torch
     import torch.distributed as dist
-    from weight_sync import make_model
+    from weight_sync import broadcast_times, make_model
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://{args.master}:{GLOO_PORT}", rank=args.rank, world_size=2
     )
     tensors = list(make_model(args.layers, args.width, torch.bfloat16).state_dict().values())
-    times = []
-    for _ in range(args.rounds):
-        dist.barrier()
-        t0 = time.perf_counter()
-        for t in tensors:
-            dist.broadcast(t, src=0)
-        dist.barrier()
-        times.append(time.perf_counter() - t0)
+    times = broadcast_times(tensors, args.rounds)
     dist.destroy_process_group()
     return {"broadcast_s": statistics.median(times)}
 

@@ -104,12 +104,11 @@ def follower(
         q.put((rank, model_bytes(module), moved))
 
 
-def gloo_broadcast(rank: int, port: int, layers: int, width: int, rounds: int, q: Any) -> None:
+def broadcast_times(tensors: list[torch.Tensor], rounds: int) -> list[float]:
+    """Seconds each of ``rounds`` broadcasts of ``tensors`` from rank 0 took, between
+    barriers (in a process group already made)."""
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    module = make_model(layers, width, torch.bfloat16)
-    tensors = list(module.state_dict().values())
     times = []
     for _ in range(rounds):
         dist.barrier()
@@ -118,6 +117,15 @@ def gloo_broadcast(rank: int, port: int, layers: int, width: int, rounds: int, q
             dist.broadcast(t, src=0)
         dist.barrier()
         times.append(time.perf_counter() - t0)
+    return times
+
+
+def gloo_broadcast(rank: int, port: int, layers: int, width: int, rounds: int, q: Any) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    module = make_model(layers, width, torch.bfloat16)
+    times = broadcast_times(list(module.state_dict().values()), rounds)
     if rank == 1:
         q.put(statistics.median(times))
     dist.destroy_process_group()

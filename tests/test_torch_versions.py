@@ -4,6 +4,12 @@ half) load each version bit-exact, moving only what changed."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -11,6 +17,8 @@ from irdma import Client
 from irdma.torch import StateFollower, publish_state_dict
 
 from .helpers.cluster import Cluster
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def bf16_model(seed: int, rows: int = 64) -> nn.Module:
@@ -81,3 +89,21 @@ def test_a_tensor_parallel_follower_moves_only_its_half(cluster: Cluster) -> Non
             assert torch.equal(part["2.bias"], whole["2.bias"])
         mine = sum(t.numel() * t.element_size() for t in half.state_dict().values())
         assert follower.last_bytes < mine
+
+
+def test_the_weight_sync_example_runs_as_a_user_runs_it(cluster: Cluster, tmp_path: Path) -> None:
+    """examples/weight_sync.py at a small size: followers in their own layouts, the
+    figures for readers 1, 3 and 8 versions behind, and the Gloo broadcast beside."""
+    argv = [sys.executable, str(ROOT / "examples" / "weight_sync.py")]
+    argv += ["--layers", "2", "--width", "64", "--steps", "9", "--rounds", "1"]
+    argv += ["--json", str(tmp_path / "figures.json")]
+    env = dict(os.environ, IRDMA_CONFIG=str(cluster.config_path))
+    run = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert run.stdout.count("follower (") == 3
+    figures = json.loads((tmp_path / "figures.json").read_text())
+    rows = {r["behind"]: r for r in figures["rows"]}
+    assert sorted(rows) == [1, 3, 8]
+    # Only what changed moves, and more the further behind a reader is.
+    assert 0 < rows[1]["fraction"] <= rows[3]["fraction"] <= rows[8]["fraction"] < 1
+    assert figures["gloo_broadcast_s"] > 0
