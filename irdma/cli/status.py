@@ -287,13 +287,20 @@ def render_models(models: list[ModelStatus]) -> list[str]:
                 "-" if m.lag is None else str(m.lag),
             ]
         )
-    widths = [max(len(row[i]) for row in table) for i in range(len(headings))]
+    return aligned(table, right=set(headings[1:]))
+
+
+def aligned(table: list[list[str]], right: set[str]) -> list[str]:
+    """A table (its first row the headings) as lines, each column as wide as its widest
+    cell, the columns headed by a name in ``right`` aligned right."""
+    headings = table[0]
+    widths = [max(len(cells[i]) for cells in table) for i in range(len(headings))]
     return [
         "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            c.rjust(widths[i]) if headings[i] in right else c.ljust(widths[i])
+            for i, c in enumerate(cells)
         ).rstrip()
-        for row in table
+        for cells in table
     ]
 
 
@@ -408,15 +415,7 @@ def render(
     if supervised:
         headings.insert(headings.index("PID") + 1, "RESTARTS")
     table = [headings] + [_cells(r, config.replicas > 1, supervised) for r in rows]
-    widths = [max(len(cells[i]) for cells in table) for i in range(len(headings))]
-    right = {"PID", "RESTARTS", "TENSORS", "SHARDS P/B", "SKEW"}
-    lines = []
-    for cells in table:
-        out = [
-            c.rjust(widths[i]) if headings[i] in right else c.ljust(widths[i])
-            for i, c in enumerate(cells)
-        ]
-        lines.append("  ".join(out).rstrip())
+    lines = aligned(table, right={"PID", "RESTARTS", "TENSORS", "SHARDS P/B", "SKEW"})
     why: dict[str, list[str]] = {}
     for r in rows:
         if not r.up:
