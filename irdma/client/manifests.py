@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cluster.version_numbers import DIGITS
 from ..protocol import validate_name
 
 # The document a manifest holds says what it is, so zeros, or bytes of
@@ -37,8 +38,9 @@ PINS_DIR = "@pins"
 PARTS_DIR = "@parts"
 # How many committed versions a model keeps unless its writer says otherwise.
 DEFAULT_KEEP = 4
-# Digits of a manifest's name: names sort as numbers do (LIST answers sorted).
-VERSION_DIGITS = 16
+# Digits of a manifest's name: names sort as numbers do (LIST answers sorted). The
+# same width as etcd's record of the numbers (``irdma.cluster.version_numbers``).
+VERSION_DIGITS = DIGITS
 
 _VERSION_DIR = re.compile(r"@(\d+)\Z")
 

@@ -28,6 +28,8 @@ from .etcd import Compare, Etcd, EtcdError, KeyValue, Put
 
 CLAIMED = "claimed"
 COMMITTED = "committed"
+# Digits of a version number, in etcd and in a manifest's name (irdma.manifests):
+# fixed width, so byte order is number order.
 DIGITS = 16
 # Compare-and-swap attempts before a claim gives up (each loses only to
 # another writer's claim, which took a number).
