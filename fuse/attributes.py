@@ -254,6 +254,11 @@ class AttributeTable:
 
     def set_mode(self, path: str, mode: int) -> None:
         self._modes[path] = stat.S_IMODE(mode)
+
+    def drop_setid(self, path: str) -> None:
+        """A write by a caller without CAP_FSETID: the set-id bits go, as on a local file."""
+        if path in self._modes:
+            self._modes[path] &= ~(stat.S_ISUID | stat.S_ISGID)
         self._changed[path] = self._wall_ns()
 
     def set_times(

@@ -168,6 +168,11 @@ class FileBuffer:
     def view(self) -> memoryview:
         return self._a[: self.length].data
 
+    def written_outside(self) -> bool:
+        """Whether the bytes changed since the last call other than through this
+        object (a backing file the kernel writes: ``kernel.backing.WrittenFile``)."""
+        return False
+
 
 @dataclass(eq=False)
 class Handle:
@@ -259,6 +264,8 @@ class Handle:
 
     @property
     def is_dirty(self) -> bool:
+        if self.buf is not None and self.buf.written_outside():
+            self.redefine = True  # written where no write was seen: the whole file goes
         return not self.detached and (bool(self.dirty) or self.redefine)
 
 

@@ -137,6 +137,11 @@ class Filesystem:
         await self.renames.settled(path)
         return await self.attrs.current(path, self.resolver.resolve)
 
+    def drop_setid(self, inode: int) -> None:
+        """Clear the set-user-id and set-group-id bits of ``inode``'s mode (a write,
+        truncate or open with O_TRUNC by a caller without CAP_FSETID)."""
+        self.attrs.drop_setid(self.inodes.path(inode))
+
     async def setattr(self, inode: int, changes: Changes, fh: int | None) -> Attributes:
         path = self.inodes.path(inode)
         self._changeable(path)

@@ -95,6 +95,15 @@ def test_modes_and_times_set_here_are_shown_and_follow_renames() -> None:
     assert stat.S_IMODE(attrs.of(Resolved("m/w", W, INFO)).st_mode) == 0o644
 
 
+def test_a_write_without_cap_fsetid_drops_the_set_id_bits_and_keeps_the_rest() -> None:
+    attrs, _, _, _ = table()
+    attrs.set_mode("m/w", stat.S_IFREG | 0o6755)
+    attrs.drop_setid("m/w")
+    assert stat.S_IMODE(attrs.of(Resolved("m/w", W, INFO)).st_mode) == 0o755
+    attrs.drop_setid("m/other")  # a mode never set has no set-id bits to drop
+    assert stat.S_IMODE(attrs.of(Resolved("m/other", W, INFO)).st_mode) == 0o644
+
+
 async def test_a_file_open_only_for_reading_is_answered_from_memory_a_while() -> None:
     attrs, files, _, clock = table()
     daemons = Daemons()

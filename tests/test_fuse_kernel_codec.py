@@ -7,6 +7,7 @@ directly, so a decoder that read a field from the wrong place fails.
 from __future__ import annotations
 
 import errno
+import os
 import stat
 import struct
 
@@ -52,6 +53,21 @@ def test_a_write_carries_its_bytes_and_a_read_its_range() -> None:
     assert (req.fh, req.offset, req.data) == (8, 4096, data)
     body = struct.pack("<QQIIQII", 8, 1 << 20, 131072, 0, 0, 0, 0)
     assert rq.decode(message(15, body)) == rq.Read(7, 5, 11, 12, 13, 8, 1 << 20, 131072)
+
+
+def test_requests_that_drop_set_id_bits_say_so() -> None:
+    """With HANDLE_KILLPRIV_V2 the kernel leaves dropping set-id bits to the
+    filesystem and flags the writes, opens and setattrs that must."""
+    body = struct.pack("<QQIIQII", 8, 0, 3, abi.WRITE_KILL_SUIDGID, 0, 0, 0) + b"abc"
+    w = rq.decode(message(16, body))
+    assert isinstance(w, rq.Write) and w.kill_suidgid and w.data == b"abc"
+    o = rq.decode(message(14, struct.pack("<II", os.O_WRONLY | os.O_TRUNC, abi.OPEN_KILL_SUIDGID)))
+    assert o == rq.Open(7, 5, 11, 12, 13, os.O_WRONLY | os.O_TRUNC, True)
+    assert rq.decode(message(14, struct.pack("<II", os.O_RDONLY, 0))) == rq.Open(
+        7, 5, 11, 12, 13, os.O_RDONLY, False
+    )
+    c = rq.decode(message(35, struct.pack("<IIII", 0o1101, 0o644, 0o22, 1) + b"n.npy\0"))
+    assert isinstance(c, rq.Create) and c.kill_suidgid
 
 
 def test_setattr_fields_and_times_in_nanoseconds() -> None:

@@ -20,6 +20,7 @@ OFFERED_6_18 = (  # flags Linux 6.18 (FUSE 7.45) offers, among others
     | InitFlag.ASYNC_DIO
     | InitFlag.WRITEBACK_CACHE
     | InitFlag.PARALLEL_DIROPS
+    | InitFlag.HANDLE_KILLPRIV_V2
     | InitFlag.MAX_PAGES
     | InitFlag.INIT_EXT
     | InitFlag.DIRECT_IO_ALLOW_MMAP
@@ -41,6 +42,8 @@ def test_passthrough_is_agreed_when_offered_and_asked() -> None:
     assert (major, minor, readahead, max_write, gran, pages) == (7, 40, 128 << 10, 1 << 20, 1, 256)
     assert flags | flags2 << 32 == n.flags and flags2 & (1 << 5)  # PASSTHROUGH, in flags2
     assert flags2 & (1 << 4)  # DIRECT_IO_ALLOW_MMAP: direct-I/O files map shared
+    # The mount drops set-id bits itself: no security.capability probe per write().
+    assert flags & InitFlag.HANDLE_KILLPRIV_V2
     assert depth == abi.BACKING_STACK_DEPTH
 
 

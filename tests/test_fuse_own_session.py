@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import mmap
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,7 @@ from irdma_fuse.kernel.backing import Backings
 from irdma_fuse.paths import file_candidates
 
 from irdma import AsyncClient, Client
+from irdma.errors import TensorNotFound
 from irdma.training.modes import Mode
 
 from .helpers.cluster import Cluster
@@ -113,6 +115,111 @@ def test_reads_and_mmap_of_an_open_file_never_reach_the_mount(cluster: Cluster, 
         os.close(fd)
     assert got.returncode == 0, got.stderr.decode()
     assert np.array_equal(np.load(io.BytesIO(got.stdout)), x)
+
+
+# Writes 12 MiB less 4 KiB of its stdin to the descriptor, says so, and waits for a line
+# before it exits: its exit closes the descriptor, and a writer's close goes to the
+# mount (FLUSH), which must not be stopped then.
+WRITE_WITHOUT_THE_MOUNT = """
+import os, sys
+fd = int(sys.argv[1])
+view = memoryview(sys.stdin.buffer.read((12 << 20) - 4096))
+while view:
+    view = view[os.write(fd, view[: 1 << 20]) :]
+print("written", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_writes_of_a_new_raw_file_never_reach_the_mount(cluster: Cluster, own: Mount) -> None:
+    """Passthrough for writers: the kernel writes a new raw file opened for writing
+    only into its backing file itself. With the mount process stopped, a writer of a
+    file opened before writes it whole (through the mount it would wait for the
+    stopped process forever); the size is the backing file's; the close pushes it."""
+    payload = os.urandom(12 << 20)
+    (own.path / "own10").mkdir()
+    path = own.path / "own10" / "ckpt.pt"
+    name = file_candidates("own10/ckpt.pt")[0].name
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITE_WITHOUT_THE_MOUNT, str(fd)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        pass_fds=(fd,),
+    )
+    assert writer.stdin is not None and writer.stdout is not None
+    try:
+        # The first write asks the mount whether the file has privileges to drop
+        # (the security.capability xattr); the kernel then remembers it has none.
+        os.write(fd, payload[:4096])
+        own.proc.send_signal(signal.SIGSTOP)
+        try:
+            writer.stdin.write(payload[4096:] + bytes(4096))
+            writer.stdin.flush()
+            # A write that reached the stopped mount would never end.
+            ready, _, _ = select.select([writer.stdout], [], [], 60)
+            said = writer.stdout.readline() if ready else b""
+        finally:
+            own.proc.send_signal(signal.SIGCONT)
+        assert said == b"written\n"
+        assert os.fstat(fd).st_size == len(payload)
+        with Client(cluster.config_path) as c, pytest.raises(TensorNotFound):
+            c.stat(name)  # pushed at a close (the writer's own, as it exits), not before
+        writer.stdin.write(b"\n")
+        writer.stdin.close()
+        assert writer.wait(60) == 0
+    finally:
+        writer.kill()
+        writer.wait(60)
+        writer.stdin.close()
+        writer.stdout.close()
+        os.close(fd)
+    with Client(cluster.config_path) as c:
+        assert bytes(c.read_bytes(name, 0, len(payload))) == payload
+    assert path.read_bytes() == payload
+
+
+def test_a_passthrough_writer_is_pushed_at_fsync_and_again_after_later_writes(
+    cluster: Cluster, own: Mount
+) -> None:
+    """The session sees no write of a passthrough writer: it pushes at fsync and at
+    close when the backing file changed since it last looked. A write in place
+    right after an fsync (same size, within a clock tick) still gets pushed."""
+    (own.path / "own11").mkdir()
+    path = own.path / "own11" / "w.bin"
+    name = file_candidates("own11/w.bin")[0].name
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        os.write(fd, b"a" * 4096)
+        os.fsync(fd)
+        with Client(cluster.config_path) as c:
+            assert bytes(c.read_bytes(name, 0, 4096)) == b"a" * 4096
+        os.pwrite(fd, b"b" * 10, 100)
+    finally:
+        os.close(fd)
+    want = b"a" * 100 + b"b" * 10 + b"a" * (4096 - 110)
+    with Client(cluster.config_path) as c:
+        assert bytes(c.read_bytes(name, 0, 4096)) == want
+    assert path.read_bytes() == want
+    assert "Traceback" not in own.log()
+
+
+def test_a_writer_opened_for_reading_too_is_served_by_the_mount(
+    cluster: Cluster, own: Mount
+) -> None:
+    """An open for reading and writing may map the file shared and write through the
+    map after close; a passthrough map would outlive the open, so it is not
+    passthrough: writes through the map reach the daemons when it is unmapped."""
+    (own.path / "own12").mkdir()
+    path = own.path / "own12" / "m.bin"
+    name = file_candidates("own12/m.bin")[0].name
+    with open(path, "w+b") as f:
+        f.truncate(1 << 20)
+        mapped = mmap.mmap(f.fileno(), 1 << 20)
+    mapped[:5] = b"hello"  # after the close
+    mapped.close()
+    with Client(cluster.config_path) as c:
+        assert bytes(c.read_bytes(name, 0, 5)) == b"hello"
 
 
 @pytest.mark.timeout(120)

@@ -75,6 +75,7 @@ class InitFlag(enum.IntFlag):
     ASYNC_DIO = 1 << 15
     WRITEBACK_CACHE = 1 << 16
     PARALLEL_DIROPS = 1 << 18
+    HANDLE_KILLPRIV_V2 = 1 << 28
     MAX_PAGES = 1 << 22
     INIT_EXT = 1 << 30
     DIRECT_IO_ALLOW_MMAP = 1 << 36
@@ -102,7 +103,11 @@ class SetattrValid(enum.IntFlag):
     FH = 1 << 6
     ATIME_NOW = 1 << 7
     MTIME_NOW = 1 << 8
+    KILL_SUIDGID = 1 << 11
 
+
+WRITE_KILL_SUIDGID = 1 << 2  # fuse_write_in.write_flags
+OPEN_KILL_SUIDGID = 1 << 0  # fuse_open_in/fuse_create_in.open_flags
 
 GETATTR_FH = 1 << 0  # fuse_getattr_in.getattr_flags: ``fh`` is valid
 RENAME_NOREPLACE = 1 << 0  # rename2 flags, as renameat2(2)

@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 
 from ..attributes import Changes
 from ..errors import FsError
+from ..files import FileBuffer, Handle
 from ..filesystem import Filesystem
 from ..handles import Opened
+from ..paths import Kind
 from . import abi, replies
 from . import requests as rq
 from .abi import OpenFlag, SetattrValid
-from .backing import Backing, Backings
+from .backing import Backing, Backings, WrittenFile, memfd_name
 
 log = logging.getLogger("irdma.fuse")
 
@@ -35,7 +37,7 @@ class _Inode:
     """What the kernel holds open on one inode: passthrough opens and which backing
     file they use, and the others (page cache or direct I/O)."""
 
-    backing: Backing | None = None
+    backing: Backing | WrittenFile | None = None
     passthrough: int = 0
     other: int = 0
 
@@ -49,7 +51,7 @@ class Modes:
     inodes: dict[int, _Inode] = field(default_factory=dict)
     opens: dict[int, tuple[int, bool]] = field(default_factory=dict)  # fh -> (ino, pt)
 
-    def may_pass(self, ino: int, backing: Backing) -> bool:
+    def may_pass(self, ino: int, backing: Backing | WrittenFile) -> bool:
         st = self.inodes.get(ino)
         return st is None or (st.other == 0 and st.backing in (None, backing))
 
@@ -58,7 +60,7 @@ class Modes:
         st = self.inodes.get(ino)
         return st is not None and st.passthrough > 0
 
-    def opened(self, fh: int, ino: int, backing: Backing | None) -> None:
+    def opened(self, fh: int, ino: int, backing: Backing | WrittenFile | None) -> None:
         st = self.inodes.setdefault(ino, _Inode())
         if backing is not None:
             st.backing, st.passthrough = backing, st.passthrough + 1
@@ -112,6 +114,8 @@ class Adapter:
             case rq.Getattr(nodeid=ino):
                 return [replies.attr_out(await fs.getattr(ino))]
             case rq.Setattr():
+                if req.valid & SetattrValid.KILL_SUIDGID:
+                    fs.drop_setid(req.nodeid)
                 return [replies.attr_out(await fs.setattr(req.nodeid, _changes(req), _fh(req)))]
             case rq.Opendir(nodeid=ino):
                 return [replies.open_out(await fs.opendir(ino))]
@@ -131,22 +135,28 @@ class Adapter:
                 await fs.unlink(parent, name)
                 return []
             case rq.Open(nodeid=ino, flags=flags):
-                return [await self._open(ino, await fs.open(ino, flags))]
+                if req.kill_suidgid:
+                    fs.drop_setid(ino)
+                return [await self._open(ino, await fs.open(ino, flags), flags)]
             case rq.Create(nodeid=parent, name=name, flags=flags, mode=mode, umask=umask):
                 opened, attrs = await fs.create(parent, name, mode & ~umask, flags)
-                return [replies.entry(attrs), await self._open(attrs.st_ino, opened)]
+                return [replies.entry(attrs), await self._open(attrs.st_ino, opened, flags)]
             case rq.Read(fh=fh, offset=offset, size=size):
                 return [await fs.read(fh, offset, size)]
             case rq.Write(fh=fh, offset=offset, data=data):
+                if req.kill_suidgid:
+                    fs.drop_setid(req.nodeid)
                 return [replies.write_out(await fs.write(fh, offset, data))]
             case rq.Flush(fh=fh) | rq.Fsync(fh=fh):
                 await fs.flush(fh)
                 return []
             case rq.Release(fh=fh):
                 self.modes.closed(fh)
-                handle = await fs.release(fh)
+                handle = await fs.release(fh)  # a writer's file is pushed here
                 if handle is not None and self.backings is not None:
                     self.backings.released(handle.snapshot)
+                if handle is not None and not fs.files.is_open(handle):
+                    self._written_closed(handle)
                 return []
             case rq.Rename(nodeid=parent, name=name, newdir=newdir, newname=newname, flags=f):
                 await fs.rename(
@@ -191,11 +201,20 @@ class Adapter:
         if ino is not None and self.modes.busy(ino):
             self.fs.inodes.renumber(path)
 
-    async def _open(self, ino: int, opened: Opened) -> bytes:
+    async def _open(self, ino: int, opened: Opened, flags: int) -> bytes:
         """``fuse_open_out`` for an open ``fs`` registered: passthrough where the
-        handle reads a backing file the kernel may use, else as registered."""
+        handle reads a backing file the kernel may use, or writes a new file,
+        else as registered."""
         handle = self.fs.files.get(opened.fh)
         backing = self.backings.of(handle.snapshot) if self.backings is not None else None
+        written = self._written_file(ino, handle, flags)
+        if written is not None:
+            if not written.backing_id:
+                assert self.register is not None
+                written.backing_id = self.register(written.fd)
+            self.modes.opened(opened.fh, ino, written)
+            # FLUSH stays: a writer's close pushes its file and reports the outcome.
+            return replies.open_out(opened.fh, OpenFlag.PASSTHROUGH, written.backing_id)
         if (
             backing is not None
             and self.passthrough
@@ -215,6 +234,50 @@ class Adapter:
         if opened.keep_cache:
             out |= OpenFlag.KEEP_CACHE
         return replies.open_out(opened.fh, out)
+
+    def _written_file(self, ino: int, handle: Handle, flags: int) -> WrittenFile | None:
+        """The backing file a writer's open writes through passthrough, made now for a
+        new or truncated raw file (not .npy) opened for writing only: its whole
+        content comes from the writer. None where the open is served here:
+        another open of the inode, a file that keeps content it had, a .npy
+        (its header is checked as it is written, so ``echo garbage > x.npy``
+        fails at the write, which no shell checks at close), a shard, an
+        accumulate or a step, an open for reading and writing.
+
+        Never for an open that can map the file writable: a passthrough map is
+        a map of the backing file, which outlives the open (the kernel releases
+        the open at close, not at munmap), so writes through it after the close
+        would never be pushed. An open for writing only cannot be mapped."""
+        if not (self.passthrough and self.register is not None and self.backings is not None):
+            return None
+        access = flags & os.O_ACCMODE
+        buf = handle.buf
+        if isinstance(buf, WrittenFile):  # a second open of a file being written
+            return buf if access != os.O_RDWR and self.modes.may_pass(ino, buf) else None
+        if (
+            access != os.O_WRONLY
+            or not handle.writable
+            or handle.detached
+            or handle.target.kind != Kind.TENSOR
+            or handle.target.typed  # a .npy's header is checked as it is written
+            or type(buf) is not FileBuffer
+            or len(buf) != 0
+            or not handle.redefine
+            or ino in self.modes.inodes  # other opens: not beside them
+        ):
+            return None
+        handle.buf = WrittenFile(self.backings.files.new(memfd_name(handle.target.name)))
+        return handle.buf
+
+    def _written_closed(self, handle: Handle) -> None:
+        """A writer's last open is closed (its file pushed): its backing file goes."""
+        buf = handle.buf
+        if not isinstance(buf, WrittenFile):
+            return
+        if buf.backing_id and self.backings is not None and self.backings.unregister:
+            self.backings.unregister(buf.backing_id)
+        buf.backing_id = 0
+        buf.close()
 
 
 def _errno(code: int) -> FsError:

@@ -1,16 +1,21 @@
-"""Readers' files held whole in memfds, for the kernel to read directly (passthrough).
+"""Files held whole in backing files, for the kernel to read and write directly
+(passthrough). The files are made by ``tmpfs.BackingFiles`` (a private
+huge-page tmpfs as root, else memfds).
 
-A file opened for reading is loaded once, whole, into a memfd: one version,
-read as a whole-tensor read is (``AsyncClient.read_bytes`` of every byte: all
-shards from one write), again if the daemons no longer hold the write it
-began with (``TornRead``) or the layout changed meanwhile, so an open never
-fails because a writer is fast. The opens of one unchanged version share it
-(``Snapshot.refs`` counts them). The session registers it with the kernel
-(a backing id) while an open holds it and drops the id when none does; the
-memfd itself is kept for the next open of that version, within
-``limit`` bytes, the least recently used going first and never one held.
-Where the kernel does not read it directly, the session answers READ from
-the same memory (``Snapshot.of``).
+Readers (``Backings``): a file opened for reading is loaded once, whole, into a
+backing file: one version, read as a whole-tensor read is
+(``AsyncClient.read_bytes`` of every byte: all shards from one write), again
+if the daemons no longer hold the write it began with (``TornRead``) or the
+layout changed meanwhile, so an open never fails because a writer is fast.
+The opens of one unchanged version share it (``Snapshot.refs`` counts them).
+The session registers it with the kernel (a backing id) while an open holds
+it and drops the id when none does; the file itself is kept for the next
+open of that version, within ``limit`` bytes, the least recently used going
+first and never one held. Where the kernel does not read it directly, the
+session answers READ from the same memory (``Snapshot.of``).
+
+Writers (``WrittenFile``): a new raw file opened for writing only is written
+by the kernel into a backing file of its own, pushed at fsync and close.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ import trio
 from irdma import AsyncClient, TensorInfo, TornRead
 
 from ..content import extent, identity
+from ..files import FileBuffer
 from ..paths import Target
 from ..snapshot import Snapshot
+from .tmpfs import BackingFiles
 
 log = logging.getLogger("irdma.fuse")
 
@@ -41,7 +48,7 @@ DEFAULT_LIMIT = 4 << 30  # bytes of unheld backing files kept for later opens
 
 @dataclass(eq=False)
 class Backing:
-    """One version of one file, whole, in a memfd."""
+    """One version of one file, whole, in a backing file."""
 
     key: tuple
     fd: int
@@ -61,11 +68,19 @@ def _key(target: Target, info: TensorInfo) -> tuple:
 
 
 class Backings:
-    """The memfds of readers' files, by version; ``unregister`` drops a backing id."""
+    """The backing files of readers' files, by version; ``unregister`` drops a
+    backing id."""
 
-    def __init__(self, client: Callable[[], AsyncClient], limit: int = DEFAULT_LIMIT) -> None:
+    def __init__(
+        self,
+        client: Callable[[], AsyncClient],
+        limit: int = DEFAULT_LIMIT,
+        files: BackingFiles | None = None,
+    ) -> None:
         self._client = client
         self.limit = limit
+        # Where the files are made (memfds unless the session's own tmpfs is given).
+        self.files = files if files is not None else BackingFiles(private_tmpfs=False)
         self._entries: OrderedDict[tuple, Backing] = OrderedDict()  # oldest use first
         self._by_snapshot: dict[int, Backing] = {}
         self._loading: dict[tuple, trio.Event] = {}
@@ -143,7 +158,7 @@ class Backings:
         for _ in range(LOAD_TRIES):
             header, start, length = extent(target, info)
             size = len(header) + length
-            fd = os.memfd_create(memfd_name(target.name), os.MFD_CLOEXEC)
+            fd = self.files.new(memfd_name(target.name))
             memory: mmap.mmap | None = None
             kept = False
             try:
@@ -188,3 +203,83 @@ def _discard(memory: mmap.mmap | None, fd: int) -> None:
         with contextlib.suppress(BufferError):
             memory.close()
     os.close(fd)
+
+
+class WrittenFile(FileBuffer):
+    """A writer's file in a backing file the kernel writes itself (passthrough).
+
+    No WRITE reaches the session, so what the file holds is read from the
+    backing file when it is pushed: its length from ``fstat``, its bytes
+    through a map made then. Whether the kernel wrote since the last look is
+    its change time (``written_outside``): tmpfs gives a write after a
+    ``stat`` a newer change time (multigrain timestamps, Linux 6.13), so no
+    write is missed however soon it follows. Requests that do reach the
+    session (a truncate, a write through an open that is not passthrough)
+    go to the file too.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._pool = None
+        self.backing_id = 0  # registered with the kernel (0: not now)
+        self._maps: list[mmap.mmap] = []  # older maps stay until close: views may hold them
+        self._a = np.empty(0, dtype=np.uint8)
+        self._seen = self._stamp()
+
+    def _stamp(self) -> tuple[int, int]:
+        st = os.fstat(self.fd)
+        return st.st_ctime_ns, st.st_size
+
+    def written_outside(self) -> bool:
+        stamp = self._stamp()
+        changed, self._seen = stamp != self._seen, stamp
+        return changed
+
+    @property
+    def length(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    @length.setter
+    def length(self, value: int) -> None:
+        os.ftruncate(self.fd, value)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def _reserve(self, size: int) -> None:
+        pass  # the file grows as it is written
+
+    @property
+    def array(self) -> np.ndarray:
+        size = self.length
+        if len(self._a) != size:
+            if size == 0:
+                self._a = np.empty(0, dtype=np.uint8)
+            else:
+                self._maps.append(mmap.mmap(self.fd, size))
+                self._a = np.frombuffer(self._maps[-1], dtype=np.uint8)
+        return self._a
+
+    def write(self, off: int, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self.fd, view, off)
+            view, off = view[n:], off + n
+
+    def resize(self, size: int) -> None:
+        os.ftruncate(self.fd, size)
+
+    def read(self, off: int, size: int) -> memoryview:
+        return self.array[off : off + size].data
+
+    def view(self) -> memoryview:
+        return self.array.data
+
+    def close(self) -> None:
+        """Unmap and close the file (a view still held keeps its map until freed)."""
+        self._a = np.empty(0, dtype=np.uint8)
+        for m in self._maps:
+            with contextlib.suppress(BufferError):
+                m.close()
+        self._maps.clear()
+        os.close(self.fd)

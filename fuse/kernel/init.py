@@ -39,6 +39,11 @@ WANTED = (
     | InitFlag.READDIRPLUS_AUTO
     | InitFlag.ASYNC_DIO
     | InitFlag.PARALLEL_DIROPS
+    # The filesystem drops set-id bits itself, so the kernel may mark an inode
+    # without them as having no privileges to drop (SB_NOSEC): without this,
+    # every write() asks the mount for security.capability first, a round trip
+    # per call that a passthrough write would otherwise never make.
+    | InitFlag.HANDLE_KILLPRIV_V2
     | InitFlag.MAX_PAGES
     | InitFlag.INIT_EXT
     # A shared mapping of a file opened with direct I/O (--direct-io, writers) is

@@ -94,6 +94,9 @@ class Setattr(Request):
 @dataclass(frozen=True)
 class Open(Request):
     flags: int
+    # The writer lacks CAP_FSETID: an executable's set-user/group-id bits go
+    # (O_TRUNC; HANDLE_KILLPRIV_V2 makes them the filesystem's to drop).
+    kill_suidgid: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,7 @@ class Write(Request):
     fh: int
     offset: int
     data: bytes
+    kill_suidgid: bool = False  # as Open's
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,7 @@ class Create(Request):
     flags: int
     mode: int
     umask: int
+    kill_suidgid: bool = False  # as Open's
 
 
 @dataclass(frozen=True)
@@ -314,9 +319,15 @@ def _read(b: _Body, base: Base, plus: bool | None = None) -> Request:
     return Readdir(*base, fh, offset, size, plus)
 
 
+def _open(b: _Body, base: Base) -> Request:
+    flags, open_flags = b.take(abi.OPEN_IN)
+    return Open(*base, flags, bool(open_flags & abi.OPEN_KILL_SUIDGID))
+
+
 def _write(b: _Body, base: Base) -> Request:
-    fh, offset, size, *_ = b.take(abi.WRITE_IN)
-    return Write(*base, fh, offset, b.rest(size))
+    fh, offset, size, write_flags, *_ = b.take(abi.WRITE_IN)
+    kill = bool(write_flags & abi.WRITE_KILL_SUIDGID)
+    return Write(*base, fh, offset, b.rest(size), kill)
 
 
 def _rename(b: _Body, base: Base, two: bool) -> Request:
@@ -360,8 +371,9 @@ def _mknod(b: _Body, base: Base) -> Request:
 
 
 def _create(b: _Body, base: Base) -> Request:
-    flags, mode, umask, _ = b.take(abi.CREATE_IN)
-    return Create(*base, b.name(), flags, mode, umask)
+    flags, mode, umask, open_flags = b.take(abi.CREATE_IN)
+    kill = bool(open_flags & abi.OPEN_KILL_SUIDGID)
+    return Create(*base, b.name(), flags, mode, umask, kill)
 
 
 def _getxattr(b: _Body, base: Base) -> Request:
@@ -378,7 +390,7 @@ _DECODERS: dict[Op, Callable[[_Body, Base], Request]] = {
     Op.BATCH_FORGET: _forgets,
     Op.GETATTR: _getattr,
     Op.SETATTR: _setattr,
-    Op.OPEN: lambda b, base: Open(*base, b.take(abi.OPEN_IN)[0]),
+    Op.OPEN: _open,
     Op.OPENDIR: lambda b, base: Opendir(*base, b.take(abi.OPEN_IN)[0]),
     Op.READ: _read,
     Op.READDIR: lambda b, base: _read(b, base, plus=False),

@@ -25,6 +25,7 @@ from . import requests as rq
 from .adapter import Adapter
 from .backing import DEFAULT_LIMIT, Backings
 from .init import PAGE, Negotiated, UnsupportedKernel, kernel_max_pages, negotiate
+from .tmpfs import BackingFiles
 
 log = logging.getLogger("irdma.fuse")
 
@@ -47,7 +48,9 @@ class Session:
         # Backing ids need CAP_SYS_ADMIN: a user's mount (through fusermount3) serves
         # reads itself.
         self.want_passthrough = passthrough and os.geteuid() == 0
-        self.backings = Backings(lambda: fs.backend.c, backing_limit)
+        # Backing files in a private huge-page tmpfs where one can be mounted (root).
+        self.files = BackingFiles(private_tmpfs=self.want_passthrough)
+        self.backings = Backings(lambda: fs.backend.c, backing_limit, self.files)
         self.adapter = Adapter(fs, self.backings, self._register)
         self.backings.unregister = self._unregister
         fs.fileops.whole = self.backings  # readers get whole versions (one snapshot each)
@@ -76,6 +79,7 @@ class Session:
                 os.close(self.fd)
                 self.fd = -1
             self.backings.close()
+            self.files.close()
 
     async def run(self) -> None:
         """Serve until DESTROY, the connection's end, or ``stop``."""
@@ -147,13 +151,14 @@ class Session:
         self.adapter.passthrough = self.negotiated.passthrough
         n = self.negotiated
         log.info(
-            "FUSE %d.%d (kernel %d.%d); requests up to %d KiB; passthrough %s",
+            "FUSE %d.%d (kernel %d.%d); requests up to %d KiB; passthrough %s; backing files %s",
             n.major,
             n.minor,
             n.major,
             n.kernel_minor,
             n.max_write >> 10,
-            "on" if n.passthrough else "off (READ answered here)",
+            "on (reads, and writes of new files)" if n.passthrough else "off (READ answered here)",
+            "in a private tmpfs with huge pages" if self.files.huge_pages else "are memfds",
         )
         self._reply(replies.message(req.unique, [n.reply()]))
 
