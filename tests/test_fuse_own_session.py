@@ -399,6 +399,73 @@ async def test_backing_files_are_shared_by_version_and_bounded(cluster: Cluster)
         backings.close()
 
 
+# Maps a file read-only (as a passthrough reader's np.load(mmap_mode="r") does), says
+# so, and at a line on stdin prints the sum of its float32 body.
+MAP_AND_WAIT = """
+import mmap, sys
+import numpy as np
+with open(sys.argv[1], "rb") as f:
+    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+print("mapped", flush=True)
+sys.stdin.readline()
+print(float(np.frombuffer(m, dtype=np.float32, offset=128).sum()), flush=True)
+"""
+
+
+async def test_a_released_backing_file_nothing_maps_is_reused_for_a_new_version(
+    cluster: Cluster,
+) -> None:
+    """A new version is loaded into a kept file no open holds (its pages are there
+    already), but never into one a reader's map still shows: that map keeps its
+    version whole."""
+    n = 5 << 20  # float32: 20 MiB files, reused (REUSE_MIN)
+    async with AsyncClient(cluster.config_path) as c:
+        await c.write("own13/r", np.zeros(n, np.float32))
+        backings = Backings(lambda: c)
+        backings.unregister = lambda _id: None
+        t = file_candidates("own13/r.npy")[0]
+
+        async def take(backing_id: int):  # type: ignore[no-untyped-def]
+            snap = (await backings.take(t.name, t, await c.stat("own13/r")))[1]
+            b = backings.of(snap)
+            assert b is not None
+            b.backing_id = backing_id  # as the session registers it for a passthrough open
+            return snap, b.fd
+
+        def close(snap) -> None:  # type: ignore[no-untyped-def]
+            snap.refs -= 1  # as OpenFiles.close counts it down
+            backings.released(snap)
+
+        first, fd1 = await take(7)
+        mapper = subprocess.Popen(
+            [sys.executable, "-c", MAP_AND_WAIT, f"/proc/{os.getpid()}/fd/{fd1}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert mapper.stdout is not None and mapper.stdin is not None
+            assert mapper.stdout.readline() == "mapped\n"
+            close(first)
+            await c.write("own13/r", np.ones(n, np.float32))
+            second, fd2 = await take(8)
+            assert fd2 != fd1  # the first is mapped elsewhere: a new file
+            mapper.stdin.write("\n")
+            mapper.stdin.flush()
+            assert float(mapper.stdout.readline()) == 0.0  # the map still shows version 1
+        finally:
+            mapper.kill()
+            mapper.communicate(timeout=60)
+        close(second)
+        await c.write("own13/r", np.full(n, 2.0, np.float32))
+        third, fd3 = await take(9)
+        assert fd3 == fd1  # nothing maps it now: reused, the least recently used first
+        assert third.data is not None
+        assert np.array_equal(third.data[128:].view(np.float32), np.full(n, 2.0, np.float32))
+        close(third)
+        backings.close()
+
+
 NOBODY = 65534
 # Run as user nobody: the imports first, as root (the interpreter and the virtualenv
 # may sit where that user cannot read), then the privileges dropped for good.

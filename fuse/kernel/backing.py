@@ -44,6 +44,9 @@ log = logging.getLogger("irdma.fuse")
 MEMFD_NAME_MAX = 249  # memfd_create(2): NAME_MAX less its "memfd:" prefix
 LOAD_TRIES = 8  # reads of a file that keeps changing layout before giving up
 DEFAULT_LIMIT = 4 << 30  # bytes of unheld backing files kept for later opens
+# Smaller files are made new for each load: their fresh pages cost little, and
+# the check that nothing maps a kept one reads every process's maps.
+REUSE_MIN = 16 << 20
 
 
 @dataclass(eq=False)
@@ -57,6 +60,9 @@ class Backing:
     info: TensorInfo
     size: int
     backing_id: int = 0  # registered with the kernel (0: not now)
+    # Registered once: a reader may have mapped it (a passthrough map is a map of
+    # this file, and outlives the open).
+    exposed: bool = False
 
     def close(self) -> None:
         self.snapshot.data = None  # the array viewing the map goes before the map
@@ -128,8 +134,10 @@ class Backings:
         b = self.of(snapshot)
         if b is None or b.snapshot.refs > 0:
             return
-        if b.backing_id and self.unregister is not None:
-            self.unregister(b.backing_id)
+        if b.backing_id:
+            b.exposed = True
+            if self.unregister is not None:
+                self.unregister(b.backing_id)
         b.backing_id = 0
         if self._entries.get(b.key) is not b:  # replaced by a newer load of its key
             self._drop(b)
@@ -153,12 +161,36 @@ class Backings:
         self._by_snapshot.pop(id(b.snapshot), None)
         b.close()
 
+    def _reusable(self, size: int) -> int:
+        """The descriptor of a kept file no open holds, of ``size`` bytes up to twice
+        that, that nothing maps any more, taken out of the cache for a new load; -1
+        if none. Its pages are allocated already: fresh pages cost more than the
+        copy into them (the kernel zeroes each one; in a VM whose balloon reports
+        free memory, the host faults it in again)."""
+        if size < REUSE_MIN:
+            return -1
+        for b in list(self._entries.values()):  # least recently used first
+            if b.snapshot.refs or b.backing_id or not size <= b.size <= 2 * size:
+                continue
+            if b.exposed and mapped_elsewhere(b.fd):
+                continue  # a reader's map still shows this version: never rewritten
+            del self._entries[b.key]
+            self._by_snapshot.pop(id(b.snapshot), None)
+            b.snapshot.data = None
+            if b.memory is not None:
+                with contextlib.suppress(BufferError):
+                    b.memory.close()
+            return b.fd
+        return -1
+
     async def _load(self, target: Target, info: TensorInfo) -> Backing:
         c = self._client()
         for _ in range(LOAD_TRIES):
             header, start, length = extent(target, info)
             size = len(header) + length
-            fd = self.files.new(memfd_name(target.name))
+            fd = self._reusable(size)
+            if fd < 0:
+                fd = self.files.new(memfd_name(target.name))
             memory: mmap.mmap | None = None
             kept = False
             try:
@@ -187,6 +219,27 @@ class Backings:
                 if not kept:
                     _discard(memory, fd)
         raise TornRead(f"{target.name} changed layout {LOAD_TRIES} times while it was read")
+
+
+def mapped_elsewhere(fd: int) -> bool:
+    """Whether a process other than this one maps the file ``fd`` (its device and
+    inode in some /proc/PID/maps). A released backing file can gain no new map
+    (no open can reach it), so a file none maps now never will again. Processes
+    in other PID namespaces than the mount's are not seen."""
+    st = os.fstat(fd)
+    needle = f" {os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x} {st.st_ino} "
+    me = str(os.getpid())
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if not entry.name.isdigit() or entry.name == me:
+                continue
+            try:
+                with open(f"/proc/{entry.name}/maps") as f:
+                    if needle in f.read():
+                        return True
+            except OSError:  # gone meanwhile
+                continue
+    return False
 
 
 def memfd_name(tensor: str) -> str:
