@@ -28,7 +28,7 @@ exec python3 -m pytest -p no:cacheprovider tests/rdma -ra -v -o timeout=600 \\
 
 
 @pytest.mark.timeout(2400)
-def test_rdma_suite_in_a_soft_roce_guest(tmp_path: Path) -> None:
+def test_rdma_suite_in_a_soft_roce_guest(tmp_path: Path, guest_image: None) -> None:
     problem = (
         "this host has an RDMA device itself: the suite ran directly"
         if rdma_problem() is None

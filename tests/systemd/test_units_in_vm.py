@@ -76,7 +76,7 @@ def kill_guest(vm: subprocess.Popen[str], results: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def guest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def guest(tmp_path_factory: pytest.TempPathFactory, guest_image: None) -> Iterator[dict[str, Any]]:
     """One boot of the guest; its checks by name, its exit code and log."""
     problem = vm_problem()
     if problem is not None:
