@@ -249,6 +249,15 @@ def memfd_name(tensor: str) -> str:
     return raw.decode(errors="ignore")
 
 
+def _closed(m: mmap.mmap) -> bool:
+    """Close ``m`` unless a view of it is still held; whether it was closed."""
+    try:
+        m.close()
+    except BufferError:
+        return False
+    return True
+
+
 def _discard(memory: mmap.mmap | None, fd: int) -> None:
     """Unmap and close a memfd; a view of it still held elsewhere (a reply being
     written, an exception's frames) keeps the map until it is freed."""
@@ -275,7 +284,8 @@ class WrittenFile(FileBuffer):
         self.fd = fd
         self._pool = None
         self.backing_id = 0  # registered with the kernel (0: not now)
-        self._maps: list[mmap.mmap] = []  # older maps stay until close: views may hold them
+        # Maps of the file at the sizes it had; one a view still holds stays open.
+        self._maps: list[mmap.mmap] = []
         self._a = np.empty(0, dtype=np.uint8)
         self._seen = self._stamp()
 
@@ -306,9 +316,9 @@ class WrittenFile(FileBuffer):
     def array(self) -> np.ndarray:
         size = self.length
         if len(self._a) != size:
-            if size == 0:
-                self._a = np.empty(0, dtype=np.uint8)
-            else:
+            self._a = np.empty(0, dtype=np.uint8)
+            self._maps = [m for m in self._maps if not _closed(m)]  # those no view holds go
+            if size:
                 self._maps.append(mmap.mmap(self.fd, size))
                 self._a = np.frombuffer(self._maps[-1], dtype=np.uint8)
         return self._a
@@ -332,7 +342,6 @@ class WrittenFile(FileBuffer):
         """Unmap and close the file (a view still held keeps its map until freed)."""
         self._a = np.empty(0, dtype=np.uint8)
         for m in self._maps:
-            with contextlib.suppress(BufferError):
-                m.close()
+            _closed(m)  # one a view still holds goes when the view does
         self._maps.clear()
         os.close(self.fd)
