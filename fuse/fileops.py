@@ -175,7 +175,7 @@ class FileOps:
         if room and size > room:
             raise FsError(errno.EFBIG)
 
-    async def write(self, fh: int, off: int, buf: bytes) -> int:
+    async def write(self, fh: int, off: int, buf: bytes | memoryview) -> int:
         handle = self._files.get(fh)
         if not handle.writable:
             raise FsError(errno.EBADF)

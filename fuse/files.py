@@ -216,7 +216,7 @@ class Handle:
             return len(self.snapshot.data)
         return 0
 
-    def write(self, off: int, data: bytes) -> int:
+    def write(self, off: int, data: bytes | memoryview) -> int:
         """Take a write into the buffer; BadNpy (EINVAL) leaves the buffer as it was."""
         assert self.buf is not None
         if self.checks_header and self.header_end == 0 and off < HEADER_CHECK_LIMIT:
@@ -235,7 +235,7 @@ class Handle:
             self.dirty.append((off, end))
         return len(data)
 
-    def _check_header_after(self, off: int, data: bytes) -> None:
+    def _check_header_after(self, off: int, data: bytes | memoryview) -> None:
         """Refuse a write that makes the start of a new .npy file impossible.
 
         Only the bytes written from offset 0 without a gap count: a write past

@@ -200,7 +200,7 @@ class Filesystem:
     async def read(self, fh: int, off: int, size: int) -> memoryview:
         return await self.fileops.read(fh, off, size)
 
-    async def write(self, fh: int, off: int, data: bytes) -> int:
+    async def write(self, fh: int, off: int, data: bytes | memoryview) -> int:
         return await self.fileops.write(fh, off, data)
 
     async def flush(self, fh: int) -> None:

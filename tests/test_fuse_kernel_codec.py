@@ -55,6 +55,23 @@ def test_a_write_carries_its_bytes_and_a_read_its_range() -> None:
     assert rq.decode(message(15, body)) == rq.Read(7, 5, 11, 12, 13, 8, 1 << 20, 131072)
 
 
+def test_a_borrowed_write_is_a_view_of_the_message_and_nothing_else_is() -> None:
+    """With ``borrow`` a WRITE's data is the message's own bytes (the session lends
+    the buffer to the request), and every other request is copied out."""
+    data = bytes(range(200))
+    msg = bytearray(message(16, struct.pack("<QQIIQII", 8, 0, 200, 0, 0, 0, 0) + data))
+    w = rq.decode(msg, borrow=True)
+    assert isinstance(w, rq.Write) and isinstance(w.data, memoryview) and w.data == data
+    msg[-1] = 0  # the next read into the same buffer would change it
+    assert w.data[-1] == 0
+    copied = rq.decode(bytes(msg))
+    assert isinstance(copied, rq.Write) and isinstance(copied.data, bytes)
+    x = bytearray(message(21, struct.pack("<II", 3, 0) + b"user.x\0abc"))
+    s = rq.decode(x, borrow=True)
+    x[-1] = 0
+    assert isinstance(s, rq.Setxattr) and s.value == b"abc"
+
+
 def test_requests_that_drop_set_id_bits_say_so() -> None:
     """With HANDLE_KILLPRIV_V2 the kernel leaves dropping set-id bits to the
     filesystem and flags the writes, opens and setattrs that must."""

@@ -123,7 +123,7 @@ class Readdir(Request):
 class Write(Request):
     fh: int
     offset: int
-    data: bytes
+    data: bytes | memoryview  # a view of the message read when decoded with borrow
     kill_suidgid: bool = False  # as Open's
 
 
@@ -251,8 +251,9 @@ class Access(Request):
 class _Body:
     """A request's body, read front to back; short bodies raise ProtocolError."""
 
-    def __init__(self, data: memoryview, op: Op, unique: int) -> None:
+    def __init__(self, data: memoryview, op: Op, unique: int, borrow: bool = False) -> None:
         self._data, self._pos, self._op, self._unique = data, 0, op, unique
+        self.borrow = borrow  # a WRITE's data may be a view of the message (``decode``)
 
     def _short(self, what: str) -> ProtocolError:
         return ProtocolError(
@@ -278,9 +279,13 @@ class _Body:
         return bytes(rest[:end])
 
     def rest(self, size: int) -> bytes:
+        return bytes(self.view(size))
+
+    def view(self, size: int) -> memoryview:
+        """The next ``size`` bytes, not copied: valid while the message is."""
         if self._pos + size > len(self._data):
             raise self._short(f"{size} bytes of data")
-        out = bytes(self._data[self._pos : self._pos + size])
+        out = self._data[self._pos : self._pos + size]
         self._pos += size
         return out
 
@@ -327,7 +332,7 @@ def _open(b: _Body, base: Base) -> Request:
 def _write(b: _Body, base: Base) -> Request:
     fh, offset, size, write_flags, *_ = b.take(abi.WRITE_IN)
     kill = bool(write_flags & abi.WRITE_KILL_SUIDGID)
-    return Write(*base, fh, offset, b.rest(size), kill)
+    return Write(*base, fh, offset, b.view(size) if b.borrow else b.rest(size), kill)
 
 
 def _rename(b: _Body, base: Base, two: bool) -> Request:
@@ -420,9 +425,13 @@ _DECODERS: dict[Op, Callable[[_Body, Base], Request]] = {
 }
 
 
-def decode(message: bytes | bytearray | memoryview) -> Request:
+def decode(message: bytes | bytearray | memoryview, *, borrow: bool = False) -> Request:
     """The request one message from /dev/fuse carries (``message``: what one read
-    returned). Raises ProtocolError for a message that cannot be read."""
+    returned). Raises ProtocolError for a message that cannot be read.
+
+    ``borrow``: a WRITE's ``data`` is a view of ``message`` instead of a copy (the
+    caller keeps the message as it is until the WRITE is answered); every other
+    field of every request is copied out."""
     data = memoryview(message).cast("B")
     if len(data) < abi.IN_HEADER.size:
         raise ProtocolError(
@@ -445,5 +454,5 @@ def decode(message: bytes | bytearray | memoryview) -> Request:
     end = length - extlen * 8
     if end < abi.IN_HEADER.size:
         raise ProtocolError(f"request {unique}: extensions longer than the message", unique)
-    body = _Body(data[abi.IN_HEADER.size : end], op, unique)
+    body = _Body(data[abi.IN_HEADER.size : end], op, unique, borrow)
     return decoder(body, (unique, nodeid, uid, gid, pid))

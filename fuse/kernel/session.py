@@ -30,6 +30,25 @@ from .tmpfs import BackingFiles
 log = logging.getLogger("irdma.fuse")
 
 
+class RequestBuffers:
+    """Buffers for reading requests, each as large as the largest WRITE with its
+    headers: one is read into; a WRITE takes the one it was read into along while
+    it is answered (its data is not copied out), and the next read gets another."""
+
+    KEEP = 16  # buffers kept for reuse; more WRITEs in flight at once get new ones
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._free: list[bytearray] = []
+
+    def take(self) -> bytearray:
+        return self._free.pop() if self._free else bytearray(self.size)
+
+    def give_back(self, buf: bytearray) -> None:
+        if len(self._free) < self.KEEP:
+            self._free.append(buf)
+
+
 class Session:
     """One FUSE connection, mounted at ``mountpoint``, served with ``fs``."""
 
@@ -84,15 +103,17 @@ class Session:
     async def run(self) -> None:
         """Serve until DESTROY, the connection's end, or ``stop``."""
         with self._stop:
-            # The largest WRITE the session may agree to, and its headers.
-            buf = bytearray((self._max_pages + 1) * PAGE)
+            buffers = RequestBuffers((self._max_pages + 1) * PAGE)
+            buf = buffers.take()
             async with trio.open_nursery() as nursery:
                 while True:
                     n = await self._read(buf)
                     if n is None:
                         break
                     try:
-                        req = rq.decode(memoryview(buf)[:n])
+                        # A WRITE's data stays in ``buf`` (no copy): the buffer goes
+                        # with the request, given back once it is answered.
+                        req = rq.decode(memoryview(buf)[:n], borrow=True)
                     except rq.ProtocolError as exc:
                         # An opcode not served (IOCTL, locks, ...) is answered ENOSYS,
                         # which the kernel remembers or turns into the caller's answer.
@@ -101,7 +122,10 @@ class Session:
                         if exc.unique is not None:
                             self._reply(replies.message(exc.unique, error=exc.errno))
                         continue
-                    if not self._dispatch(req, nursery):
+                    lent = None
+                    if isinstance(req, rq.Write):
+                        lent, buf = buf, buffers.take()
+                    if not self._dispatch(req, nursery, buffers, lent):
                         break
                 nursery.cancel_scope.cancel()
 
@@ -120,8 +144,15 @@ class Session:
                     return None
                 raise
 
-    def _dispatch(self, req: rq.Request, nursery: trio.Nursery) -> bool:
-        """Start answering ``req``; False when the session is over."""
+    def _dispatch(
+        self,
+        req: rq.Request,
+        nursery: trio.Nursery,
+        buffers: RequestBuffers,
+        lent: bytearray | None = None,
+    ) -> bool:
+        """Start answering ``req``; False when the session is over. ``lent``: the
+        buffer ``req``'s data lies in, given back to ``buffers`` once answered."""
         match req:
             case rq.Init():
                 self._init(req)
@@ -137,7 +168,7 @@ class Session:
             case _:
                 scope = trio.CancelScope()
                 self._running[req.unique] = scope
-                nursery.start_soon(self._answer, req, scope, name=type(req).__name__)
+                nursery.start_soon(self._answer, req, scope, buffers, lent, name=type(req).__name__)
         return True
 
     def _init(self, req: rq.Init) -> None:
@@ -162,7 +193,13 @@ class Session:
         )
         self._reply(replies.message(req.unique, [n.reply()]))
 
-    async def _answer(self, req: rq.Request, scope: trio.CancelScope) -> None:
+    async def _answer(
+        self,
+        req: rq.Request,
+        scope: trio.CancelScope,
+        buffers: RequestBuffers,
+        lent: bytearray | None,
+    ) -> None:
         try:
             with scope:
                 try:
@@ -177,6 +214,9 @@ class Session:
             self._reply(replies.message(req.unique, error=errno.EINTR))  # interrupted
         finally:
             del self._running[req.unique]
+            if lent is not None:
+                del req  # its view of the buffer goes first
+                buffers.give_back(lent)
 
     def _reply(self, parts: list[replies.Buffer]) -> None:
         try:
