@@ -11,6 +11,7 @@ for the kernel to serve a passthrough open's reads from.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -18,6 +19,7 @@ import os
 import socket
 import struct
 import subprocess
+import tempfile
 from pathlib import Path
 
 from irdma import mounts
@@ -167,6 +169,25 @@ def _fusermount_unmount(mountpoint: Path) -> None:
 def _mounted(mountpoint: Path) -> bool:
     """Whether an irdma mount is at ``mountpoint`` (a dead one too)."""
     return os.path.abspath(mountpoint) in mounts.mounted_here()
+
+
+def private_tmpfs(options: str) -> int:
+    """A descriptor of the root of a new tmpfs mounted with ``options`` and detached
+    at once (root only): nothing shows in the mount table, and the filesystem
+    lives as long as descriptors of it do. Raises DeviceError if it cannot be
+    mounted."""
+    where = tempfile.mkdtemp(prefix="irdma-backing-")
+    try:
+        if _libc.mount(b"irdma-backing", os.fsencode(where), b"tmpfs", 0, options.encode()):
+            err = ctypes.get_errno()
+            raise DeviceError(f"mount tmpfs at {where}: {os.strerror(err)}")
+        try:
+            return os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        finally:
+            _libc.umount2(os.fsencode(where), MNT_DETACH)
+    finally:
+        with contextlib.suppress(OSError):
+            os.rmdir(where)
 
 
 def backing_open(fd: int, file_fd: int) -> int:

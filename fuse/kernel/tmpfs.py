@@ -16,18 +16,14 @@ full tmpfs would fault the mapping that loads a file instead of failing it).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import os
-import tempfile
+
+from . import device
 
 log = logging.getLogger("irdma.fuse")
 
-MNT_DETACH = 0x2
 TMPFS_OPTIONS = "huge=within_size,size=0,mode=0700"
-
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class BackingFiles:
@@ -35,7 +31,12 @@ class BackingFiles:
     (root), else with memfd_create."""
 
     def __init__(self, private_tmpfs: bool = True) -> None:
-        self._dirfd = _private_tmpfs() if private_tmpfs and os.geteuid() == 0 else -1
+        self._dirfd = -1
+        if private_tmpfs and os.geteuid() == 0:
+            try:
+                self._dirfd = device.private_tmpfs(TMPFS_OPTIONS)
+            except device.DeviceError as exc:
+                log.info("backing files are memfds (%s)", exc)
 
     @property
     def huge_pages(self) -> bool:
@@ -55,22 +56,3 @@ class BackingFiles:
         if self._dirfd >= 0:
             os.close(self._dirfd)
             self._dirfd = -1
-
-
-def _private_tmpfs() -> int:
-    """A descriptor of a new tmpfs's root, mounted and detached; -1 if the mount
-    fails (logged: memfds are used instead)."""
-    where = tempfile.mkdtemp(prefix="irdma-backing-")
-    try:
-        rc = _libc.mount(b"irdma-backing", os.fsencode(where), b"tmpfs", 0, TMPFS_OPTIONS.encode())
-        if rc != 0:
-            err = ctypes.get_errno()
-            log.info("backing files are memfds (tmpfs at %s: %s)", where, os.strerror(err))
-            return -1
-        try:
-            return os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        finally:
-            _libc.umount2(os.fsencode(where), MNT_DETACH)
-    finally:
-        with contextlib.suppress(OSError):
-            os.rmdir(where)
