@@ -20,7 +20,6 @@ by the kernel into a backing file of its own, pushed at fsync and close.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import mmap
 import os
@@ -178,8 +177,7 @@ class Backings:
             self._by_snapshot.pop(id(b.snapshot), None)
             b.snapshot.data = None
             if b.memory is not None:
-                with contextlib.suppress(BufferError):
-                    b.memory.close()
+                _closed(b.memory)  # a view still held keeps the old map until freed
             return b.fd
         return -1
 
@@ -259,11 +257,10 @@ def _closed(m: mmap.mmap) -> bool:
 
 
 def _discard(memory: mmap.mmap | None, fd: int) -> None:
-    """Unmap and close a memfd; a view of it still held elsewhere (a reply being
-    written, an exception's frames) keeps the map until it is freed."""
+    """Unmap and close a backing file; a view of it still held elsewhere (a reply
+    being written, an exception's frames) keeps the map until it is freed."""
     if memory is not None:
-        with contextlib.suppress(BufferError):
-            memory.close()
+        _closed(memory)
     os.close(fd)
 
 
