@@ -176,13 +176,40 @@ class FileOps:
             raise FsError(errno.EFBIG)
 
     async def write(self, fh: int, off: int, buf: bytes | memoryview) -> int:
+        handle = self.place(fh, off, buf)
+        await self.flow(handle)
+        return len(buf)
+
+    def place(self, fh: int, off: int, buf: bytes | memoryview) -> Handle:
+        """The part of a write that does not wait: checks, and the bytes into the
+        writer's buffer. A session that calls it as requests arrive (the own
+        session) places writes in the order the kernel sent them; ``flow`` is
+        the rest, to await where ``flows`` says there is any."""
         handle = self._files.get(fh)
         if not handle.writable:
             raise FsError(errno.EBADF)
         self._check_size(off + len(buf))
-        n = handle.write(off, buf)
+        handle.write(off, buf)
         if not handle.planned:
             plan_outflow(handle, self._backend.c.config.shard_size)
+        return handle
+
+    @staticmethod
+    def flows(handle: Handle) -> bool:
+        """Whether a write ``place`` took still has pushes to make (``flow``)."""
+        return handle.outflow is not None and handle.buf is not None
+
+    def landing(self, fh: int, off: int, size: int) -> memoryview | None:
+        """Where the bytes of a write of up to ``size`` at ``off`` through ``fh`` may
+        be read in from the kernel, so that ``place`` need not copy them (see
+        ``FileBuffer.landing``); None if nowhere."""
+        handle = self._files.find(fh)
+        if handle is None or not handle.writable or handle.buf is None:
+            return None
+        return handle.buf.landing(off, size)
+
+    async def flow(self, handle: Handle) -> None:
+        """Push what a writer's outflow has complete behind it."""
         if handle.outflow is not None and handle.buf is not None:
             # Complete shards behind the writer go now, not all at close (after
             # the snapshots of the old content streaming in, as for any push).
@@ -195,7 +222,6 @@ class FileOps:
                 handle.written_to,
                 self._backend.mover,
             )
-        return n
 
     async def push(self, handle: Handle) -> None:
         """Store what ``handle`` wrote and not yet stored."""

@@ -137,8 +137,20 @@ class FileBuffer:
         self._reserve(end)
         if off > self.length:
             self._a[self.length : off] = 0  # a hole reads as zeros
-        self._a[off:end] = np.frombuffer(data, dtype=np.uint8)
+        src = np.frombuffer(data, dtype=np.uint8)
+        if _address(src) != _address(self._a) + off:  # else landed in place (``landing``)
+            self._a[off:end] = src
         self.length = max(self.length, end)
+
+    def landing(self, off: int, size: int) -> memoryview | None:
+        """Memory where a write of up to ``size`` bytes at ``off`` could be read in
+        straight from the kernel (``kernel.landing``), so ``write`` need not copy
+        it: the room past the file's end, as far as the buffer reaches. None
+        where there is none, or where bytes of the file lie (a request that is
+        not that write may be read into it too)."""
+        if off < self.length or off >= len(self._a):
+            return None
+        return self._a[off : off + size].data
 
     def reserve(self, size: int) -> None:
         """Make room for a file of ``size`` bytes now, so writing it never regrows."""
@@ -172,6 +184,10 @@ class FileBuffer:
         """Whether the bytes changed since the last call other than through this
         object (a backing file the kernel writes: ``kernel.backing.WrittenFile``)."""
         return False
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
 
 
 @dataclass(eq=False)

@@ -24,3 +24,32 @@ def test_a_new_buffer_copies_what_it_starts_from() -> None:
     buf = FileBuffer(start, capacity=1 << 20)
     start[0] = ord("z")
     assert bytes(buf.view()) == b"abc" and len(buf.array) >= 1 << 20
+
+
+def test_landing_is_room_past_the_end_and_a_write_there_is_not_copied() -> None:
+    buf = FileBuffer(b"abcd")
+    end = len(buf.array)
+    assert buf.landing(2, 8) is None  # bytes of the file lie there
+    assert buf.landing(end, 8) is None  # past the memory
+    assert buf.landing(end - 60, 100) is not None and len(buf.landing(end - 60, 100)) == 60
+    room = buf.landing(4, 100)
+    assert room is not None and len(room) == 100
+    room[:3] = b"xyz"  # what the kernel's read puts there
+    before = buf.array.copy()
+    buf.write(4, room[:3])
+    assert bytes(buf.view()) == b"abcdxyz" and np.array_equal(buf.array, before)
+    # A write read elsewhere is copied in as before.
+    buf.write(7, b"!")
+    assert bytes(buf.view()) == b"abcdxyz!"
+
+
+def test_a_write_landed_in_memory_the_buffer_has_since_outgrown_is_copied() -> None:
+    buf = FileBuffer(b"ab")
+    room = buf.landing(2, 2)
+    assert room is not None
+    room[:2] = b"cd"
+    old = buf.array
+    buf.resize(len(old) + 1)  # grows: new memory, with the file's bytes only
+    assert not np.shares_memory(buf.array, old)
+    buf.write(2, room[:2])  # the landed bytes lie in the old memory: copied over
+    assert bytes(buf.view()[:4]) == b"abcd"

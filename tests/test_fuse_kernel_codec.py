@@ -183,3 +183,24 @@ def test_dirents_fit_the_size_asked_and_carry_their_offsets() -> None:
     assert replies.dirents(entries, 0, 60, plus=False) == out[: 64 - 32]  # whole records only
     plus = replies.dirents(entries, 2, 4096, plus=True)
     assert plus[:128] == replies.entry(attrs(4)) and plus[128 + 24 :].rstrip(b"\0") == b"long.npy"
+
+
+def test_a_write_read_apart_from_its_headers_keeps_its_data_where_it_was_read() -> None:
+    data = bytearray(range(200))
+    msg = message(16, struct.pack("<QQIIQII", 8, 4096, 200, abi.WRITE_KILL_SUIDGID, 0, 0, 0))
+    assert len(msg) == rq.WRITE_HEADERS
+    head = bytearray(msg)
+    struct.pack_into("<I", head, 0, rq.WRITE_HEADERS + 200)  # the message's whole length
+    assert rq.write_of(head) == (8, 4096, 200)
+    w = rq.decode_write(head, memoryview(data))
+    assert (w.fh, w.offset, w.kill_suidgid, w.unique) == (8, 4096, True, 7)
+    data[0] = 99
+    assert w.data[0] == 99  # a view of where it was read, not a copy
+    with pytest.raises(rq.ProtocolError):
+        rq.decode_write(head, memoryview(data)[:10])  # not the size the header says
+    # Not a WRITE, or a WRITE followed by more than its data: no write.
+    assert rq.write_of(message(15, struct.pack("<QQIIQII", 8, 0, 10, 0, 0, 0, 0))) is None
+    assert rq.write_of(head[:40]) is None
+    longer = bytearray(head)
+    struct.pack_into("<I", longer, 0, rq.WRITE_HEADERS + 201)
+    assert rq.write_of(longer) is None

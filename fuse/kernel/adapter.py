@@ -105,7 +105,8 @@ class Adapter:
         self.modes = Modes()
 
     async def answer(self, req: rq.Request) -> Body:
-        """The reply body for ``req``; raises FsError, irdma's errors, or a fault."""
+        """The reply body for ``req`` (not a WRITE: ``place_write``); raises FsError,
+        irdma's errors, or a fault."""
         fs = self.fs
         match req:
             case rq.Lookup(nodeid=parent, name=name):
@@ -143,10 +144,6 @@ class Adapter:
                 return [replies.entry(attrs), await self._open(attrs.st_ino, opened, flags)]
             case rq.Read(fh=fh, offset=offset, size=size):
                 return [await fs.read(fh, offset, size)]
-            case rq.Write(fh=fh, offset=offset, data=data):
-                if req.kill_suidgid:
-                    fs.drop_setid(req.nodeid)
-                return [replies.write_out(await fs.write(fh, offset, data))]
             case rq.Flush(fh=fh) | rq.Fsync(fh=fh):
                 await fs.flush(fh)
                 return []
@@ -187,6 +184,14 @@ class Adapter:
             case rq.Access():
                 return []  # default_permissions: the kernel checks modes itself
         raise _errno(errno.ENOSYS)
+
+    def place_write(self, req: rq.Write) -> Handle:
+        """Take a WRITE's bytes into its file now (the session calls it as WRITEs
+        arrive; ``FileOps.flow`` is what may be left to wait for); raises as
+        ``answer`` does."""
+        if req.kill_suidgid:
+            self.fs.drop_setid(req.nodeid)
+        return self.fs.fileops.place(req.fh, req.offset, req.data)
 
     def _fresh_inode(self, parent: int, name: bytes) -> None:
         """A new lookup of a path whose inode has passthrough opens gets a new inode:

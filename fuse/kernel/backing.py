@@ -309,6 +309,9 @@ class WrittenFile(FileBuffer):
     def _reserve(self, size: int) -> None:
         pass  # the file grows as it is written
 
+    def landing(self, off: int, size: int) -> memoryview | None:
+        return None  # the kernel writes the file itself
+
     @property
     def array(self) -> np.ndarray:
         size = self.length

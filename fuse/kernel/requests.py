@@ -329,9 +329,14 @@ def _open(b: _Body, base: Base) -> Request:
     return Open(*base, flags, bool(open_flags & abi.OPEN_KILL_SUIDGID))
 
 
+def _write_in(fields: tuple) -> tuple[int, int, int, bool]:
+    """fuse_write_in's fh, offset, size and whether set-id bits are to be dropped."""
+    fh, offset, size, write_flags, *_ = fields
+    return fh, offset, size, bool(write_flags & abi.WRITE_KILL_SUIDGID)
+
+
 def _write(b: _Body, base: Base) -> Request:
-    fh, offset, size, write_flags, *_ = b.take(abi.WRITE_IN)
-    kill = bool(write_flags & abi.WRITE_KILL_SUIDGID)
+    fh, offset, size, kill = _write_in(b.take(abi.WRITE_IN))
     return Write(*base, fh, offset, b.view(size) if b.borrow else b.rest(size), kill)
 
 
@@ -423,6 +428,39 @@ _DECODERS: dict[Op, Callable[[_Body, Base], Request]] = {
     Op.REMOVEXATTR: lambda b, base: Removexattr(*base, b.name()),
     Op.ACCESS: lambda b, base: Access(*base, b.take(abi.ACCESS_IN)[0]),
 }
+
+
+# What precedes a WRITE's data: the header and fuse_write_in.
+WRITE_HEADERS = abi.IN_HEADER.size + abi.WRITE_IN.size
+
+
+def write_of(headers: bytes | bytearray | memoryview) -> tuple[int, int, int] | None:
+    """``(fh, offset, size)`` of the WRITE whose message starts with ``headers``
+    (its first WRITE_HEADERS bytes, or more); None if it is not a WRITE's with
+    nothing but its data after them."""
+    if len(headers) < WRITE_HEADERS:
+        return None
+    length, opcode, *_, extlen, _ = abi.IN_HEADER.unpack_from(headers)
+    if opcode != Op.WRITE or extlen:
+        return None
+    fh, offset, size, _ = _write_in(abi.WRITE_IN.unpack_from(headers, abi.IN_HEADER.size))
+    return (fh, offset, size) if length == WRITE_HEADERS + size else None
+
+
+def decode_write(headers: bytes | bytearray | memoryview, data: memoryview) -> Write:
+    """The WRITE whose message was read in two parts: its WRITE_HEADERS bytes of
+    headers and ``data`` (the session reads a write's data apart, where it
+    belongs: ``kernel.landing``). Its ``data`` is ``data`` itself. ProtocolError
+    if the headers are not a WRITE's of ``len(data)`` bytes."""
+    got = write_of(headers)
+    if got is None or got[2] != len(data):
+        raise ProtocolError(
+            f"not a WRITE of {len(data)} bytes read apart from its headers",
+            abi.IN_HEADER.unpack_from(headers)[2] if len(headers) >= abi.IN_HEADER.size else None,
+        )
+    _, _, unique, nodeid, uid, gid, pid, _, _ = abi.IN_HEADER.unpack_from(headers)
+    fh, offset, _, kill = _write_in(abi.WRITE_IN.unpack_from(headers, abi.IN_HEADER.size))
+    return Write(unique, nodeid, uid, gid, pid, fh, offset, data, kill)
 
 
 def decode(message: bytes | bytearray | memoryview, *, borrow: bool = False) -> Request:

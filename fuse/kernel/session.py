@@ -1,9 +1,12 @@
 """The own session's trio loop: read /dev/fuse, answer each request in a task of its own.
 
 One task reads requests (into one buffer as large as the largest WRITE the
-kernel may send); each request but FORGET, INTERRUPT and DESTROY is answered
-by a task in the session's nursery, under a cancel scope that the kernel's
-INTERRUPT for it cancels (the answer is then EINTR). A handler's failure is
+kernel may send, or with a WRITE's data where it belongs: ``landing``). A
+WRITE's bytes are placed as it arrives, so writes take effect in the order
+the kernel sent them; it is answered then, or by a task once the pushes the
+writer waits for are made. Every other request but FORGET, INTERRUPT and
+DESTROY is answered by a task in the session's nursery, under a cancel scope
+that the kernel's INTERRUPT for it cancels (the answer is then EINTR). A handler's failure is
 its request's errno reply (``filesystem.answer``), never the loop's end. The
 loop ends when the kernel says DESTROY, when the connection goes (unmounted:
 ENODEV), or when ``stop`` is called; ``close`` unmounts and closes the
@@ -15,6 +18,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -22,31 +27,13 @@ import trio
 from ..filesystem import Filesystem, answer
 from . import device, replies
 from . import requests as rq
-from .adapter import Adapter
+from .adapter import Adapter, Body
 from .backing import DEFAULT_LIMIT, Backings
 from .init import PAGE, Negotiated, UnsupportedKernel, kernel_max_pages, negotiate
+from .landing import Landing
 from .tmpfs import BackingFiles
 
 log = logging.getLogger("irdma.fuse")
-
-
-class RequestBuffers:
-    """Buffers for reading requests, each as large as the largest WRITE with its
-    headers: one is read into; a WRITE takes the one it was read into along while
-    it is answered (its data is not copied out), and the next read gets another."""
-
-    KEEP = 16  # buffers kept for reuse; more WRITEs in flight at once get new ones
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._free: list[bytearray] = []
-
-    def take(self) -> bytearray:
-        return self._free.pop() if self._free else bytearray(self.size)
-
-    def give_back(self, buf: bytearray) -> None:
-        if len(self._free) < self.KEEP:
-            self._free.append(buf)
 
 
 class Session:
@@ -103,17 +90,30 @@ class Session:
     async def run(self) -> None:
         """Serve until DESTROY, the connection's end, or ``stop``."""
         with self._stop:
-            buffers = RequestBuffers((self._max_pages + 1) * PAGE)
-            buf = buffers.take()
+            size = (self._max_pages + 1) * PAGE
+            buf = bytearray(size)
+            landing = Landing(size)
             async with trio.open_nursery() as nursery:
+
+                def parts() -> list[bytearray | memoryview]:
+                    # The expected write's data is read where it belongs (``landing``).
+                    # Its room is taken here, once the connection is readable, with
+                    # nothing awaited before the read and the write's placing: no
+                    # other task can change that file meanwhile (grow it over the
+                    # room, where another request's bytes may go).
+                    room = None
+                    if landing.expected is not None:
+                        room = self.fs.fileops.landing(*landing.expected, size)
+                    return landing.parts(room, buf)
+
                 while True:
-                    n = await self._read(buf)
+                    n = await self._read(parts)
                     if n is None:
                         break
                     try:
-                        # A WRITE's data stays in ``buf`` (no copy): the buffer goes
-                        # with the request, given back once it is answered.
-                        req = rq.decode(memoryview(buf)[:n], borrow=True)
+                        # Else a WRITE's data is a view of ``buf``, placed (``_write``)
+                        # before the next read.
+                        req = landing.placed(n) or rq.decode(landing.message(n, buf), borrow=True)
                     except rq.ProtocolError as exc:
                         # An opcode not served (IOCTL, locks, ...) is answered ENOSYS,
                         # which the kernel remembers or turns into the caller's answer.
@@ -122,19 +122,44 @@ class Session:
                         if exc.unique is not None:
                             self._reply(replies.message(exc.unique, error=exc.errno))
                         continue
-                    lent = None
                     if isinstance(req, rq.Write):
-                        lent, buf = buf, buffers.take()
-                    if not self._dispatch(req, nursery, buffers, lent):
+                        landing.wrote(req)
+                        self._write(req, nursery)
+                        continue
+                    if not self._dispatch(req, nursery):
                         break
                 nursery.cancel_scope.cancel()
 
-    async def _read(self, buf: bytearray) -> int | None:
-        """One request into ``buf``; its length, None once the connection is gone."""
+    def _write(self, req: rq.Write, nursery: trio.Nursery) -> None:
+        """Place a WRITE's bytes now, in the order the kernel sent the writes (so two
+        that overlap end as the later one says, and a write read in place is in its
+        file before anything else can touch that memory); answered at once
+        unless pushes of the writer's are to be waited for."""
+        try:
+            handle = self.adapter.place_write(req)
+        except Exception as exc:
+            self._reply(replies.message(req.unique, error=answer("write", exc)))
+            return
+        done = replies.write_out(len(req.data))
+        if not self.fs.fileops.flows(handle):
+            self._reply(replies.message(req.unique, [done]))
+            return
+        scope = trio.CancelScope()
+        self._running[req.unique] = scope
+
+        async def flow() -> Body:
+            await self.fs.fileops.flow(handle)
+            return [done]
+
+        nursery.start_soon(self._answer, req, scope, flow, name="Write")
+
+    async def _read(self, parts: Callable[[], list[bytearray | memoryview]]) -> int | None:
+        """One request into the buffers ``parts()`` gives once the connection is
+        readable, front to back; its length, None once the connection is gone."""
         while True:
             await trio.lowlevel.wait_readable(self.fd)
             try:
-                return os.readv(self.fd, [buf])
+                return os.readv(self.fd, parts())
             except BlockingIOError:
                 continue
             except OSError as exc:
@@ -144,15 +169,9 @@ class Session:
                     return None
                 raise
 
-    def _dispatch(
-        self,
-        req: rq.Request,
-        nursery: trio.Nursery,
-        buffers: RequestBuffers,
-        lent: bytearray | None = None,
-    ) -> bool:
-        """Start answering ``req``; False when the session is over. ``lent``: the
-        buffer ``req``'s data lies in, given back to ``buffers`` once answered."""
+    def _dispatch(self, req: rq.Request, nursery: trio.Nursery) -> bool:
+        """Start answering ``req`` (not a WRITE: ``_write``); False when the session
+        is over."""
         match req:
             case rq.Init():
                 self._init(req)
@@ -168,7 +187,8 @@ class Session:
             case _:
                 scope = trio.CancelScope()
                 self._running[req.unique] = scope
-                nursery.start_soon(self._answer, req, scope, buffers, lent, name=type(req).__name__)
+                respond = partial(self.adapter.answer, req)
+                nursery.start_soon(self._answer, req, scope, respond, name=type(req).__name__)
         return True
 
     def _init(self, req: rq.Init) -> None:
@@ -197,13 +217,12 @@ class Session:
         self,
         req: rq.Request,
         scope: trio.CancelScope,
-        buffers: RequestBuffers,
-        lent: bytearray | None,
+        respond: Callable[[], Awaitable[Body]],
     ) -> None:
         try:
             with scope:
                 try:
-                    body = await self.adapter.answer(req)
+                    body = await respond()
                 except Exception as exc:
                     # Logged under the call's name, as pyfuse3's adapter logs it.
                     code = answer(type(req).__name__.lower(), exc)
@@ -214,9 +233,6 @@ class Session:
             self._reply(replies.message(req.unique, error=errno.EINTR))  # interrupted
         finally:
             del self._running[req.unique]
-            if lent is not None:
-                del req  # its view of the buffer goes first
-                buffers.give_back(lent)
 
     def _reply(self, parts: list[replies.Buffer]) -> None:
         try:
