@@ -258,7 +258,10 @@ class Adapter:
         access = flags & os.O_ACCMODE
         buf = handle.buf
         if isinstance(buf, WrittenFile):  # a second open of a file being written
-            return buf if access != os.O_RDWR and self.modes.may_pass(ino, buf) else None
+            if access == os.O_RDWR or not self.modes.may_pass(ino, buf):
+                return None
+            buf.exposed = True
+            return buf
         if (
             access != os.O_WRONLY
             or not handle.writable
@@ -271,18 +274,19 @@ class Adapter:
             or ino in self.modes.inodes  # other opens: not beside them
         ):
             return None
-        handle.buf = WrittenFile(self.backings.files.new(memfd_name(handle.target.name)))
+        handle.buf = WrittenFile(self.backings.writer_file(memfd_name(handle.target.name)))
         return handle.buf
 
     def _written_closed(self, handle: Handle) -> None:
-        """A writer's last open is closed (its file pushed): its backing file goes."""
+        """A writer's last open is closed (its file pushed): its backing file goes,
+        or is kept for the next writer."""
         buf = handle.buf
-        if not isinstance(buf, WrittenFile):
+        if not isinstance(buf, WrittenFile) or self.backings is None:
             return
-        if buf.backing_id and self.backings is not None and self.backings.unregister:
+        if buf.backing_id and self.backings.unregister:
             self.backings.unregister(buf.backing_id)
         buf.backing_id = 0
-        buf.close()
+        self.backings.writer_closed(buf.release(), buf.exposed)
 
 
 def _errno(code: int) -> FsError:

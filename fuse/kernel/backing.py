@@ -15,7 +15,10 @@ first and never one held. Where the kernel does not read it directly, the
 session answers READ from the same memory (``Snapshot.of``).
 
 Writers (``WrittenFile``): a new raw file opened for writing only is written
-by the kernel into a backing file of its own, pushed at fsync and close.
+by the kernel into a backing file of its own, pushed at fsync and close. A
+writer's file of ``REUSE_MIN`` bytes or more is kept after its last close,
+emptied with its memory still allocated (``BackingFiles.emptied``), for the
+next writer (``Backings.writer_file``), within the same ``limit``.
 """
 
 from __future__ import annotations
@@ -89,11 +92,39 @@ class Backings:
         self._entries: OrderedDict[tuple, Backing] = OrderedDict()  # oldest use first
         self._by_snapshot: dict[int, Backing] = {}
         self._loading: dict[tuple, trio.Event] = {}
+        # Writers' files kept for the next writer, emptied: (descriptor, bytes of
+        # memory kept), the most recently kept last.
+        self._spares: list[tuple[int, int]] = []
         self.unregister: Callable[[int], None] | None = None
 
     @property
     def used(self) -> int:
-        return sum(b.size for b in self._entries.values())
+        readers = sum(b.size for b in self._entries.values())
+        return readers + sum(size for _, size in self._spares)
+
+    def writer_file(self, name: str) -> int:
+        """A descriptor of an empty file for a writer's new content: the writer's
+        file kept last (its memory allocated: ``writer_closed``), else a new
+        one (``name``: a memfd's name)."""
+        if self._spares:
+            return self._spares.pop()[0]
+        return self.files.new(name)
+
+    def writer_closed(self, fd: int, exposed: bool) -> None:
+        """A writer's file, pushed and closed for good: kept for the next writer if
+        it is large, else closed. ``exposed``: an open other than the writer's
+        shared it, and may have mapped it (then kept only if nothing maps it:
+        with no open left, no new map can be made)."""
+        size = os.fstat(fd).st_blocks * 512
+        if size < REUSE_MIN or (exposed and mapped_elsewhere(fd)):
+            os.close(fd)
+            return
+        kept = self.files.emptied(fd)
+        if not kept:
+            os.close(fd)
+            return
+        self._spares.append((fd, kept))
+        self._trim()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -147,8 +178,13 @@ class Backings:
         for b in list(self._entries.values()):
             self._drop(b)
         self._entries.clear()
+        for fd, _ in self._spares:
+            os.close(fd)
+        self._spares.clear()
 
     def _trim(self) -> None:
+        while self._spares and self.used > self.limit:  # the longest kept first
+            os.close(self._spares.pop(0)[0])
         for b in list(self._entries.values()):  # least recently used first
             if self.used <= self.limit:
                 return
@@ -281,6 +317,7 @@ class WrittenFile(FileBuffer):
         self.fd = fd
         self._pool = None
         self.backing_id = 0  # registered with the kernel (0: not now)
+        self.exposed = False  # an open other than the writer's used it (it may map it)
         # Maps of the file at the sizes it had; one a view still holds stays open.
         self._maps: list[mmap.mmap] = []
         self._a = np.empty(0, dtype=np.uint8)
@@ -338,10 +375,12 @@ class WrittenFile(FileBuffer):
     def view(self) -> memoryview:
         return self.array.data
 
-    def close(self) -> None:
-        """Unmap and close the file (a view still held keeps its map until freed)."""
+    def release(self) -> int:
+        """Unmap the file (a view still held keeps its map until freed); its
+        descriptor, which the caller now owns."""
         self._a = np.empty(0, dtype=np.uint8)
         for m in self._maps:
             _closed(m)  # one a view still holds goes when the view does
         self._maps.clear()
-        os.close(self.fd)
+        fd, self.fd = self.fd, -1
+        return fd

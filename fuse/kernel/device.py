@@ -1,4 +1,5 @@
-"""/dev/fuse and the system calls around it: mounting, unmounting, backing files.
+"""/dev/fuse and the system calls around it: mounting, unmounting, backing files
+(and their memory: ``preallocate``).
 
 As root the session mounts with mount(2) and ``fd=`` (no fusermount3, no
 libfuse). Any other user mounts the way libfuse does for them: fusermount3
@@ -26,6 +27,7 @@ from irdma import mounts
 
 from . import abi
 
+FALLOC_FL_KEEP_SIZE = 0x1
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MNT_DETACH = 0x2
@@ -39,6 +41,7 @@ COMMFD_ENV = "_FUSE_COMMFD"
 FUSERMOUNT_TIMEOUT = 30.0
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 
 
 class DeviceError(Exception):
@@ -200,3 +203,11 @@ def backing_open(fd: int, file_fd: int) -> int:
 def backing_close(fd: int, backing_id: int) -> None:
     """Drop the registration ``backing_id`` (opens made with it keep the file)."""
     fcntl.ioctl(fd, abi.DEV_IOC_BACKING_CLOSE, bytearray(struct.pack("<I", backing_id)), True)
+
+
+def preallocate(fd: int, size: int) -> None:
+    """Allocate the first ``size`` bytes of file ``fd``'s memory without changing its
+    size (fallocate with FALLOC_FL_KEEP_SIZE); raises OSError."""
+    if size and _libc.fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, size) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"fallocate: {os.strerror(err)}")

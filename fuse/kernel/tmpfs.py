@@ -51,6 +51,24 @@ class BackingFiles:
             return os.open(".", flags, 0o600, dir_fd=self._dirfd)
         return os.memfd_create(name, os.MFD_CLOEXEC)
 
+    @staticmethod
+    def emptied(fd: int) -> int:
+        """Empty a kept file for new content, keeping its memory: its pages are freed
+        and allocated again at once (``device.preallocate``), so the next writer
+        writes into pages already there. Fresh pages cost more than the copy
+        into them (the kernel zeroes each one; in a VM whose balloon reports
+        free memory to its host, pages freed a while ago fault on the host
+        again: 0.75 s per 256 MiB here, against 35 ms into pages kept this
+        way). The bytes kept allocated past the file's end."""
+        kept = os.fstat(fd).st_blocks * 512
+        os.ftruncate(fd, 0)
+        try:
+            device.preallocate(fd, kept)
+        except OSError as exc:  # the memory is taken as written instead
+            log.info("could not keep a backing file's memory: %s", exc)
+            return 0
+        return kept
+
     def close(self) -> None:
         """Let the tmpfs go once its last file is closed."""
         if self._dirfd >= 0:
