@@ -79,7 +79,7 @@ def atomic_save(target: Path, arr: np.ndarray) -> None:
 
 
 def run_timed(argv: list[str], timeout: float = 300) -> float:
-    """Seconds a command takes, from start to exit.
+    """Seconds a command takes, from start to exit (what it prints is dropped).
 
     Not ``subprocess.run(..., timeout=)``: its wait polls with sleeps of up
     to 50 ms, which rounded every time up to 36, 64, 114, 164 ms... (a
@@ -87,7 +87,7 @@ def run_timed(argv: list[str], timeout: float = 300) -> float:
     it exits.
     """
     t = time.perf_counter()
-    proc = subprocess.Popen(argv)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
     pidfd = os.pidfd_open(proc.pid)
     try:
         exited, _, _ = select.select([pidfd], [], [], timeout)
@@ -208,6 +208,15 @@ def measure(args: argparse.Namespace) -> dict:
             irdma_mount(config, tmp / "mnt", "mount"),
             irdma_mount(config, tmp / "mnt-dio", "mount--direct-io", "--direct-io"),
             irdma_mount(config, tmp / "mnt-own", "own", "--session", "own"),
+            # What a mount by another user than root gets: no passthrough.
+            irdma_mount(
+                config,
+                tmp / "mnt-own-np",
+                "own--no-passthrough",
+                "--session",
+                "own",
+                "--no-passthrough",
+            ),
             ceiling_mount(tmp / "ceil", size + (1 << 20)),
             ceiling_mount(tmp / "ceil-dio", size + (1 << 20), "--direct-io"),
         ]
@@ -301,7 +310,8 @@ def ceiling_for(mount: str, op: str) -> str:
     return "ceiling"
 
 
-MOUNTS = ("mount", "mount--direct-io", "own")  # pyfuse3's two modes; the own session
+# pyfuse3's two modes; the own session, and as another user's mount gets it
+MOUNTS = ("mount", "mount--direct-io", "own", "own--no-passthrough")
 
 
 def ratios(gbps: dict[str, float]) -> dict[str, float]:
@@ -310,7 +320,7 @@ def ratios(gbps: dict[str, float]) -> dict[str, float]:
         for op in OPERATIONS:
             ref = "client read" if op in ("np.load", "dd read") else "client write"
             out[f"{mount} {op} / {ref}"] = gbps[f"{mount} {op}"] / gbps[ref]
-            if mount != "own":  # the pyfuse3 ceiling says nothing of the own session
+            if not mount.startswith("own"):  # pyfuse3's ceiling says nothing of the own
                 ceiling = ceiling_for(mount, op)
                 out[f"{mount} {op} / {ceiling} {op}"] = (
                     gbps[f"{mount} {op}"] / gbps[f"{ceiling} {op}"]

@@ -133,12 +133,24 @@ def pyfuse3_session(
     )
 
 
-def own_session(fs_args: dict, mountpoint: Path, allow_other: bool, backing_memory: int) -> Served:
+def own_session(
+    fs_args: dict,
+    mountpoint: Path,
+    allow_other: bool,
+    backing_memory: int,
+    passthrough: bool = True,
+) -> Served:
     """The mount served by irdma's own session on /dev/fuse (``kernel``)."""
     from .kernel.session import Session
 
     fs = Filesystem(**fs_args)
-    session = Session(fs, mountpoint, allow_other=allow_other, backing_limit=backing_memory)
+    session = Session(
+        fs,
+        mountpoint,
+        allow_other=allow_other,
+        passthrough=passthrough,
+        backing_limit=backing_memory,
+    )
     return Served(fs, session.mount, session.run, session.stop, session.close)
 
 
@@ -150,23 +162,26 @@ async def serve(
     direct_io: bool,
     timeout: float | None = None,
     shared_memory: int = SHARED_SIZE,
-    session: str = "pyfuse3",
+    session: str = "own",
     backing_memory: int = BACKING_MEMORY,
+    passthrough: bool = True,
 ) -> None:
     """Mount, serve until unmounted or signalled, push pending writes, unmount.
 
     ``shared_memory``: the address space of the region the mount's large
     buffers come from (0: none; buffers are then pushed through staging).
-    ``session``: "pyfuse3", or "own" (irdma's own, with passthrough reads).
+    ``session``: "own" (irdma's own, with passthrough), or "pyfuse3" (libfuse).
     ``backing_memory`` bounds the readers' files kept while no open holds them
     (for the next open of the same version: the page cache, or passthrough).
+    ``passthrough``: the own session asks the kernel for it (root only); without
+    it the session serves file data itself, as for another user's mount.
     """
     # The mount's large buffers live in memory the same-host daemons map: a
     # writer's bytes are pushed from its buffer without a copy into staging.
     shared = SharedRegion(shared_memory) if shared_memory else None
     fs_args = {"direct_io": direct_io, "shared": shared}
     if session == "own":
-        served = own_session(fs_args, mountpoint, allow_other, backing_memory)
+        served = own_session(fs_args, mountpoint, allow_other, backing_memory, passthrough)
     else:
         served = pyfuse3_session(fs_args, mountpoint, allow_other, backing_memory)
     fs = served.fs
@@ -274,6 +289,7 @@ def run(args: argparse.Namespace) -> int:
                 shared_memory=args.shared_memory,
                 session=args.session,
                 backing_memory=args.backing_memory,
+                passthrough=not args.no_passthrough,
             )
         )
     except (RuntimeError, DeviceError, UnsupportedKernel) as exc:
@@ -298,6 +314,8 @@ def _background(args: argparse.Namespace, mountpoint: Path) -> int:
         argv.append("--direct-io")
     argv += ["--shared-memory", str(args.shared_memory)]
     argv += ["--session", args.session, "--backing-memory", str(args.backing_memory)]
+    if args.no_passthrough:
+        argv.append("--no-passthrough")
     # The detached child must not hold our caller's stdout/stderr open (a
     # caller reading them would wait for the mount to end); it logs to a file,
     # or under systemd to the journal our own stderr goes to.
@@ -375,12 +393,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--session",
-        choices=("pyfuse3", "own"),
-        default="pyfuse3",
-        help="who speaks FUSE to the kernel: pyfuse3 (libfuse; the default), or irdma's own "
-        "session (as root, files opened for reading are served by the kernel from memory "
-        "with passthrough where the kernel offers it; other users mount through fusermount3 "
-        "and serve reads themselves)",
+        choices=("own", "pyfuse3"),
+        default="own",
+        help="who speaks FUSE to the kernel: irdma's own session (the default; as root, "
+        "open files' data is served by the kernel from memory with passthrough where the "
+        "kernel offers it, Linux 6.9 and later; other users mount through fusermount3), "
+        "or pyfuse3 (libfuse: for kernels older than Linux 5.17, which the own session "
+        "cannot speak to; needs irdma[fuse])",
+    )
+    p.add_argument(
+        "--no-passthrough",
+        action="store_true",
+        help="with --session own: serve file data through the session, as a mount by "
+        "another user than root does, instead of asking the kernel for passthrough",
     )
     p.add_argument(
         "--backing-memory",

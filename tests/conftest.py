@@ -15,12 +15,15 @@ from .helpers.mounts import start_mount
 
 # The guest image built beside the other tests: hooks, which cannot be fixtures,
 # and the fixture that waits for the build.
-pytest_plugins = ("tests.helpers.guest_build",)
+pytest_plugins = ("tests.helpers.guest_build", "tests.helpers.mount_sessions")
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Three daemons shared by a test module (64 KiB shards, so tensors span them all)."""
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, mount_session: str | None
+) -> Iterator[Cluster]:
+    """Three daemons shared by a test module (64 KiB shards, so tensors span them all);
+    one per mount session where the module runs its tests on several."""
     c = make_cluster(tmp_path_factory.mktemp("cluster"))
     try:
         yield c
@@ -48,9 +51,11 @@ def client(cluster: Cluster) -> Iterator[Client]:
 
 
 @pytest.fixture
-def mount(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
-    """The module's cluster mounted at a fresh directory; always unmounted."""
-    m = start_mount(cluster, tmp_path / "mnt")
+def mount(cluster: Cluster, tmp_path: Path, mount_session: str | None) -> Iterator[Path]:
+    """The module's cluster mounted at a fresh directory; always unmounted. The
+    session: the run's default, or each of a module's ``MOUNT_SESSIONS``
+    (tests/helpers/mount_sessions.py)."""
+    m = start_mount(cluster, tmp_path / "mnt", session=mount_session)
     try:
         yield m.path
     finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import os
 import shutil
 import stat
@@ -300,7 +302,36 @@ def test_real_dev_fuse_and_fusermount() -> None:
     assert fuse.level == Level.OK and "device 10:229, read-write" in fuse.detail
     fusermount = shutil.which("fusermount3")
     assert fusermount and found[fusermount].level == Level.OK
-    assert found["pyfuse3"].level == Level.OK
+    kernel = found[f"Linux {os.uname().release}"]
+    assert kernel.level == Level.OK and "own session, passthrough" in kernel.detail
+
+
+@pytest.mark.parametrize(
+    ("release", "euid", "level", "said"),
+    [
+        ("6.18.0-1-amd64", 0, Level.OK, "own session, passthrough"),
+        ("6.9.1", 1000, Level.OK, "passthrough needs root"),
+        ("6.1.0-27-amd64", 0, Level.OK, "no passthrough before Linux 6.9"),
+        ("5.17.0", 0, Level.OK, "no passthrough"),
+        ("5.10.0-33-amd64", 0, Level.WARN, "--session pyfuse3"),  # pyfuse3 is installed here
+    ],
+)
+def test_the_kernel_decides_the_mounts_session_and_passthrough(
+    release: str, euid: int, level: Level, said: str
+) -> None:
+    host = dataclasses.replace(Host(), kernel=release, euid=euid)
+    kernel = by_subject(check_fuse(host))[f"Linux {release}"]
+    assert kernel.level == level and said in kernel.detail, kernel
+
+
+def test_an_old_kernel_without_pyfuse3_cannot_mount(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "pyfuse3" else real(name, *a)
+    )
+    host = dataclasses.replace(Host(), kernel="4.18.0-553.el8_10.x86_64")
+    kernel = by_subject(check_fuse(host))["Linux 4.18.0-553.el8_10.x86_64"]
+    assert kernel.level == Level.FAIL and "irdma[fuse]" in (kernel.fix or ""), kernel
 
 
 def test_missing_or_fake_dev_fuse(fake: FakeHost) -> None:

@@ -34,6 +34,9 @@ from .helpers.cluster import Cluster
 from .helpers.mounts import default_session, start_mount
 from .helpers.payloads import npy_bytes
 
+# Each test that mounts runs on the own session and on pyfuse3, the fallback.
+MOUNT_SESSIONS = ("own", "pyfuse3")
+
 SEED = int(os.environ.get("IRDMA_FUSE_SEED", "20261121"))
 SHARD = 64 << 10  # the cluster fixture's shard size
 MAX_SIZE = 300 << 10  # files stay below this: up to 5 shards

@@ -22,6 +22,9 @@ from .helpers.cluster import Cluster, make_cluster
 from .helpers.mounts import mount_command, start_mount
 from .test_cli import irdma
 
+# Each test that mounts runs on the own session and on pyfuse3, the fallback.
+MOUNT_SESSIONS = ("own", "pyfuse3")
+
 
 def bash(script: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)

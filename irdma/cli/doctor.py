@@ -13,7 +13,9 @@ two; the exit status is 1 when anything FAILs. The checks, by topic:
   this host, read from the running daemon, else this shell's, against its
   ``arena_size`` (RDMA registers the whole arena).
 - **fuse**: ``/dev/fuse``, ``fusermount3`` (setuid root unless root),
-  ``user_allow_other`` for ``--allow-other``, pyfuse3.
+  ``user_allow_other`` for ``--allow-other``, the kernel (the mount's own
+  session needs Linux 5.17; passthrough, Linux 6.9 and root), and pyfuse3
+  where the kernel is older (the fallback).
 - **daemons**: every daemon of the config answers HELLO within the timeout.
 
 Where it looks (``Host``) is injectable, so tests build a fake ``/sys``.
@@ -92,6 +94,7 @@ class Host:
     ibv_devinfo: str | None = field(default_factory=lambda: shutil.which("ibv_devinfo"))
     fusermount: str | None = field(default_factory=lambda: shutil.which("fusermount3"))
     euid: int = field(default_factory=os.geteuid)
+    kernel: str = field(default_factory=lambda: os.uname().release)
 
     @property
     def infiniband(self) -> Path:
@@ -536,19 +539,59 @@ def check_fuse(host: Host) -> list[Finding]:
                 f"add a line user_allow_other to {host.fuse_conf}",
             )
         )
-    if importlib.util.find_spec("pyfuse3") is None:
-        out.append(
-            Finding(
-                Level.FAIL,
-                "fuse",
-                "pyfuse3",
-                "not installed: `irdma mount` cannot run",
-                "pip install 'irdma[fuse]' (builds against libfuse3-dev and pkg-config)",
-            )
-        )
-    else:
-        out.append(Finding(Level.OK, "fuse", "pyfuse3", "installed"))
+    out.append(_fuse_kernel(host))
     return out
+
+
+# The own session's FUSE protocol (7.36) and passthrough (7.40) came with these.
+OWN_SESSION_KERNEL = (5, 17)
+PASSTHROUGH_KERNEL = (6, 9)
+
+
+def _fuse_kernel(host: Host) -> Finding:
+    """Whether the mount's own session can run on this kernel, and with passthrough;
+    where it cannot, whether pyfuse3 (the fallback) is installed."""
+    version = _kernel_version(host.kernel)
+    subject = f"Linux {host.kernel}"
+    if version >= PASSTHROUGH_KERNEL:
+        if host.euid == 0:
+            return Finding(Level.OK, "fuse", subject, "mount: own session, passthrough")
+        return Finding(
+            Level.OK,
+            "fuse",
+            subject,
+            "mount: own session; passthrough needs root (CAP_SYS_ADMIN), so this user's "
+            "mounts serve file data themselves",
+        )
+    if version >= OWN_SESSION_KERNEL:
+        return Finding(
+            Level.OK, "fuse", subject, "mount: own session; no passthrough before Linux 6.9"
+        )
+    if importlib.util.find_spec("pyfuse3") is not None:
+        return Finding(
+            Level.WARN,
+            "fuse",
+            subject,
+            "older than Linux 5.17: mount with `irdma mount --session pyfuse3` (installed)",
+        )
+    return Finding(
+        Level.FAIL,
+        "fuse",
+        subject,
+        "older than Linux 5.17: the mount's own session cannot run, and pyfuse3 (the "
+        "fallback) is not installed",
+        "pip install 'irdma[fuse]' (builds against libfuse3-dev and pkg-config), then "
+        "irdma mount --session pyfuse3",
+    )
+
+
+def _kernel_version(release: str) -> tuple[int, int]:
+    """(major, minor) of a kernel release string such as "6.18.0-1-amd64"."""
+    parts = release.split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return (0, 0)
 
 
 def _dev_fuse(host: Host) -> Finding:

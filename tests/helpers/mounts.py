@@ -44,23 +44,21 @@ def mount_command(config: Path, *args: str) -> list[str]:
 
 
 # The FUSE session the mounts of a test run use unless a test names one:
-# IRDMA_TEST_MOUNT_SESSION=own runs the mount tests against irdma's own session.
+# IRDMA_TEST_MOUNT_SESSION=pyfuse3 runs the mount tests against pyfuse3.
 SESSION_ENV = "IRDMA_TEST_MOUNT_SESSION"
 
 
 def default_session() -> str:
-    """The FUSE session mounts use where a test names none."""
-    return os.environ.get(SESSION_ENV, "pyfuse3")
+    """The FUSE session mounts use where a test names none (irdma mount's default)."""
+    return os.environ.get(SESSION_ENV, "own")
 
 
 def start_mount(cluster: Cluster, path: Path, *extra: str, session: str | None = None) -> Mount:
     """``irdma mount --foreground`` of ``cluster`` at ``path``, up and serving.
 
-    ``session``: "pyfuse3" or "own" (default: $IRDMA_TEST_MOUNT_SESSION, else pyfuse3).
+    ``session``: "own" or "pyfuse3" (default: $IRDMA_TEST_MOUNT_SESSION, else own).
     """
-    session = session or default_session()
-    if session != "pyfuse3":
-        extra = ("--session", session, *extra)
+    extra = ("--session", session or default_session(), *extra)
     path.mkdir(parents=True, exist_ok=True)
     log_path = path.parent / f"{path.name}.log"
     with open(log_path, "ab") as log:
