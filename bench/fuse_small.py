@@ -44,7 +44,7 @@ from fuse import Target, irdma_mount, run_timed, stop, timed  # bench/fuse.py
 
 SMALL = np.arange(1024, dtype=np.float32)  # 4 KiB of data, a 4224-byte file
 MOUNTS = {"pyfuse3": (), "own": ("--session", "own")}
-LISTINGS = 3  # ls -l of the big directory per round (each lists every entry)
+LISTINGS = 1  # ls -l of the big directory per round (each lists every entry)
 
 
 def median_ms(fn: Callable[[], object], calls: int) -> float:
