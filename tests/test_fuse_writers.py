@@ -18,9 +18,6 @@ from .helpers.cluster import Cluster
 from .helpers.payloads import npy_bytes
 from .helpers.whole_reads import WholeReads
 
-# Each test that mounts runs on the own session and on pyfuse3, the fallback.
-MOUNT_SESSIONS = ("own", "pyfuse3")
-
 pytestmark = pytest.mark.timeout(120)
 
 SIZES = [0, 10, 300_000, 3 << 20]  # empty, one shard, several, several MiB
