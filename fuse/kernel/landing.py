@@ -9,7 +9,7 @@ file memory from where its next write is expected (``FileBuffer.landing``:
 room past the file's end, never bytes of the file), and a spare tail. When
 the request is that write, its data already lies where it belongs and
 placing it copies nothing (``placed``). Any other request is joined into one
-buffer and decoded as usual (``join``): what it left in the room past the
+buffer and decoded as usual (``message``): what it left in the room past the
 file's end is not part of the file, whose length says where its bytes end.
 """
 
@@ -47,12 +47,9 @@ class Landing:
         expected with all its data in the room; None for any other request."""
         room = self.room
         got = rq.write_of(self.head) if room is not None and n >= rq.WRITE_HEADERS else None
-        if got is None or room is None:
+        if room is None or got is None or got[:2] != self.expected or got[2] > len(room):
             return None
-        fh, offset, size = got
-        if (fh, offset) != self.expected or size > len(room):
-            return None
-        return rq.decode_write(self.head, room[:size])
+        return rq.decode_write(self.head, room[: got[2]])
 
     def message(self, n: int, whole: bytearray) -> memoryview:
         """The request of ``n`` bytes just read into ``parts``, whole in ``whole`` (for
