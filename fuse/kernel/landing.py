@@ -47,9 +47,12 @@ class Landing:
         expected with all its data in the room; None for any other request."""
         room = self.room
         got = rq.write_of(self.head) if room is not None and n >= rq.WRITE_HEADERS else None
-        if room is None or got is None or got[:2] != self.expected or got[2] > len(room):
+        if room is None or got is None:
             return None
-        return rq.decode_write(self.head, room[: got[2]])
+        fh, offset, size = got
+        if (fh, offset) != self.expected or size > len(room):
+            return None
+        return rq.decode_write(self.head, room[:size])
 
     def message(self, n: int, whole: bytearray) -> memoryview:
         """The request of ``n`` bytes just read into ``parts``, whole in ``whole`` (for
